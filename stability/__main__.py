@@ -1,0 +1,3 @@
+from stability.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,70 @@
+"""The ``stability`` command line: argument parsing only; each command calls one function of a room.
+
+Each command lives in a module exposing ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``.
+Errors the toolkit raises (:class:`~stability.errors.StabilityError`) become one line on stderr and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = {
+    "demo": "stability.demo",
+    "train": "stability.train.command",
+    "analyze": "stability.analysis.command",
+    "verify": "stability.theory.verify_command",
+    "figures": "stability.figures_command",
+    "data": "stability.tasks.command",
+    "sweep": "stability.sweep.command",
+    "tables": "stability.sweep.tables_command",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (usage stays available through --help)."""
+
+    def error(self, message: str):  # noqa: D102
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from stability import __version__
+
+    parser = _Parser(prog="stability", description="Train looped transformers and test their fixed points.")
+    parser.add_argument("--version", action="version", version=f"stability {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, module_name in COMMANDS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:  # a room not built yet: leave the command out
+            if exc.name and module_name.startswith(exc.name):
+                continue
+            raise
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from stability.errors import StabilityError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except StabilityError as exc:
+        print(f"stability {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"stability {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

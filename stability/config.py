@@ -1,0 +1,270 @@
+"""Typed, validated configuration.
+
+Every config is a frozen dataclass. ``from_dict`` refuses unknown keys and values outside the allowed ones,
+naming what is allowed, so that no key is ever silently ignored (the paper's release did that).
+Fields typed ``Literal[...]`` are checked against their literals; numeric fields against the ranges in
+``_RANGES``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+from stability.errors import ConfigError
+
+Recall = Literal["none", "external", "internal", "fixed"]
+Norm = Literal["none", "pre", "post", "peri", "gru"]
+InitialState = Literal["x0", "zeros", "noise"]
+Device = Literal["auto", "cpu", "cuda"]
+Method = Literal["progressive"]
+
+RECALLS = typing.get_args(Recall)
+NORMS = typing.get_args(Norm)
+
+
+def _check_value(cls_name: str, name: str, tp: Any, value: Any) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    where = f"{cls_name}.{name}"
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{where}: {value!r} is not allowed; allowed: {', '.join(map(str, args))}")
+        return value
+    if origin is typing.Union and type(None) in args:  # Optional[X]
+        if value is None:
+            return None
+        inner = [a for a in args if a is not type(None)][0]
+        return _check_value(cls_name, name, inner, value)
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        inner = args[0] if args else Any
+        return tuple(_check_value(cls_name, name, inner, v) for v in value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a table of options, got {value!r}")
+        return from_dict(tp, value)
+    return value
+
+
+class _Config:
+    """Mixin: validation after construction, conversion to and from plain dicts."""
+
+    _RANGES: typing.ClassVar[dict[str, tuple[Optional[float], Optional[float]]]] = {}
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value = _check_value(type(self).__name__, f.name, hints[f.name], getattr(self, f.name))
+            object.__setattr__(self, f.name, value)
+            lo, hi = self._RANGES.get(f.name, (None, None))
+            if value is not None and ((lo is not None and value < lo) or (hi is not None and value > hi)):
+                lo_s = "-inf" if lo is None else lo
+                hi_s = "inf" if hi is None else hi
+                raise ConfigError(f"{type(self).__name__}.{f.name}: {value!r} is outside [{lo_s}, {hi_s}]")
+        self.validate()
+
+    def validate(self) -> None:  # cross-field checks
+        pass
+
+    def to_dict(self) -> dict:
+        return to_dict(self)
+
+    def replace(self, **changes: Any):
+        return from_dict(type(self), {**to_dict(self), **changes})
+
+
+def to_dict(cfg: Any) -> dict:
+    """Plain nested dict (lists, not tuples) that ``torch.load(weights_only=True)`` and JSON accept."""
+    out = {}
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(v):
+            v = to_dict(v)
+        elif isinstance(v, tuple):
+            v = list(v)
+        out[f.name] = v
+    return out
+
+
+def from_dict(cls, data: dict):
+    """Build ``cls`` from a dict, refusing unknown keys (the error names the allowed ones)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{cls.__name__}: expected a table of options, got {data!r}")
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise ConfigError(f"{cls.__name__}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(names)}")
+    return cls(**data)
+
+
+@dataclass(frozen=True)
+class ModelConfig(_Config):
+    """The looped transformer of Section 5 / App. B.1.2 (the map f) and the fixed-depth baseline.
+
+    ``recall``: none (autonomous, Def. 3.2), external (Def. 5.1), internal (Def. 5.2), or fixed (the
+    fixed-depth baseline of ``depth`` distinct blocks). ``norm``: where RMSNorm sits (facts file table).
+    ``share_norms``: the release shares one Pre/Peri/Post instance between the two sublayers; the paper
+    writes φ1, φ2 as two functions. We follow the release by default; set False for two.
+    ``in_channels``, ``out_channels``, ``spatial_ndim`` and ``attention_window`` come from the task.
+    """
+
+    recall: Recall = "external"
+    norm: Norm = "post"
+    width: int = 256
+    heads: int = 8
+    mlp_ratio: int = 4
+    depth: int = 15
+    in_channels: int = 1
+    out_channels: int = 2
+    spatial_ndim: int = 1
+    attention_window: Optional[int] = None
+    rope_base: float = 10000.0
+    qk_norm: bool = True
+    share_norms: bool = True
+    initial_state: InitialState = "x0"
+    noise_std: float = 1.0
+    norm_eps: float = 1e-6
+
+    _RANGES = {
+        "width": (1, None),
+        "heads": (1, None),
+        "mlp_ratio": (1, None),
+        "depth": (1, None),
+        "in_channels": (1, None),
+        "out_channels": (2, None),
+        "spatial_ndim": (1, 3),
+        "attention_window": (1, None),
+        "noise_std": (0.0, None),
+        "norm_eps": (0.0, None),
+    }
+
+    def validate(self) -> None:
+        if self.width % self.heads:
+            raise ConfigError(f"ModelConfig.width: {self.width} must be divisible by heads={self.heads}")
+        head_dim = self.width // self.heads
+        if head_dim % (2 * self.spatial_ndim):
+            raise ConfigError(
+                f"ModelConfig: head dimension {head_dim} must be divisible by 2*spatial_ndim="
+                f"{2 * self.spatial_ndim} for multidimensional RoPE"
+            )
+        if self.attention_window is not None and self.attention_window % 2 == 0:
+            raise ConfigError("ModelConfig.attention_window: must be odd (a symmetric window around each token)")
+
+
+@dataclass(frozen=True)
+class TaskConfig(_Config):
+    """Which task and its sizes. Options a task does not use must stay at their defaults (checked by the task).
+
+    ``name``: prefix-sums, sudoku or chess. ``train_length`` / ``hard_length``: prefix-sums bit lengths.
+    ``data_path``: a real dataset file (sudoku-extreme CSV directory or file, Lichess CSV); ``cache_dir``:
+    where generated or split data is cached. ``engine``: path of a UCI engine for the chess generator.
+    """
+
+    name: Literal["prefix-sums", "sudoku", "chess"] = "prefix-sums"
+    train_size: int = 8000
+    val_size: int = 2000
+    hard_size: int = 10000
+    train_length: int = 32
+    hard_length: int = 512
+    seed: int = 0
+    data_path: Optional[str] = None
+    cache_dir: Optional[str] = None
+    engine: Optional[str] = None
+
+    _RANGES = {
+        "train_size": (1, None),
+        "val_size": (1, None),
+        "hard_size": (1, None),
+        "train_length": (1, None),
+        "hard_length": (1, None),
+        "seed": (0, None),
+    }
+
+
+@dataclass(frozen=True)
+class TrainConfig(_Config):
+    """Training as in App. B.1.2 and the facts file: progressive loss (α, T), AdamW, warm-up, cool-down.
+
+    ``warmup_epochs``: the LR factor is 1 − exp(−(e+1)/10) for epochs e < warmup_epochs, then 1.
+    ``cooldown_at``: fraction of the epochs after which the LR is multiplied by ``cooldown_factor``.
+    ``eval_every``: evaluate on val/hard every this many epochs (0 = only at the end), at iterations
+    1..``eval_iterations``; the final evaluation runs to ``test_iterations``.
+    """
+
+    method: Method = "progressive"
+    lr: float = 1e-4
+    epochs: int = 100
+    batch_size: int = 500
+    iterations: int = 30
+    alpha: float = 1.0
+    weight_decay: float = 0.01
+    adam_eps: float = 1e-8
+    betas: tuple[float, ...] = (0.9, 0.999)
+    warmup_epochs: int = 9
+    cooldown_at: float = 0.6
+    cooldown_factor: float = 0.1
+    grad_clip: float = 1.0
+    seed: int = 0
+    device: Device = "auto"
+    compile: bool = False
+    bf16: bool = True
+    eval_every: int = 0
+    eval_iterations: int = 60
+    test_iterations: int = 500
+    eval_batch_size: int = 1000
+
+    _RANGES = {
+        "lr": (0.0, None),
+        "epochs": (1, None),
+        "batch_size": (1, None),
+        "iterations": (1, None),
+        "alpha": (0.0, 1.0),
+        "weight_decay": (0.0, None),
+        "adam_eps": (0.0, None),
+        "warmup_epochs": (0, None),
+        "cooldown_at": (0.0, 1.0),
+        "cooldown_factor": (0.0, 1.0),
+        "grad_clip": (0.0, None),
+        "seed": (0, None),
+        "eval_every": (0, None),
+        "eval_iterations": (1, None),
+        "test_iterations": (1, None),
+        "eval_batch_size": (1, None),
+    }
+
+    def validate(self) -> None:
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ConfigError(f"TrainConfig.betas: expected two numbers in [0, 1), got {list(self.betas)}")
+
+
+@dataclass(frozen=True)
+class RunConfig(_Config):
+    """Everything a checkpoint needs to rebuild its run: model, task, training."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)

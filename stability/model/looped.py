@@ -1,0 +1,261 @@
+"""The looped transformer: the map f of Defs. 3.1–5.2, and the fixed-depth baseline.
+
+One iteration is x_{t+1} = step(x_t, x0) (Def. 3.3); the first iterate is x_1 = step(e, x0) with e = x0 by
+default (Def. 3.1; options zeros and Gaussian noise). ``step`` is composed from named parts so that the analysis
+can assemble the paper's matrices without re-implementing the model (App. A.7), with s ∈ {1, 2} the sublayer
+(1 = attention, 2 = MLP):
+
+* ``g(x, x0)``       linear recall W_x x + W_0 x0 (+ biases); the identity for autonomous models
+* ``pre(s, u)``      Pre norm, inside the sublayer's input
+* ``h(s, v)``        sublayer update Peri(F_s(v))
+* ``residual(s, u, v)``  u + v, or the GRU cell for "gru"
+* ``phi(s, u)``      outer normalisation φ_s (Post norm, Def. 3.4)
+
+and, following the release (facts file), where the paper writes h_s(g(·)) the release applies Pre first:
+
+* external (Def. 5.1): u = g(x, x0); z = φ1(R1(u, h1(pre1(u)))); x' = φ2(R2(z, h2(pre2(z))))
+* internal (Def. 5.2): z = φ1(R1(x, h1(g(pre1(x), x0)))); x' = φ2(R2(z, h2(g(pre2(z), x0))))
+* none (Def. 3.2):     z = φ1(R1(x, h1(pre1(x)))); x' = φ2(R2(z, h2(pre2(z))))
+
+With norm none, Pre = I and the forms are exactly the paper's. Norm sites per variant (facts file):
+none –; pre: Pre; peri: Pre + Peri; post: Post; gru: Pre + Peri with the GRU residual.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+import torch
+import torch.nn as nn
+
+from stability.config import ModelConfig
+from stability.model.attention import ATTENTION_IMPLS, Attention
+from stability.model.parts import MLP, GRUResidual, LinearRecall, OutputHead, RMSNorm
+
+#: norm variant -> (Pre, Peri, Post) sites carrying an RMSNorm
+NORM_SITES = {
+    "none": (False, False, False),
+    "pre": (True, False, False),
+    "peri": (True, True, False),
+    "post": (False, False, True),
+    "gru": (True, True, False),
+}
+OUTER_NORMS = ("post", "gru")
+
+
+def _norms(present: bool, count: int, width: int, eps: float) -> Optional[nn.ModuleList]:
+    return nn.ModuleList(RMSNorm(width, eps) for _ in range(count)) if present else None
+
+
+class Block(nn.Module):
+    """The two sublayers (attention F_1, MLP F_2) with their norms and residuals.
+
+    With ``share_norms`` (the release's choice) one Pre, one Peri and one Post instance serve both sublayers;
+    otherwise each sublayer has its own (the paper's φ1, φ2).
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d = cfg.width
+        self.attn = Attention(d, cfg.heads, cfg.spatial_ndim, cfg.attention_window, cfg.rope_base,
+                              cfg.qk_norm, cfg.norm_eps)
+        self.mlp = MLP(d, cfg.mlp_ratio)
+        has_pre, has_peri, has_post = NORM_SITES[cfg.norm]
+        n = 1 if cfg.share_norms else 2
+        self.pre_norm = _norms(has_pre, n, d, cfg.norm_eps)
+        self.peri_norm = _norms(has_peri, n, d, cfg.norm_eps)
+        self.post_norm = _norms(has_post, n, d, cfg.norm_eps)
+        self.gru = nn.ModuleList(GRUResidual(d) for _ in range(2)) if cfg.norm == "gru" else None
+
+    @staticmethod
+    def _site(norms: Optional[nn.ModuleList], s: int, u: torch.Tensor) -> torch.Tensor:
+        return u if norms is None else norms[min(s, len(norms)) - 1](u)
+
+    def pre(self, s: int, u: torch.Tensor) -> torch.Tensor:
+        return self._site(self.pre_norm, s, u)
+
+    def h(self, s: int, v: torch.Tensor) -> torch.Tensor:
+        return self._site(self.peri_norm, s, self.attn(v) if s == 1 else self.mlp(v))
+
+    def residual(self, s: int, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return u + v if self.gru is None else self.gru[s - 1](u, v)
+
+    def phi(self, s: int, u: torch.Tensor) -> torch.Tensor:
+        return self._site(self.post_norm, s, u)
+
+    def sublayer(self, s: int, u: torch.Tensor) -> torch.Tensor:
+        """u ← φ_s(R_s(u, h_s(pre_s(u)))): one sublayer without recall."""
+        return self.phi(s, self.residual(s, u, self.h(s, self.pre(s, u))))
+
+
+class LoopedTransformer(nn.Module):
+    """Single-layer looped transformer with recall none / external / internal (Section 5, App. B.1.2).
+
+    Public API: ``embed(inputs) -> x0``, ``initial_state(x0) -> e``, ``step(x, x0) -> x``,
+    ``readout(x) -> logits``, ``forward(inputs, iterations) -> logits at every iteration``.
+    States are laid out (B, *spatial, d).
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.recall == "fixed":
+            raise ValueError("recall 'fixed' is the FixedDepthTransformer; use build_model")
+        self.config = cfg
+        self.recall, self.norm, self.width = cfg.recall, cfg.norm, cfg.width
+        self.input = nn.Linear(cfg.in_channels, cfg.width)
+        self.recall_map = LinearRecall(cfg.width) if cfg.recall != "none" else None
+        self.block = Block(cfg)
+        self.head = OutputHead(cfg.width, cfg.out_channels, cfg.norm_eps)
+
+    # ---- attention implementation -------------------------------------------------------------
+    @property
+    def attention_impl(self) -> str:
+        return self.block.attn.impl
+
+    @attention_impl.setter
+    def attention_impl(self, impl: str) -> None:
+        if impl not in ATTENTION_IMPLS:
+            raise ValueError(f"attention_impl {impl!r}; allowed: {', '.join(ATTENTION_IMPLS)}")
+        self.block.attn.impl = impl
+
+    # ---- named parts ----------------------------------------------------------------------------
+    @property
+    def has_outer_norm(self) -> bool:
+        """Def. 3.4: φ ≠ I (post-norm, or the GRU residual)."""
+        return self.norm in OUTER_NORMS
+
+    @property
+    def W_x(self) -> Optional[torch.Tensor]:
+        """∂g/∂x = W_x (App. B.3), shape (d, d); None without recall."""
+        return None if self.recall_map is None else self.recall_map.x.weight
+
+    @property
+    def W_0(self) -> Optional[torch.Tensor]:
+        """∂g/∂x0 = W_0, shape (d, d); None without recall."""
+        return None if self.recall_map is None else self.recall_map.x0.weight
+
+    def g(self, x: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+        """Recall map g(x, x0) (Defs. 5.1 / 5.2); the identity in x for autonomous models."""
+        return x if self.recall_map is None else self.recall_map(x, x0)
+
+    def pre(self, s: int, u: torch.Tensor) -> torch.Tensor:
+        return self.block.pre(s, u)
+
+    def h(self, s: int, v: torch.Tensor) -> torch.Tensor:
+        return self.block.h(s, v)
+
+    def residual(self, s: int, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self.block.residual(s, u, v)
+
+    def phi(self, s: int, u: torch.Tensor) -> torch.Tensor:
+        return self.block.phi(s, u)
+
+    def pre1(self, u):
+        return self.pre(1, u)
+
+    def pre2(self, u):
+        return self.pre(2, u)
+
+    def h1(self, v):
+        return self.h(1, v)
+
+    def h2(self, v):
+        return self.h(2, v)
+
+    def phi1(self, u):
+        return self.phi(1, u)
+
+    def phi2(self, u):
+        return self.phi(2, u)
+
+    # ---- the loop map ---------------------------------------------------------------------------
+    def step(self, x: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+        """One iteration x_{t+1} = f(x_t, x0): Def. 5.1 (external), Def. 5.2 (internal), Def. 3.2 (none)."""
+        if self.recall == "external":
+            u = self.g(x, x0)
+            z = self.phi(1, self.residual(1, u, self.h(1, self.pre(1, u))))
+            return self.phi(2, self.residual(2, z, self.h(2, self.pre(2, z))))
+        if self.recall == "internal":
+            z = self.phi(1, self.residual(1, x, self.h(1, self.g(self.pre(1, x), x0))))
+            return self.phi(2, self.residual(2, z, self.h(2, self.g(self.pre(2, z), x0))))
+        z = self.phi(1, self.residual(1, x, self.h(1, self.pre(1, x))))
+        return self.phi(2, self.residual(2, z, self.h(2, self.pre(2, z))))
+
+    def embed(self, inputs: torch.Tensor) -> torch.Tensor:
+        """x0 = Linear(C_in → d)(inputs), no normalisation (facts file)."""
+        return self.input(inputs)
+
+    def initial_state(self, x0: torch.Tensor, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+        """The first iterate e (Def. 3.1): x0 itself (default), zeros, or Gaussian noise of std ``noise_std``."""
+        kind = self.config.initial_state
+        if kind == "x0":
+            return x0
+        if kind == "zeros":
+            return torch.zeros_like(x0)
+        noise = torch.randn(x0.shape, generator=generator, device=x0.device if generator is None else generator.device,
+                            dtype=x0.dtype)
+        return noise.to(x0.device) * self.config.noise_std
+
+    def readout(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x)
+
+    def trajectory(self, inputs: torch.Tensor, iterations: int,
+                   e: Optional[torch.Tensor] = None) -> Iterator[torch.Tensor]:
+        """Yield x_1 … x_T (x_1 = f(e, x0)) without storing them."""
+        x0 = self.embed(inputs)
+        x = self.initial_state(x0) if e is None else e
+        for _ in range(iterations):
+            x = self.step(x, x0)
+            yield x
+
+    def forward(self, inputs: torch.Tensor, iterations: int) -> torch.Tensor:
+        """Logits after every iteration, shape (iterations, B, *spatial, C_out)."""
+        return torch.stack([self.readout(x) for x in self.trajectory(inputs, iterations)])
+
+
+class FixedDepthTransformer(nn.Module):
+    """The fixed-depth baseline: ``depth`` separately parameterised blocks of the same norm variant, no
+    recall, run once (facts file). ``forward(inputs, iterations)`` repeats its one output so that it can be
+    scored like a looped model; it has no loop map, so the fixed-point analysis does not apply to it."""
+
+    recall = "fixed"
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.norm, self.width = cfg.norm, cfg.width
+        self.input = nn.Linear(cfg.in_channels, cfg.width)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
+        self.head = OutputHead(cfg.width, cfg.out_channels, cfg.norm_eps)
+
+    @property
+    def attention_impl(self) -> str:
+        return self.blocks[0].attn.impl
+
+    @attention_impl.setter
+    def attention_impl(self, impl: str) -> None:
+        if impl not in ATTENTION_IMPLS:
+            raise ValueError(f"attention_impl {impl!r}; allowed: {', '.join(ATTENTION_IMPLS)}")
+        for b in self.blocks:
+            b.attn.impl = impl
+
+    def embed(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.input(inputs)
+
+    def readout(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x)
+
+    def features(self, inputs: torch.Tensor) -> torch.Tensor:
+        u = self.embed(inputs)
+        for block in self.blocks:
+            u = block.sublayer(2, block.sublayer(1, u))
+        return u
+
+    def forward(self, inputs: torch.Tensor, iterations: int = 1) -> torch.Tensor:
+        logits = self.readout(self.features(inputs))
+        return logits.unsqueeze(0).expand(iterations, *logits.shape)
+
+
+def build_model(cfg: ModelConfig) -> nn.Module:
+    """The model a ModelConfig describes: LoopedTransformer, or FixedDepthTransformer for recall 'fixed'."""
+    return FixedDepthTransformer(cfg) if cfg.recall == "fixed" else LoopedTransformer(cfg)

@@ -1,0 +1,76 @@
+"""The task interface: data as tensors laid out (batch, *spatial, channels), and how answers are scored.
+
+A task turns a :class:`~stability.config.TaskConfig` into three fixed-order splits:
+``dataset(split) -> (inputs, targets)`` with ``inputs`` float32 of shape (N, *spatial, in_channels) and
+``targets`` int64 of shape (N, *spatial) holding a class per position. A sample counts as correct only if
+every position is right (App. B.5: "total" accuracy).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from stability.config import TaskConfig
+from stability.errors import ConfigError
+
+SPLITS = ("train", "val", "hard")
+
+
+class Task(ABC):
+    """Base class. Subclasses set the class attributes and implement :meth:`_build`."""
+
+    name: str = ""
+    in_channels: int = 1
+    out_channels: int = 2
+    spatial_ndim: int = 1
+    attention_window: Optional[int] = None  # None = full bidirectional attention
+
+    def __init__(self, config: TaskConfig):
+        if config.name != self.name:
+            raise ConfigError(f"task config names {config.name!r}, not {self.name!r}")
+        self.config = config
+        self._cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    # ---- data -------------------------------------------------------------------------------------
+    def dataset(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets) of ``split`` ∈ {train, val, hard}, always in the same order."""
+        if split not in SPLITS:
+            raise ConfigError(f"unknown split {split!r}; allowed: {', '.join(SPLITS)}")
+        if split not in self._cache:
+            self._cache[split] = self._build(split)
+        return self._cache[split]
+
+    @abstractmethod
+    def _build(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Make or load one split (called once per split and cached in memory)."""
+
+    def describe(self) -> dict:
+        """Sizes and provenance of the data, for reports (``stability data info``, analyze's header)."""
+        return {"task": self.name}
+
+    def model_options(self) -> dict:
+        """The ModelConfig fields the task decides."""
+        return {
+            "in_channels": self.in_channels,
+            "out_channels": self.out_channels,
+            "spatial_ndim": self.spatial_ndim,
+            "attention_window": self.attention_window,
+        }
+
+    # ---- scoring ----------------------------------------------------------------------------------
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy over every position. logits: (B, *spatial, out_channels)."""
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+
+    def predict(self, logits: torch.Tensor) -> torch.Tensor:
+        """Predicted class per position, (B, *spatial)."""
+        return logits.argmax(-1)
+
+    def score(self, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(correct, position_accuracy), both (B,): whole-answer correctness and the share of right positions."""
+        right = (self.predict(logits) == targets).reshape(targets.shape[0], -1)
+        return right.all(dim=1), right.float().mean(dim=1)

@@ -1,0 +1,133 @@
+"""Self-describing checkpoints: one file with the full config, weights, optimizer, schedule, RNG and history.
+
+Format (schema 1), a dict that ``torch.load(weights_only=True)`` reads (tensors, numbers, strings, lists, dicts):
+
+=================  ==========================================================================================
+``format``         ``"stability-checkpoint"``
+``schema_version`` 1
+``package_version`` the ``stability`` version that wrote it; ``torch_version`` likewise
+``config``         RunConfig as a plain dict: ``model``, ``task``, ``train``
+``model``          the model's state_dict
+``optimizer``      AdamW state_dict
+``schedule``       {``base_lr``, ``epoch``, ``lr``}: the LR schedule is a pure function of the epoch
+``scaler``         GradScaler state_dict (empty unless float16 loss scaling is on)
+``rng``            {``torch``: CPU RNG state, ``cuda``: list of CUDA RNG states, ``data``: the trainer's
+                   data-order / progressive-loss generator state}
+``epoch``/``step`` completed epochs and optimizer steps
+``history``        one dict per completed epoch (loss, lr, time, and evaluation results when run)
+``final``          final evaluation (accuracy against iteration on val and hard) or None
+=================  ==========================================================================================
+
+Writes are atomic (temporary file in the same folder, fsync, rename): a killed writer never leaves a
+half-written checkpoint. Loading refuses, with one line, anything that is not such a file.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from stability.config import RunConfig, from_dict
+from stability.errors import CheckpointError, ConfigError
+
+FORMAT = "stability-checkpoint"
+SCHEMA_VERSION = 1
+
+
+def atomic_save(obj: Any, path: Path) -> None:
+    """torch.save to a temporary file beside ``path``, then rename over it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(obj, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def read(path: Path | str) -> dict:
+    """The raw checkpoint dict, validated: one clear CheckpointError for every kind of bad file."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such file")
+    if path.is_dir():
+        raise CheckpointError(f"{path}: is a directory, not a checkpoint file")
+    with open(path, "rb") as fh:
+        is_zip = fh.read(4) == b"PK\x03\x04"  # torch.save writes a zip archive
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        msg = str(exc)
+        if "Weights only load failed" in msg or "Unsupported global" in msg:
+            raise CheckpointError(f"{path}: refused: loading it would execute code (not a plain checkpoint)") from None
+        raise CheckpointError(f"{path}: not a stability checkpoint (unreadable pickle)") from None
+    except Exception as exc:  # torch raises RuntimeError, EOFError, KeyError, ... on bad bytes
+        head = (str(exc).splitlines() or [type(exc).__name__])[0][:120]
+        if is_zip:
+            raise CheckpointError(f"{path}: truncated or corrupt checkpoint ({head})") from None
+        raise CheckpointError(f"{path}: not a stability checkpoint (not a torch file)") from None
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a stability checkpoint (a foreign file: no '{FORMAT}' marker)")
+    version = obj.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise CheckpointError(
+            f"{path}: checkpoint schema version {version!r} is not supported (this toolkit reads {SCHEMA_VERSION})"
+        )
+    missing = [k for k in ("config", "model", "epoch", "history") if k not in obj]
+    if missing:
+        raise CheckpointError(f"{path}: checkpoint lacks {', '.join(missing)}")
+    return obj
+
+
+def run_config(obj: dict, path: Path | str = "checkpoint") -> RunConfig:
+    try:
+        return from_dict(RunConfig, obj["config"])
+    except ConfigError as exc:
+        raise CheckpointError(f"{path}: invalid config in checkpoint: {exc}") from None
+
+
+@dataclass
+class Loaded:
+    """What ``stability.load`` returns: the model (eval mode, math attention), its config and task."""
+
+    model: torch.nn.Module
+    config: RunConfig
+    task: Any
+    path: Path
+    epoch: int
+    history: list = field(default_factory=list)
+    final: Optional[dict] = None
+    package_version: str = ""
+
+
+def load(path: Path | str, *, device: str = "cpu") -> Loaded:
+    """Load a checkpoint written by the trainer (see the module docstring for the format)."""
+    from stability.model import build_model
+    from stability.tasks import make_task
+
+    obj = read(path)
+    cfg = run_config(obj, path)
+    model = build_model(cfg.model)
+    try:
+        model.load_state_dict(obj["model"])
+    except RuntimeError as exc:
+        raise CheckpointError(f"{path}: weights do not match the config ({str(exc).splitlines()[0]})") from None
+    model.to(device).eval()
+    return Loaded(model=model, config=cfg, task=make_task(cfg.task), path=Path(path), epoch=int(obj["epoch"]),
+                  history=list(obj["history"]), final=obj.get("final"),
+                  package_version=str(obj.get("package_version", "")))

@@ -1,0 +1,131 @@
+"""``stability train``: train a looped transformer (or the fixed-depth baseline) and write a checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import typing
+
+from stability.config import NORMS, RECALLS, InitialState, Method
+
+HELP = "train a looped transformer with the progressive loss and write a self-describing checkpoint"
+
+# CLI flag -> (section, config field)
+_FLAGS = {
+    "task": ("task", "name"),
+    "train_size": ("task", "train_size"),
+    "val_size": ("task", "val_size"),
+    "hard_size": ("task", "hard_size"),
+    "train_length": ("task", "train_length"),
+    "hard_length": ("task", "hard_length"),
+    "data_seed": ("task", "seed"),
+    "data_path": ("task", "data_path"),
+    "cache_dir": ("task", "cache_dir"),
+    "engine": ("task", "engine"),
+    "recall": ("model", "recall"),
+    "norm": ("model", "norm"),
+    "width": ("model", "width"),
+    "heads": ("model", "heads"),
+    "depth": ("model", "depth"),
+    "initial_state": ("model", "initial_state"),
+    "share_norms": ("model", "share_norms"),
+    "method": ("train", "method"),
+    "lr": ("train", "lr"),
+    "epochs": ("train", "epochs"),
+    "batch_size": ("train", "batch_size"),
+    "iterations": ("train", "iterations"),
+    "alpha": ("train", "alpha"),
+    "weight_decay": ("train", "weight_decay"),
+    "warmup_epochs": ("train", "warmup_epochs"),
+    "cooldown_at": ("train", "cooldown_at"),
+    "seed": ("train", "seed"),
+    "device": ("train", "device"),
+    "compile": ("train", "compile"),
+    "bf16": ("train", "bf16"),
+    "eval_every": ("train", "eval_every"),
+    "eval_iterations": ("train", "eval_iterations"),
+    "test_iterations": ("train", "test_iterations"),
+    "eval_batch_size": ("train", "eval_batch_size"),
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from stability.tasks import TASKS
+
+    g = p.add_argument_group("task")
+    g.add_argument("--task", choices=list(TASKS), help="the task (default prefix-sums)")
+    g.add_argument("--train-size", type=int, metavar="N", help="training samples (prefix sums: 8000)")
+    g.add_argument("--val-size", type=int, metavar="N", help="validation samples (prefix sums: 2000)")
+    g.add_argument("--hard-size", type=int, metavar="N", help="hard samples (prefix sums: 10000)")
+    g.add_argument("--train-length", type=int, metavar="BITS", help="prefix sums: train/val length (32)")
+    g.add_argument("--hard-length", type=int, metavar="BITS", help="prefix sums: hard length (512)")
+    g.add_argument("--data-seed", type=int, metavar="S", help="seed of the generated data (0)")
+    g.add_argument("--data-path", metavar="PATH", help="a real dataset file (sudoku-extreme CSVs, Lichess CSV)")
+    g.add_argument("--cache-dir", metavar="DIR", help="where datasets are cached")
+    g.add_argument("--engine", metavar="PATH", help="UCI chess engine for the chess generator")
+    m = p.add_argument_group("model")
+    m.add_argument("--recall", choices=RECALLS, help="none | external | internal | fixed (baseline); default external")
+    m.add_argument("--norm", choices=NORMS, help="outer/inner normalisation variant; default post")
+    m.add_argument("--width", type=int, metavar="D", help="model width d (256)")
+    m.add_argument("--heads", type=int, metavar="H", help="attention heads (8)")
+    m.add_argument("--depth", type=int, metavar="N", help="blocks of the fixed-depth baseline (15)")
+    m.add_argument("--initial-state", choices=typing.get_args(InitialState), help="first iterate e (x0)")
+    m.add_argument("--share-norms", action=argparse.BooleanOptionalAction, default=None,
+                   help="one Pre/Peri/Post instance for both sublayers, as the release (default on)")
+    t = p.add_argument_group("training")
+    t.add_argument("--method", choices=typing.get_args(Method), help="training method (progressive)")
+    t.add_argument("--lr", type=float, help="peak learning rate (1e-4)")
+    t.add_argument("--epochs", type=int, metavar="N", help="epochs (100)")
+    t.add_argument("--batch-size", type=int, metavar="N", help="batch size (500)")
+    t.add_argument("--iterations", type=int, metavar="T", help="maximum training iterations T (30)")
+    t.add_argument("--alpha", type=float, help="progressive-loss weight α (1.0)")
+    t.add_argument("--weight-decay", type=float, help="AdamW weight decay (0.01)")
+    t.add_argument("--warmup-epochs", type=int, metavar="N", help="epochs of LR warm-up 1 − exp(−(e+1)/10) (9)")
+    t.add_argument("--cooldown-at", type=float, metavar="F", help="fraction of epochs after which LR ×0.1 (0.6)")
+    t.add_argument("--seed", type=int, metavar="S", help="seed of initialisation and data order (0)")
+    t.add_argument("--device", choices=["auto", "cpu", "cuda"], help="auto picks cuda when available")
+    t.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help="torch.compile the loop map")
+    t.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                   help="bf16 autocast on CUDA (default on; the CPU always trains in float32)")
+    t.add_argument("--eval-every", type=int, metavar="N", help="evaluate every N epochs (0: only at the end)")
+    t.add_argument("--eval-iterations", type=int, metavar="T", help="iterations of the periodic evaluations (60)")
+    t.add_argument("--test-iterations", type=int, metavar="T", help="iterations of the final evaluation (500)")
+    t.add_argument("--eval-batch-size", type=int, metavar="N", help="evaluation batch size (1000)")
+    p.add_argument("--out", required=True, metavar="PATH", help="checkpoint file to write (metrics go beside it)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out if it exists")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def config_from_args(args: argparse.Namespace):
+    """RunConfig from the flags that were given (the others keep their defaults)."""
+    from stability.config import ModelConfig, RunConfig, TaskConfig, TrainConfig, from_dict
+
+    sections: dict[str, dict] = {"model": {}, "task": {}, "train": {}}
+    for flag, (section, key) in _FLAGS.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            sections[section][key] = value
+    return RunConfig(model=from_dict(ModelConfig, sections["model"]),
+                     task=from_dict(TaskConfig, sections["task"]),
+                     train=from_dict(TrainConfig, sections["train"]))
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from stability.train.loop import train
+    from stability.train.report import accuracy_table
+
+    config = config_from_args(args)
+    out = Path(args.out)
+    if args.resume and out.exists():
+        from stability.train import checkpoint as ckpt
+
+        stored = ckpt.run_config(ckpt.read(out), out)
+        given = {flag for flag in _FLAGS if getattr(args, flag, None) is not None}
+        if not given:  # plain --resume: continue with the stored config
+            config = stored
+    result = train(config, out, resume=args.resume, progress=not args.quiet)
+    print(f"checkpoint: {result.path}")
+    if result.final:
+        print(accuracy_table(result.final))
+    return 0
