@@ -212,7 +212,8 @@ class TrainConfig(_Config):
     ``warmup_epochs``: the LR factor is 1 − exp(−(e+1)/10) for epochs e < warmup_epochs, then 1.
     ``cooldown_at``: fraction of the epochs after which the LR is multiplied by ``cooldown_factor``.
     ``eval_every``: evaluate on val/hard every this many epochs (0 = only at the end), at iterations
-    1..``eval_iterations``; the final evaluation runs to ``test_iterations``.
+    1..``eval_iterations``; the final evaluation runs to ``test_iterations``. ``monitor_every``: every this
+    many epochs (0 = never) log the stability monitor on a fixed probe of ``monitor_samples`` val samples.
     """
 
     method: Method = "progressive"
@@ -236,6 +237,8 @@ class TrainConfig(_Config):
     eval_iterations: int = 60
     test_iterations: int = 500
     eval_batch_size: int = 1000
+    monitor_every: int = 0
+    monitor_samples: int = 16
 
     _RANGES = {
         "lr": (0.0, None),
@@ -254,6 +257,8 @@ class TrainConfig(_Config):
         "eval_iterations": (1, None),
         "test_iterations": (1, None),
         "eval_batch_size": (1, None),
+        "monitor_every": (0, None),
+        "monitor_samples": (1, None),
     }
 
     def validate(self) -> None:

@@ -45,6 +45,8 @@ _FLAGS = {
     "eval_iterations": ("train", "eval_iterations"),
     "test_iterations": ("train", "test_iterations"),
     "eval_batch_size": ("train", "eval_batch_size"),
+    "monitor_every": ("train", "monitor_every"),
+    "monitor_samples": ("train", "monitor_samples"),
 }
 
 
@@ -90,6 +92,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--eval-iterations", type=int, metavar="T", help="iterations of the periodic evaluations (60)")
     t.add_argument("--test-iterations", type=int, metavar="T", help="iterations of the final evaluation (500)")
     t.add_argument("--eval-batch-size", type=int, metavar="N", help="evaluation batch size (1000)")
+    t.add_argument("--monitor-every", type=int, metavar="N",
+                   help="log ρ(W_x), median ρ(J*), converged fraction, ‖dx*/dx0‖ every N epochs (0: off)")
+    t.add_argument("--monitor-samples", type=int, metavar="N", help="probe size of the stability monitor (16)")
     p.add_argument("--out", required=True, metavar="PATH", help="checkpoint file to write (metrics go beside it)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out if it exists")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -81,13 +81,55 @@ def progressive_loss(model, task: Task, inputs: torch.Tensor, targets: torch.Ten
 
 
 def training_loss(model, task: Task, inputs, targets, cfg: TrainConfig, gen: torch.Generator) -> torch.Tensor:
-    """The loss of one batch for the configured method; the fixed-depth baseline is trained on its one output."""
+    """The progressive loss of one batch with (n, k) drawn from ``gen``; the fixed-depth baseline is trained
+    on its one output."""
     if model.recall == "fixed":
         return task.loss(model(inputs, 1)[0], targets)
     T = cfg.iterations
     n = int(torch.randint(0, T, (1,), generator=gen))
     k = int(torch.randint(1, T - n + 1, (1,), generator=gen))
     return progressive_loss(model, task, inputs, targets, n, k, cfg.alpha, T)
+
+
+@dataclass
+class BatchContext:
+    """What a training method needs for one batch. ``model`` may be a compiled wrapper of ``params``."""
+
+    model: object
+    params: torch.nn.Module
+    task: Task
+    cfg: TrainConfig
+    gen: torch.Generator
+    optimizer: torch.optim.Optimizer
+    autocast: Callable
+    where: Callable[[str], str]
+
+    def optimize(self, loss: torch.Tensor) -> None:
+        """One optimizer step on ``loss``: non-finite checks, gradient clipping, AdamW."""
+        if not torch.isfinite(loss):
+            raise DivergenceError(self.where("loss"))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(self.params.parameters(), self.cfg.grad_clip)
+        if not torch.isfinite(norm):
+            raise DivergenceError(self.where("gradient"))
+        self.optimizer.step()
+
+
+def progressive_batch(ctx: BatchContext, inputs, targets) -> tuple[float, int]:
+    """One optimizer step on the progressive loss; returns (loss, optimizer steps taken)."""
+    with ctx.autocast():
+        loss = training_loss(ctx.model, ctx.task, inputs, targets, ctx.cfg, ctx.gen)
+    ctx.optimize(loss)
+    return loss.item(), 1
+
+
+#: training method -> batch function (ctx, inputs, targets) -> (mean loss, optimizer steps)
+METHODS: dict[str, Callable] = {"progressive": progressive_batch}
+
+
+def train_batch(ctx: BatchContext, inputs, targets) -> tuple[float, int]:
+    return METHODS[ctx.cfg.method](ctx, inputs, targets)
 
 
 # ---- evaluation ---------------------------------------------------------------------------------
@@ -246,6 +288,12 @@ def train(config: RunConfig, out: Path | str, *, resume: bool = False, progress:
         }, out)
         _write_metrics(metrics_path(out), history, final)
 
+    if cfg.monitor_every and model.recall != "fixed":
+        from stability.monitor import StabilityMonitor
+
+        callbacks = (*callbacks, StabilityMonitor(task, every=cfg.monitor_every, samples=cfg.monitor_samples,
+                                                  device=device))
+
     from tqdm.auto import tqdm
 
     bar = tqdm(range(start_epoch, cfg.epochs), initial=start_epoch, total=cfg.epochs, desc="epoch",
@@ -260,18 +308,13 @@ def train(config: RunConfig, out: Path | str, *, resume: bool = False, progress:
         total, count = 0.0, 0
         for i in range(0, N, cfg.batch_size):
             idx = perm[i:i + cfg.batch_size]
-            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16):
-                loss = training_loss(step_model, task, inputs[idx], targets[idx], cfg, gen)
-            if not torch.isfinite(loss):
-                raise DivergenceError(_diverged("loss", epoch, step, out))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            if not torch.isfinite(norm):
-                raise DivergenceError(_diverged("gradient", epoch, step, out))
-            optimizer.step()
-            step += 1
-            total += loss.item() * idx.numel()
+            ctx = BatchContext(model=step_model, params=model, task=task, cfg=cfg, gen=gen, optimizer=optimizer,
+                               autocast=lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16,
+                                                               enabled=use_bf16),
+                               where=lambda what, _e=epoch, _s=step: _diverged(what, _e, _s, out))
+            loss_value, steps = train_batch(ctx, inputs[idx], targets[idx])
+            step += steps
+            total += loss_value * idx.numel()
             count += idx.numel()
         seconds = time.perf_counter() - t0
         record = {"epoch": epoch + 1, "step": step, "loss": total / count, "lr": lr, "seconds": seconds,
