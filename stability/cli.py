@@ -29,13 +29,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``only`` set, just that command's module is imported (fast start-up)."""
     from stability import __version__
 
     parser = _Parser(prog="stability", description="Train looped transformers and test their fixed points.")
     parser.add_argument("--version", action="version", version=f"stability {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, module_name in COMMANDS.items():
+        if only is not None and name != only:
+            continue
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:  # a room not built yet: leave the command out
@@ -51,7 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from stability.errors import StabilityError
 
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    first = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(first if first in COMMANDS and "-h" not in argv[:1] else None)
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()

@@ -149,16 +149,37 @@ def test_existing_output_is_not_overwritten_without_resume(tmp_path, cli):
     assert out.read_bytes() == before
 
 
-def test_diverging_run_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(tmp_path, cli):
+def test_diverging_run_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    from stability.errors import DivergenceError
+    from stability.train import loop
+
+    calls = {"n": 0}
+    real = loop.METHODS["progressive"]
+
+    def poisoned(ctx, inputs, targets):  # the loss turns non-finite in the second epoch
+        calls["n"] += 1
+        if calls["n"] > 4:
+            ctx.optimize(torch.tensor(float("nan"), requires_grad=True))
+        return real(ctx, inputs, targets)
+
+    monkeypatch.setitem(loop.METHODS, "progressive", poisoned)
+    cfg = RunConfig(model=ModelConfig(width=16, heads=2),
+                    task=TaskConfig(train_size=200, val_size=8, hard_size=8, train_length=8, hard_length=10),
+                    train=TrainConfig(epochs=3, batch_size=50, iterations=4, test_iterations=4, device="cpu"))
     out = tmp_path / "d.pt"
-    cli("train", *SMALL, "--epochs", "1", "--norm", "none", "--out", out)
-    good = out.read_bytes()
-    # resume the finished run for more epochs at an absurd learning rate: the loss blows up
+    with pytest.raises(DivergenceError, match="non-finite loss at epoch 2.*last good checkpoint"):
+        loop.train(cfg, out, progress=False)
+    kept = stability.load(out)
+    assert kept.epoch == 1
+    assert all(torch.isfinite(p).all() for p in kept.model.parameters())
+
+
+def test_cli_reports_divergence_in_one_line(tmp_path, cli):
     proc = cli("train", *SMALL, "--epochs", "1", "--norm", "none", "--lr", "1e30", "--warmup-epochs", "0",
                "--out", tmp_path / "boom.pt", check=False)
     assert proc.returncode == 2, proc.stderr
     assert "non-finite" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
-    assert out.read_bytes() == good
+    assert not (tmp_path / "boom.pt").exists()
 
 
 @pytest.mark.parametrize("argv,needle", [

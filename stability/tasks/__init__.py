@@ -1,11 +1,11 @@
-"""Tasks: prefix sums, sudoku, chess. ``make_task(config)`` builds one from its TaskConfig."""
+"""Tasks: prefix sums, sudoku, chess. ``make_task(config)`` builds one from its TaskConfig.
+
+``TASKS`` is importable without torch (the CLI lists it before anything heavy is loaded).
+"""
 
 from __future__ import annotations
 
 import importlib
-
-from stability.config import TaskConfig
-from stability.tasks.base import SPLITS, Task
 
 TASKS = {
     "prefix-sums": "stability.tasks.prefix_sums:PrefixSums",
@@ -14,10 +14,18 @@ TASKS = {
 }
 
 
-def make_task(config: TaskConfig) -> Task:
-    """The task named by ``config.name``, ready to give its splits."""
+def make_task(config):
+    """The task named by ``config.name`` (a TaskConfig), ready to give its splits."""
     module, cls = TASKS[config.name].split(":")
     return getattr(importlib.import_module(module), cls)(config)
+
+
+def __getattr__(name):
+    if name in ("SPLITS", "Task"):
+        from stability.tasks import base
+
+        return getattr(base, name)
+    raise AttributeError(name)
 
 
 __all__ = ["SPLITS", "TASKS", "Task", "make_task"]

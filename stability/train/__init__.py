@@ -1,5 +1,12 @@
-"""Training: the progressive-loss trainer and self-describing checkpoints."""
+"""Training: the progressive-loss trainer (``loop``) and self-describing checkpoints (``checkpoint``)."""
 
-from stability.train.loop import TrainResult, evaluate, train
+
+def __getattr__(name):
+    if name in ("TrainResult", "evaluate", "train"):
+        from stability.train import loop
+
+        return getattr(loop, name)
+    raise AttributeError(name)
+
 
 __all__ = ["TrainResult", "evaluate", "train"]
