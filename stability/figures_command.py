@@ -1,0 +1,88 @@
+"""``stability figures [--out DIR] [--only NAME ...]``: regenerate the paper's theory figures and Table 3.
+
+Every output is produced by one entry of :data:`FIGURES`: a name, a one-line description and a builder
+``build(out_dir, args) -> list[Path]`` that writes its files (atomically) and returns them. A result-driven figure
+(e.g. from ``--results DIR`` of a sweep or ``--run CKPT`` of a trained model) is one more entry whose builder reads
+what it needs from ``args``, plus its option in :func:`add_arguments`; entries whose inputs are not given are
+skipped by :func:`selected` (see ``needs``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from stability.errors import ConfigError
+
+HELP = "regenerate the theory figures (Fig. 2, Fig. 5) and Table 3 (anisotropy) as PNG, PDF, JSON, Markdown and LaTeX"
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    """One output group of ``stability figures``; ``needs`` names the args attributes it requires (none: always)."""
+
+    description: str
+    build: Callable[[Path, object], list[Path]]
+    needs: tuple[str, ...] = field(default=())
+
+
+def _fig2(out: Path, args) -> list[Path]:
+    from stability.theory import figures
+
+    return figures.save_figure(figures.phase_portraits(), out, "fig2_phase_portraits")
+
+
+def _fig5(out: Path, args) -> list[Path]:
+    from stability.theory import figures
+
+    return figures.save_figure(figures.stability_regions(), out, "fig5_stability_regions")
+
+
+def _table3(out: Path, args) -> list[Path]:
+    from stability.theory import figures, regions
+
+    paths = figures.write_table3(out, regions.anisotropy())
+    return paths + figures.save_figure(figures.anisotropy_points(), out, "table3_anisotropy_points")
+
+
+FIGURES: dict[str, FigureSpec] = {
+    "fig2": FigureSpec("Figure 2: phase portraits of (x, y) -> (λx x, λy y), stable and saddle cases", _fig2),
+    "fig5": FigureSpec("Figure 5: stable regions of external and internal recall over λg × λh", _fig5),
+    "table3": FigureSpec("Table 3: anisotropy of projected points (anisotropy.json/.md/.tex and a scatter)", _table3),
+}
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--out", default="figures", metavar="DIR",
+                        help="directory to write into (created if missing; default: figures)")
+    parser.add_argument("--only", nargs="+", metavar="NAME", default=None,
+                        help=f"build only these ({', '.join(FIGURES)})")
+
+
+def selected(args) -> list[str]:
+    """The figure names to build: ``--only`` (validated) or every entry whose ``needs`` are present in ``args``."""
+    if args.only:
+        unknown = [n for n in args.only if n not in FIGURES]
+        if unknown:
+            raise ConfigError(f"unknown figure {', '.join(unknown)}; choose from {', '.join(FIGURES)}")
+        return list(dict.fromkeys(args.only))
+    return [n for n, spec in FIGURES.items() if all(getattr(args, need, None) for need in spec.needs)]
+
+
+def run(args) -> int:
+    out = Path(args.out)
+    names = selected(args)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} exists and is not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create --out {out}: {exc.strerror}") from None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    for name in names:
+        for path in FIGURES[name].build(out, args):
+            print(f"{name:8s} {path}")
+    return 0

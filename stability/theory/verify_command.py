@@ -1,0 +1,76 @@
+"""``stability verify``: run the theory checks and print one row per check; exit 1 if any fails.
+
+Each row reads ``PASS|FAIL  name  measured <relation> tolerance  source: statement  [instance]``. ``--json PATH``
+also writes every record (statement, instance, measured, tolerance, passed); ``--only`` picks checks by name;
+``--wrong`` runs each check's deliberately wrong variant instead (every row should then FAIL: that is how one sees
+the checks can fail); ``--seed`` draws other random instances.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from stability.errors import ConfigError
+
+HELP = "check the paper's propositions numerically and symbolically: one row per check, non-zero exit if one fails"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--only", nargs="+", metavar="NAME", default=None,
+                        help="run only these checks (see --list)")
+    parser.add_argument("--json", metavar="PATH", default=None, help="also write the records as JSON")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random instances (default 0)")
+    parser.add_argument("--wrong", action="store_true",
+                        help="run the deliberately wrong variant of each check (each should FAIL)")
+    parser.add_argument("--list", action="store_true", help="list the checks and exit")
+
+
+def _fmt(x) -> str:
+    return "nan" if x != x else f"{x:.3g}" if abs(x) >= 1e-3 or x == 0 else f"{x:.2e}"
+
+
+def format_row(check) -> str:
+    """One line: status, name, measured vs tolerance, the statement with its source, the instance."""
+    rel = {"<=": "≤", ">=": "≥"}[check.relation]
+    status = "PASS" if check.passed else "FAIL"
+    return (f"{status}  {check.name:44s} {_fmt(check.measured):>9s} {rel} {_fmt(check.tolerance):<7s} "
+            f"{check.source}: {check.statement}  [{check.instance}]")
+
+
+def run(args) -> int:
+    from stability.theory import verifiers
+
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="backslashreplace")
+    if args.list:
+        for name, v in verifiers.VERIFIERS.items():
+            rel = {"<=": "≤", ">=": "≥"}[v.relation]
+            print(f"{name:44s} {rel} {_fmt(v.tolerance):<8s} {v.source}: {v.statement}  [wrong variant: {v.wrong}]")
+        return 0
+    names = list(dict.fromkeys(args.only)) if args.only else list(verifiers.VERIFIERS)
+    unknown = [n for n in names if n not in verifiers.VERIFIERS]
+    if unknown:
+        raise ConfigError(f"unknown check {', '.join(unknown)}; `stability verify --list` names them all")
+    json_path = Path(args.json) if args.json else None
+    if json_path is not None and not json_path.parent.is_dir():
+        raise ConfigError(f"--json {json_path}: directory {json_path.parent} does not exist")
+    start = time.perf_counter()
+    checks = []
+    for name in names:
+        check = verifiers.VERIFIERS[name].run(seed=args.seed, wrong=args.wrong)
+        checks.append(check)
+        print(format_row(check), flush=True)
+    failed = [c.name for c in checks if not c.passed]
+    elapsed = time.perf_counter() - start
+    variant = "wrong variants" if args.wrong else "checks"
+    print(f"{len(checks)} {variant}: {len(checks) - len(failed)} passed, {len(failed)} failed ({elapsed:.1f} s)")
+    if json_path is not None:
+        from stability.theory.figures import write_text
+
+        record = {"seed": args.seed, "variant": "wrong" if args.wrong else "paper", "passed": not failed,
+                  "checks": [c.to_dict() for c in checks]}
+        write_text(json_path, json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+    return 1 if failed else 0
