@@ -19,7 +19,8 @@ Recall = Literal["none", "external", "internal", "fixed"]
 Norm = Literal["none", "pre", "post", "peri", "gru"]
 InitialState = Literal["x0", "zeros", "noise"]
 Device = Literal["auto", "cpu", "cuda"]
-Method = Literal["progressive"]
+Method = Literal["progressive", "deep-supervision", "implicit"]
+ImplicitBackward = Literal["krylov", "neumann", "one-step"]
 
 RECALLS = typing.get_args(Recall)
 NORMS = typing.get_args(Norm)
@@ -130,6 +131,14 @@ class ModelConfig(_Config):
     ``share_norms``: the release shares one Pre/Peri/Post instance between the two sublayers; the paper
     writes φ1, φ2 as two functions. We follow the release by default; set False for two.
     ``in_channels``, ``out_channels``, ``spatial_ndim`` and ``attention_window`` come from the task.
+
+    Fixed-Point Reasoner options (all off by default, so the paper's map is unchanged):
+    ``damping`` η: the loop map is the damped z ← (1 − η) z + η f(z, x0) (FPRM App. A.3; same fixed points,
+    Jacobian (1 − η) I + η J). It is part of the map, so training, evaluation, solvers and analysis all iterate
+    the same damped map. ``residual_scale`` β: each sublayer's residual u + v becomes (1 − β)·u + β·v, the
+    pre-norm with residual scaling of FPRM Theorem 1 / App. B (not with the GRU residual). ``conv``: kernel size
+    of a depth-wise convolution applied to the latent at the start of each loop, x ← x + DWConv(x), 1-D for
+    sequences, 2-D for boards (FPRM App. C); None = off.
     """
 
     recall: Recall = "external"
@@ -148,6 +157,9 @@ class ModelConfig(_Config):
     initial_state: InitialState = "x0"
     noise_std: float = 1.0
     norm_eps: float = 1e-6
+    damping: float = 1.0
+    residual_scale: Optional[float] = None
+    conv: Optional[int] = None
 
     _RANGES = {
         "width": (1, None),
@@ -160,6 +172,9 @@ class ModelConfig(_Config):
         "attention_window": (1, None),
         "noise_std": (0.0, None),
         "norm_eps": (0.0, None),
+        "damping": (0.0, 1.0),
+        "residual_scale": (0.0, 1.0),
+        "conv": (1, 31),
     }
 
     def validate(self) -> None:
@@ -173,6 +188,22 @@ class ModelConfig(_Config):
             )
         if self.attention_window is not None and self.attention_window % 2 == 0:
             raise ConfigError("ModelConfig.attention_window: must be odd (a symmetric window around each token)")
+        if self.damping == 0.0:
+            raise ConfigError("ModelConfig.damping: η must be in (0, 1] (η = 0 never moves the state)")
+        if self.residual_scale is not None:
+            if self.residual_scale == 0.0:
+                raise ConfigError("ModelConfig.residual_scale: β must be in (0, 1] (β = 0 ignores every sublayer)")
+            if self.norm == "gru":
+                raise ConfigError("ModelConfig.residual_scale: the GRU residual has no additive residual to scale; "
+                                  "use norm none, pre, peri or post")
+        if self.conv is not None and self.conv % 2 == 0:
+            raise ConfigError("ModelConfig.conv: the kernel size must be odd (a symmetric neighbourhood)")
+        if self.recall == "fixed":
+            defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+            extra = [n for n in ("damping", "residual_scale", "conv") if getattr(self, n) != defaults[n]]
+            if extra:
+                raise ConfigError(f"ModelConfig: {', '.join(extra)}: options of the loop map; the fixed-depth "
+                                  "baseline (recall fixed) has none")
 
 
 @dataclass(frozen=True)
@@ -182,6 +213,11 @@ class TaskConfig(_Config):
     ``name``: prefix-sums, sudoku or chess. ``train_length`` / ``hard_length``: prefix-sums bit lengths.
     ``data_path``: a real dataset file (sudoku-extreme CSV directory or file, Lichess CSV); ``cache_dir``:
     where generated or split data is cached. ``engine``: path of a UCI engine for the chess generator.
+    ``sudoku_cut``: the rating that splits easy from hard sudoku; None = the paper's rule (the 80th percentile
+    of the real train file's ratings, 38 for sudoku-extreme; 38 for generated data). ``chess_easy_max``,
+    ``chess_hard_min``, ``chess_hard_max``: train/val take puzzles rated ≤ chess_easy_max, hard those in
+    [chess_hard_min, chess_hard_max] (the paper's 1600 / 1601–2000). Sudoku and chess use train_size, val_size,
+    hard_size as given (the paper's are 40000 / 10000 / 10000: ``Task.paper_sizes``).
     """
 
     name: Literal["prefix-sums", "sudoku", "chess"] = "prefix-sums"
@@ -194,8 +230,13 @@ class TaskConfig(_Config):
     data_path: Optional[str] = None
     cache_dir: Optional[str] = None
     engine: Optional[str] = None
+    sudoku_cut: Optional[float] = None
+    chess_easy_max: int = 1600
+    chess_hard_min: int = 1601
+    chess_hard_max: int = 2000
 
     _RANGES = {
+        "sudoku_cut": (0.0, None),
         "train_size": (1, None),
         "val_size": (1, None),
         "hard_size": (1, None),
@@ -203,6 +244,12 @@ class TaskConfig(_Config):
         "hard_length": (1, None),
         "seed": (0, None),
     }
+
+    def validate(self) -> None:
+        if not self.chess_easy_max < self.chess_hard_min <= self.chess_hard_max:
+            raise ConfigError(
+                f"TaskConfig: chess ratings need chess_easy_max < chess_hard_min <= chess_hard_max, got "
+                f"{self.chess_easy_max}, {self.chess_hard_min}, {self.chess_hard_max}")
 
 
 @dataclass(frozen=True)
@@ -214,6 +261,17 @@ class TrainConfig(_Config):
     ``eval_every``: evaluate on val/hard every this many epochs (0 = only at the end), at iterations
     1..``eval_iterations``; the final evaluation runs to ``test_iterations``. ``monitor_every``: every this
     many epochs (0 = never) log the stability monitor on a fixed probe of ``monitor_samples`` val samples.
+
+    ``method``: progressive (the loss above; ``alpha``), deep-supervision (FPRM App. C: every
+    ``supervision_interval`` iterations (None = ``bptt_steps``) decode, take the loss and back-propagate through
+    the ``bptt_steps`` latest iterations, one optimizer step per segment, until each sample's relative L∞
+    residual is below ``halt_tol`` or ``iterations`` are spent), or implicit (Attractor Models / DEQ: x* by
+    Anderson acceleration to ``solver_tol`` within ``iterations`` evaluations, memory ``anderson_memory``;
+    gradient by the implicit function theorem, ``implicit_backward`` krylov (GMRES on (I − Jᵀ) u = ∂L/∂x*),
+    neumann (u ← Jᵀu + ∂L/∂x*), or one-step (Jacobian-free: through one application of f at x*), solved to
+    ``backward_tol`` within ``backward_iterations`` products; Jacobian regularisation ``jac_reg`` · ‖J‖_F²/n
+    estimated with ``jac_reg_probes`` Gaussian probes). ``iterations`` is every method's cap on the loop.
+    Options of one method must stay at their defaults with the others.
     """
 
     method: Method = "progressive"
@@ -239,6 +297,16 @@ class TrainConfig(_Config):
     eval_batch_size: int = 1000
     monitor_every: int = 0
     monitor_samples: int = 16
+    bptt_steps: int = 5
+    supervision_interval: Optional[int] = None
+    halt_tol: float = 0.1
+    solver_tol: float = 1e-3
+    anderson_memory: int = 5
+    implicit_backward: ImplicitBackward = "krylov"
+    backward_tol: float = 1e-4
+    backward_iterations: int = 30
+    jac_reg: float = 0.0
+    jac_reg_probes: int = 1
 
     _RANGES = {
         "lr": (0.0, None),
@@ -259,11 +327,55 @@ class TrainConfig(_Config):
         "eval_batch_size": (1, None),
         "monitor_every": (0, None),
         "monitor_samples": (1, None),
+        "bptt_steps": (1, None),
+        "supervision_interval": (1, None),
+        "halt_tol": (0.0, None),
+        "solver_tol": (0.0, None),
+        "anderson_memory": (1, None),
+        "backward_tol": (0.0, None),
+        "backward_iterations": (1, None),
+        "jac_reg": (0.0, None),
+        "jac_reg_probes": (1, None),
+    }
+
+    #: the options only one method reads
+    METHOD_OPTIONS: typing.ClassVar[dict[str, tuple[str, ...]]] = {
+        "progressive": ("alpha",),
+        "deep-supervision": ("bptt_steps", "supervision_interval", "halt_tol"),
+        "implicit": ("solver_tol", "anderson_memory", "implicit_backward", "backward_tol", "backward_iterations",
+                     "jac_reg", "jac_reg_probes"),
     }
 
     def validate(self) -> None:
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ConfigError(f"TrainConfig.betas: expected two numbers in [0, 1), got {list(self.betas)}")
+        defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+        for method, names in self.METHOD_OPTIONS.items():
+            if method == self.method:
+                continue
+            for name in names:
+                if getattr(self, name) != defaults[name]:
+                    raise ConfigError(f"TrainConfig.{name}: only the {method} method uses it, not {self.method} "
+                                      f"(leave it at {defaults[name]!r} or choose method {method})")
+        if self.compile and self.method != "progressive":
+            raise ConfigError(f"TrainConfig.compile: not with method {self.method}: its batches shrink as samples "
+                              "halt or converge, and a compiled loop map recompiles for every batch size; use "
+                              "--no-compile")
+        if self.supervision_interval is not None and self.supervision_interval < self.bptt_steps:
+            raise ConfigError(f"TrainConfig.supervision_interval: T_sup = {self.supervision_interval} must be at "
+                              f"least bptt_steps k = {self.bptt_steps} (gradient flows through the k latest "
+                              "iterations of each segment)")
+        if self.halt_tol == 0.0 or self.solver_tol == 0.0 or self.backward_tol == 0.0:
+            zero = [n for n in ("halt_tol", "solver_tol", "backward_tol") if getattr(self, n) == 0.0][0]
+            raise ConfigError(f"TrainConfig.{zero}: a tolerance must be positive")
+        if self.implicit_backward == "one-step":
+            for name in ("backward_tol", "backward_iterations"):
+                if getattr(self, name) != defaults[name]:
+                    raise ConfigError(f"TrainConfig.{name}: the one-step backward solves no linear system; "
+                                      "leave it at its default or use implicit_backward krylov or neumann")
+        if self.jac_reg == 0.0 and self.jac_reg_probes != defaults["jac_reg_probes"]:
+            raise ConfigError("TrainConfig.jac_reg_probes: Jacobian regularisation is off (jac_reg 0); set "
+                              "jac_reg > 0 or leave the probes at their default")
 
 
 @dataclass(frozen=True)
@@ -273,3 +385,8 @@ class RunConfig(_Config):
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+
+    def validate(self) -> None:
+        if self.model.recall == "fixed" and self.train.method != "progressive":
+            raise ConfigError(f"TrainConfig.method: {self.train.method} iterates a loop map; the fixed-depth "
+                              "baseline (recall fixed) has none, so it trains with the progressive method only")

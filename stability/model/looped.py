@@ -19,6 +19,18 @@ and, following the release (facts file), where the paper writes h_s(g(·)) the r
 
 With norm none, Pre = I and the forms are exactly the paper's. Norm sites per variant (facts file):
 none –; pre: Pre; peri: Pre + Peri; post: Post; gru: Pre + Peri with the GRU residual.
+
+Fixed-Point Reasoner options (ModelConfig; off by default, and then ``step`` is exactly the composition above):
+
+* ``residual_scale`` β: R_s(u, v) = (1 − β)·u + β·v (pre-norm with residual scaling, FPRM Thm. 1 / App. B);
+  it lives in the named part ``residual``, so the composition above still holds.
+* ``conv``: a depth-wise convolution at the start of each loop, ``conv(x) = x + DWConv(x)`` (1-D over a
+  sequence, 2-D over a board; FPRM App. C); the forms above then read with conv(x) in place of x.
+* ``damping`` η: ``step(x, x0) = (1 − η)·x + η·undamped_step(x, x0)`` (FPRM App. A.3: the same fixed points,
+  Jacobian (1 − η) I + η J).
+
+With any of them set, J = ∂step/∂x is no longer the product of Prop. 4's factors alone; ``variant_options``
+names the ones in use.
 """
 
 from __future__ import annotations
@@ -47,6 +59,21 @@ def _norms(present: bool, count: int, width: int, eps: float) -> Optional[nn.Mod
     return nn.ModuleList(RMSNorm(width, eps) for _ in range(count)) if present else None
 
 
+class DepthwiseConv(nn.Module):
+    """x + DWConv(x): a depth-wise convolution (one kernel per channel, zero padding, with bias) over the spatial
+    axes of a (B, *spatial, d) state, 1-D for sequences and 2-D for boards (FPRM App. C). Samples stay
+    independent and it works under torch.func."""
+
+    def __init__(self, width: int, kernel: int, spatial_ndim: int):
+        super().__init__()
+        conv = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}[spatial_ndim]
+        self.dw = conv(width, width, kernel, padding=kernel // 2, groups=width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.dw(x.movedim(-1, 1)).movedim(1, -1)
+        return x + y
+
+
 class Block(nn.Module):
     """The two sublayers (attention F_1, MLP F_2) with their norms and residuals.
 
@@ -66,6 +93,7 @@ class Block(nn.Module):
         self.peri_norm = _norms(has_peri, n, d, cfg.norm_eps)
         self.post_norm = _norms(has_post, n, d, cfg.norm_eps)
         self.gru = nn.ModuleList(GRUResidual(d) for _ in range(2)) if cfg.norm == "gru" else None
+        self.residual_scale = cfg.residual_scale
 
     @staticmethod
     def _site(norms: Optional[nn.ModuleList], s: int, u: torch.Tensor) -> torch.Tensor:
@@ -78,7 +106,12 @@ class Block(nn.Module):
         return self._site(self.peri_norm, s, self.attn(v) if s == 1 else self.mlp(v))
 
     def residual(self, s: int, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return u + v if self.gru is None else self.gru[s - 1](u, v)
+        """u + v; (1 − β)·u + β·v with residual scaling β; or the GRU cell."""
+        if self.gru is not None:
+            return self.gru[s - 1](u, v)
+        if self.residual_scale is None:
+            return u + v
+        return (1.0 - self.residual_scale) * u + self.residual_scale * v
 
     def phi(self, s: int, u: torch.Tensor) -> torch.Tensor:
         return self._site(self.post_norm, s, u)
@@ -106,6 +139,9 @@ class LoopedTransformer(nn.Module):
         self.recall_map = LinearRecall(cfg.width) if cfg.recall != "none" else None
         self.block = Block(cfg)
         self.head = OutputHead(cfg.width, cfg.out_channels, cfg.norm_eps)
+        # created last so that the other parameters are initialised exactly as without it
+        self.latent_conv = DepthwiseConv(cfg.width, cfg.conv, cfg.spatial_ndim) if cfg.conv is not None else None
+        self.damping = cfg.damping
 
     # ---- attention implementation -------------------------------------------------------------
     @property
@@ -168,9 +204,30 @@ class LoopedTransformer(nn.Module):
     def phi2(self, u):
         return self.phi(2, u)
 
+    def conv(self, x: torch.Tensor) -> torch.Tensor:
+        """The latent convolution at the start of each loop, x + DWConv(x) (FPRM App. C); x itself when off."""
+        return x if self.latent_conv is None else self.latent_conv(x)
+
+    @property
+    def variant_options(self) -> dict:
+        """The Fixed-Point Reasoner options in use (damping, residual_scale, conv); empty for the paper's map."""
+        cfg = self.config
+        out = {"damping": cfg.damping} if cfg.damping != 1.0 else {}
+        out.update({name: getattr(cfg, name) for name in ("residual_scale", "conv") if getattr(cfg, name) is not None})
+        return out
+
     # ---- the loop map ---------------------------------------------------------------------------
     def step(self, x: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
-        """One iteration x_{t+1} = f(x_t, x0): Def. 5.1 (external), Def. 5.2 (internal), Def. 3.2 (none)."""
+        """One iteration x_{t+1} = f(x_t, x0): Def. 5.1 (external), Def. 5.2 (internal), Def. 3.2 (none);
+        with damping η < 1 the damped map (1 − η)·x + η·f(x, x0) of FPRM App. A.3."""
+        fx = self.undamped_step(x, x0)
+        if self.damping == 1.0:
+            return fx
+        return (1.0 - self.damping) * x + self.damping * fx
+
+    def undamped_step(self, x: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+        """f(x, x0) before damping: the composition of the named parts (module docstring), after ``conv``."""
+        x = self.conv(x)
         if self.recall == "external":
             u = self.g(x, x0)
             z = self.phi(1, self.residual(1, u, self.h(1, self.pre(1, u))))

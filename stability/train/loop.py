@@ -25,6 +25,8 @@ from stability.errors import CheckpointError, ConfigError, DivergenceError
 from stability.model import build_model
 from stability.tasks import Task, make_task
 from stability.train import checkpoint as ckpt
+from stability.train.deep_supervision import deep_supervision_batch
+from stability.train.implicit import implicit_batch
 
 EpochCallback = Callable[[torch.nn.Module, Task, dict], None]
 
@@ -125,7 +127,8 @@ def progressive_batch(ctx: BatchContext, inputs, targets) -> tuple[float, int]:
 
 
 #: training method -> batch function (ctx, inputs, targets) -> (mean loss, optimizer steps)
-METHODS: dict[str, Callable] = {"progressive": progressive_batch}
+METHODS: dict[str, Callable] = {"progressive": progressive_batch, "deep-supervision": deep_supervision_batch,
+                                "implicit": implicit_batch}
 
 
 def train_batch(ctx: BatchContext, inputs, targets) -> tuple[float, int]:

@@ -1,0 +1,204 @@
+"""``stability sweep GRID``: expand a grid file and run its cells locally or on SLURM, one record per cell.
+
+Cells whose record already exists are skipped, so a sweep killed halfway resumes where it stopped; a cell that
+was in flight continues from its own checkpoint. See docs/experiments.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "run a grid of training runs (locally, one worker per GPU, or on SLURM via submitit), one record per run"
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return value
+
+
+def _pos_int(text: str) -> int:
+    value = _nonneg_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("grid", metavar="GRID", help="a grid file (TOML), e.g. experiments/smoke.toml")
+    p.add_argument("--executor", choices=["local", "slurm"], default="local",
+                   help="local: a pool of worker processes here; slurm: one submitit job per cell (default local)")
+    p.add_argument("--results", metavar="DIR", help="results directory (default results/<grid name>)")
+    p.add_argument("--gpus", type=_nonneg_int, default=0, metavar="N",
+                   help="local: one worker per GPU on GPUs 0..N-1; slurm: GPUs per job (default 1 on SLURM)")
+    p.add_argument("--workers", type=_pos_int, default=None, metavar="N",
+                   help="local, without --gpus: N CPU worker processes (default 1)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="list the cells, which are done, and the estimated cost of the rest; run nothing")
+    p.add_argument("--where", action="append", default=[], metavar="SECTION.OPTION=V[,V...]",
+                   help="run only the cells whose option has one of these values (repeatable), e.g. "
+                        "--where train.seed=0 --where model.recall=external,internal")
+    p.add_argument("--summary", choices=["analyze", "monitor"], default="analyze",
+                   help="after training: the analyze pipeline (default) or only the monitor's four quantities")
+    p.add_argument("--analyze-samples", type=_nonneg_int, default=8, metavar="N",
+                   help="samples per split of the analysis (8; 0 = monitor summary only)")
+    p.add_argument("--analyze-splits", choices=["val", "hard", "both"], default="val",
+                   help="splits the analysis covers (val)")
+    p.add_argument("--analyze-max-iter", type=_pos_int, default=500, metavar="N",
+                   help="fixed-point solver budget of the analysis (500)")
+    p.add_argument("--cluster", choices=["slurm", "local", "debug"], default="slurm",
+                   help="with --executor slurm: submitit's backend; local/debug run the same path without a "
+                        "cluster (default slurm)")
+    p.add_argument("--no-wait", action="store_true",
+                   help="with --executor slurm: submit the jobs and return (run `stability sweep` again, or "
+                        "`stability tables`, once they are done)")
+
+
+def _fmt_acc(acc: dict) -> str:
+    parts = []
+    for split in ("val", "hard"):
+        v = (acc or {}).get(split)
+        if v is not None:
+            parts.append(f"{split} {100 * v:6.2f}%")
+    return "  ".join(parts)
+
+
+def _kind(task: str, recall: str) -> tuple[str, str]:
+    return task, "fixed-depth" if recall == "fixed" else "looped"
+
+
+def _estimate(cells_todo: list, results) -> list[str]:
+    """Cost of the remaining cells: per (task, looped or fixed-depth), the mean measured time of the finished runs
+    of that kind (of the task when none of the kind has finished) times the number of runs to go."""
+    import json
+    from pathlib import Path
+
+    times: dict[tuple, list[float]] = {}
+    devices: set = set()
+    for path in sorted((Path(results) / "records").glob("*.json")):
+        try:
+            rec = json.loads(path.read_text())
+            key = _kind(rec["config"]["task"]["name"], rec["config"]["model"]["recall"])
+            secs = float(rec["timing"]["run_seconds"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if rec.get("status") == "done":
+            times.setdefault(key, []).append(secs)
+            devices.add(rec.get("environment", {}).get("device", "?"))
+    todo: dict[tuple, int] = {}
+    for cell in cells_todo:
+        key = _kind(cell.config.task.name, cell.config.model.recall)
+        todo[key] = todo.get(key, 0) + 1
+    lines, total, untimed = [], 0.0, 0
+    for (task, kind), n in sorted(todo.items()):
+        measured = times.get((task, kind)) or [t for (tk, _), ts in times.items() if tk == task for t in ts]
+        if not measured:
+            untimed += n
+            lines.append(f"  {task} ({kind}): {n} runs to go, no finished {task} run to time yet")
+            continue
+        mean = sum(measured) / len(measured)
+        total += mean * n
+        lines.append(f"  {task} ({kind}): {n} runs × {mean:.1f} s/run (mean of {len(measured)} finished) "
+                     f"= {mean * n / 3600:.2f} h")
+    if todo:
+        on = f" on {', '.join(sorted(devices))}" if devices else ""
+        lines.append(f"  estimated total: {total / 3600:.2f} device-hours{on}, one run at a time"
+                     + (f" (+ {untimed} runs not yet timed)" if untimed else ""))
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from stability.errors import ConfigError
+    from stability.sweep import grid as gridlib
+    from stability.sweep.runner import RunOptions, checkpoint_path, outcome_line, record_path
+
+    grid = gridlib.load(args.grid)
+    cells = gridlib.select(grid.cells, args.where)
+    results = Path(args.results) if args.results else Path("results") / grid.name
+    if results.exists() and not results.is_dir():
+        raise ConfigError(f"--results {results} exists and is not a directory")
+    if args.executor == "local" and args.gpus and args.workers:
+        raise ConfigError("--workers counts CPU workers; with --gpus N there is one worker per GPU")
+    if args.executor == "slurm" and args.workers:
+        raise ConfigError("--workers is for --executor local; on SLURM every cell is its own job")
+    if args.executor == "local" and (args.no_wait or args.cluster != "slurm"):
+        raise ConfigError("--cluster and --no-wait are options of --executor slurm")
+    splits = ("val", "hard") if args.analyze_splits == "both" else (args.analyze_splits,)
+    options = RunOptions(summary=args.summary, analyze_samples=args.analyze_samples, analyze_splits=splits,
+                         analyze_max_iter=args.analyze_max_iter)
+
+    done = [c for c in cells if record_path(results, c.id).exists()]
+    todo = [c for c in cells if not record_path(results, c.id).exists()]
+    partial = [c for c in todo if checkpoint_path(results, c.id).exists()]
+    print(f"grid {grid.name}: {len(grid.cells)} cells" + (f", {len(cells)} selected" if args.where else "")
+          + f"; {len(done)} done, {len(partial)} partly trained, {len(todo) - len(partial)} not started"
+          + f"  → {results}")
+    if args.dry_run:
+        for c in cells:
+            state = "done" if c in done else ("partial" if c in partial else "todo")
+            print(f"  {state:8s} {c.id}")
+        for line in _estimate(todo, results):
+            print(line)
+        return 0
+    if not todo:
+        print("nothing to run: every selected cell has its record")
+        return 0
+    if args.executor == "local" and args.gpus:
+        import torch
+
+        available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if args.gpus > available:
+            raise ConfigError(f"--gpus {args.gpus}: only {available} CUDA device(s) are available here")
+
+    if args.executor == "slurm" and args.cluster == "slurm":
+        import shutil
+
+        if shutil.which("sbatch") is None:
+            raise ConfigError("--executor slurm: no `sbatch` here (not a SLURM login node); run on the cluster, or "
+                              "try the same path locally with --cluster local")
+    from stability.sweep.executors import run_local, run_submitit, write_cell_files
+
+    results.mkdir(parents=True, exist_ok=True)
+    write_cell_files(todo, results, options, grid.name)
+    counter = {"n": 0}
+
+    def report(outcome: dict) -> None:
+        counter["n"] += 1
+        line = outcome if "accuracy" in outcome else outcome_line(outcome)
+        msg = f"  {line['message']}" if line["status"] in ("failed", "diverged", "busy") and line["message"] else ""
+        print(f"[{counter['n']}/{len(todo)}] {line['status']:8s} {line['id']}  {_fmt_acc(line.get('accuracy'))}"
+              f"  {line.get('seconds', 0.0):.1f} s{msg}", flush=True)
+
+    ids = [c.id for c in todo]
+    try:
+        if args.executor == "local":
+            outcomes = run_local(ids, results, workers=args.workers or 1, gpus=args.gpus, report=report)
+        else:
+            outcomes = run_submitit(todo, results, cluster=args.cluster, gpus=args.gpus,
+                                    name=f"stability-{grid.name}", wait=not args.no_wait,
+                                    report=None if args.no_wait else report)
+    except KeyboardInterrupt:
+        print("interrupted: finished cells keep their records; the rest resume on the next "
+              f"`stability sweep {args.grid}`", file=sys.stderr)
+        return 130
+    if args.no_wait:
+        for o in outcomes:
+            print(f"submitted {o['id']}  job {o['job_id']}")
+        print(f"{len(outcomes)} jobs submitted; logs in {results / 'submitit'}")
+        return 0
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        counts[o["status"]] = counts.get(o["status"], 0) + 1
+    print("summary: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + f"; records in {results / 'records'}")
+    if counts.get("failed"):
+        print(f"{counts['failed']} cell(s) failed (see {results / 'logs'}); run the sweep again to retry them",
+              file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,291 @@
+"""Grid files: the paper's experimental grid (App. B.5–B.6) as TOML, validated and expanded into RunConfigs.
+
+A grid file names *fixed* options, shared by every cell, and *axes*, whose Cartesian product gives the cells.
+Both are tables of the RunConfig sections ``model``, ``task`` and ``train`` (``stability/config.py``)::
+
+    name = "paper-prefix-sums"                # default: the file's stem
+    description = "Tables 4-5, prefix sums"
+
+    [fixed.task]
+    name = "prefix-sums"
+    [fixed.train]
+    epochs = 100
+
+    [axes.model]                              # product over axes, in the order they are written
+    norm = ["none", "pre", "post", "peri", "gru"]
+    recall = ["internal", "external", "none", "fixed"]
+    [axes.train]
+    lr = [1e-4, 3e-4, 1e-3]
+    seed = [0, 1, 2]
+
+    [slurm]                                   # optional: resources of one job (one cell) on SLURM
+    partition = "gpu"
+    timeout_min = 240
+
+A file may instead (or also) ``include = ["other.toml", ...]`` (paths relative to it): its cells are the union of
+the included grids' cells and its own. The including file's ``fixed`` options apply to the included cells too,
+except where an included file makes that option an axis (an error: a fixed option cannot flatten an axis), and
+its ``[slurm]`` keys override the included files' (each cell keeps the resources of the file it came from).
+
+Every key is checked: an unknown top-level key, section or option is an error naming the allowed ones, and each
+cell's options are validated by the RunConfig itself. Each cell gets a stable id: the task and its axis values,
+then ``--`` and the first 10 hex digits of the SHA-1 of its options that differ from the defaults (canonical
+JSON), so the same configuration has the same id in every expansion, on every machine, and in later versions of
+the toolkit that add options.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from stability.config import ModelConfig, RunConfig, TaskConfig, TrainConfig, from_dict, to_dict
+from stability.errors import ConfigError
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+SECTIONS = {"model": ModelConfig, "task": TaskConfig, "train": TrainConfig}
+TOP_KEYS = ("name", "description", "include", "fixed", "axes", "slurm")
+#: resources of one SLURM job (submitit's AutoExecutor parameters, without the ``slurm_`` prefix where it has one)
+SLURM_KEYS = ("partition", "timeout_min", "gpus_per_node", "cpus_per_task", "mem_gb", "account", "qos",
+              "constraint", "array_parallelism", "additional_parameters", "setup")
+#: axis names shortened in cell ids
+_SHORT = {"task.name": "", "model.recall": "", "model.norm": "", "train.lr": "lr", "train.seed": "seed"}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of a grid: its id, the axis values that chose it, its full RunConfig, and the SLURM resources of
+    the grid file it came from (not part of the id: where a run happens does not change it)."""
+
+    id: str
+    axes: dict
+    config: RunConfig
+    slurm: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "axes": dict(self.axes), "config": to_dict(self.config), "slurm": dict(self.slurm)}
+
+    @staticmethod
+    def from_dict(d: dict) -> "Cell":
+        return Cell(id=d["id"], axes=dict(d["axes"]), config=from_dict(RunConfig, d["config"]),
+                    slurm=dict(d.get("slurm", {})))
+
+
+@dataclass
+class Grid:
+    """A parsed grid file: its name, the cells it expands into, and its SLURM resources."""
+
+    name: str
+    path: Optional[Path]
+    description: str = ""
+    cells: list = field(default_factory=list)
+    slurm: dict = field(default_factory=dict)
+    axes: dict = field(default_factory=dict)  # "section.option" -> values (union over included files)
+
+    def __len__(self) -> int:
+        return len(self.cells)
+
+
+def _where(path: Optional[Path]) -> str:
+    return f"{path}: " if path else ""
+
+
+def _check_keys(path, what: str, data: dict, allowed) -> None:
+    unknown = sorted(set(data) - set(allowed))
+    if unknown:
+        raise ConfigError(f"{_where(path)}{what}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}")
+
+
+def _options(path, what: str, table: Any) -> dict[str, Any]:
+    """{"section.option": value} from a table of sections, each option checked against its config class."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{_where(path)}{what}: expected a table of sections ({', '.join(SECTIONS)})")
+    _check_keys(path, what, table, SECTIONS)
+    out = {}
+    for section, options in table.items():
+        if not isinstance(options, dict):
+            raise ConfigError(f"{_where(path)}{what}.{section}: expected a table of options")
+        allowed = [f.name for f in dataclasses.fields(SECTIONS[section])]
+        _check_keys(path, f"{what}.{section}", options, allowed)
+        for key, value in options.items():
+            out[f"{section}.{key}"] = value
+    return out
+
+
+def _short_value(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.0e}".replace("e-0", "e-").replace("e+0", "e")
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    if isinstance(v, (list, tuple)):
+        return "-".join(_short_value(x) for x in v)
+    return str(v)
+
+
+def config_hash(config: RunConfig) -> str:
+    """SHA-1 (first 10 hex digits) of the canonical JSON of the options that differ from their defaults.
+
+    Leaving defaults out keeps ids stable when a newer version of the toolkit adds an option (with a default that
+    keeps the old behaviour), so an upgraded sweep still finds its records; each record stores the full config,
+    and the tables refuse to average records of one cell whose configs differ."""
+    explicit = {}
+    for section, cls in SECTIONS.items():
+        defaults = to_dict(cls())
+        values = to_dict(getattr(config, section))
+        explicit[section] = {k: v for k, v in values.items() if v != defaults[k]}
+    blob = json.dumps(explicit, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha1(blob.encode()).hexdigest()[:10]
+
+
+def cell_id(axes: dict, config: RunConfig) -> str:
+    """The task, the readable axis values joined by ``_``, then ``--`` and :func:`config_hash` (file-name safe)."""
+    parts = [config.task.name]
+    for key, value in axes.items():
+        if key == "task.name":
+            continue
+        prefix = _SHORT.get(key, key.split(".", 1)[1])
+        parts.append(f"{prefix}{_short_value(value)}")
+    readable = "_".join(re.sub(r"[^A-Za-z0-9.+-]+", "-", p) for p in parts)
+    return f"{readable[:100]}--{config_hash(config)}"
+
+
+def _build(path, options: dict[str, Any]) -> RunConfig:
+    sections: dict[str, dict] = {s: {} for s in SECTIONS}
+    for key, value in options.items():
+        section, name = key.split(".", 1)
+        sections[section][name] = value
+    try:
+        return RunConfig(**{s: from_dict(cls, sections[s]) for s, cls in SECTIONS.items()})
+    except ConfigError as exc:
+        raise ConfigError(f"{_where(path)}{exc}") from None
+
+
+def parse(data: dict, *, path: Optional[Path] = None, extra_fixed: Optional[dict] = None,
+          _seen: tuple = ()) -> Grid:
+    """A Grid from a parsed TOML table (``path`` resolves includes and names errors)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{_where(path)}a grid file is a TOML table")
+    _check_keys(path, "grid", data, TOP_KEYS)
+    name = data.get("name", path.stem if path else "grid")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9._-]+", name):
+        raise ConfigError(f"{_where(path)}name: {name!r} must be letters, digits, '.', '_' or '-'")
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise ConfigError(f"{_where(path)}description: expected a string")
+    fixed = _options(path, "fixed", data.get("fixed", {}))
+    if extra_fixed:
+        fixed = {**fixed, **extra_fixed}
+    raw_axes = _options(path, "axes", data.get("axes", {}))
+    axes: dict[str, list] = {}
+    for key, values in raw_axes.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"{_where(path)}axes.{key}: expected a non-empty list of values")
+        keyed = [json.dumps(v, sort_keys=True) for v in values]
+        if len(set(keyed)) != len(keyed):
+            raise ConfigError(f"{_where(path)}axes.{key}: repeated value in {values}")
+        if key in fixed:
+            raise ConfigError(f"{_where(path)}{key} is both fixed and an axis; choose one")
+        axes[key] = values
+    slurm = data.get("slurm", {})
+    if not isinstance(slurm, dict):
+        raise ConfigError(f"{_where(path)}slurm: expected a table")
+    _check_keys(path, "slurm", slurm, SLURM_KEYS)
+
+    grid = Grid(name=name, path=path, description=description, slurm=dict(slurm),
+                axes={k: list(v) for k, v in axes.items()})
+    includes = data.get("include", [])
+    if isinstance(includes, str):
+        includes = [includes]
+    if not isinstance(includes, list) or not all(isinstance(i, str) for i in includes):
+        raise ConfigError(f"{_where(path)}include: expected a list of grid files")
+    seen_ids: set[str] = set()
+    for inc in includes:
+        inc_path = (path.parent / inc) if path else Path(inc)
+        sub = load(inc_path, extra_fixed=fixed, _seen=_seen + ((path.resolve(),) if path else ()))
+        for key, values in sub.axes.items():
+            grid.axes.setdefault(key, [])
+            grid.axes[key] += [v for v in values if v not in grid.axes[key]]
+        for cell in sub.cells:
+            if cell.id not in seen_ids:
+                seen_ids.add(cell.id)
+                grid.cells.append(dataclasses.replace(cell, slurm={**cell.slurm, **grid.slurm}))
+    if axes or not includes:
+        keys = list(axes)
+        for combo in itertools.product(*(axes[k] for k in keys)):
+            chosen = dict(zip(keys, combo))
+            config = _build(path, {**fixed, **chosen})
+            cell = Cell(id=cell_id(chosen, config), axes=chosen, config=config, slurm=dict(grid.slurm))
+            if cell.id not in seen_ids:
+                seen_ids.add(cell.id)
+                grid.cells.append(cell)
+    return grid
+
+
+def load(path: Path | str, *, extra_fixed: Optional[dict] = None, _seen: tuple = ()) -> Grid:
+    """Read and expand a grid file (see the module docstring); one-line ConfigError on any bad content."""
+    path = Path(path)
+    if path.resolve() in _seen:
+        raise ConfigError(f"{path}: included twice in a chain of includes (a cycle)")
+    if not path.exists():
+        raise ConfigError(f"{path}: no such grid file")
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory, not a grid file")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file") from None
+    if extra_fixed:
+        # an including file's fixed options may not flatten an axis of this one
+        own_axes = _options(path, "axes", data.get("axes", {}))
+        clash = sorted(set(extra_fixed) & set(own_axes))
+        if clash:
+            raise ConfigError(f"{path}: {', '.join(clash)} is an axis here but fixed by the including grid")
+    return parse(data, path=path, extra_fixed=extra_fixed, _seen=_seen)
+
+
+def select(cells: list, where: list[str]) -> list:
+    """Cells whose options match every ``section.option=v1,v2`` filter (values compared as the config holds them)."""
+    out = list(cells)
+    for cond in where:
+        if "=" not in cond:
+            raise ConfigError(f"--where {cond!r}: expected section.option=value[,value...]")
+        key, _, raw = cond.partition("=")
+        key = key.strip()
+        section, _, name = key.partition(".")
+        if section not in SECTIONS:
+            raise ConfigError(f"--where {key}: unknown section {section!r}; allowed: {', '.join(SECTIONS)}")
+        allowed = [f.name for f in dataclasses.fields(SECTIONS[section])]
+        if name not in allowed:
+            raise ConfigError(f"--where {key}: unknown option {name!r}; allowed: {', '.join(allowed)}")
+        wanted = [_parse_value(v.strip()) for v in raw.split(",")]
+        out = [c for c in out if _matches(getattr(getattr(c.config, section), name), wanted)]
+    return out
+
+
+def _parse_value(raw: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def _matches(value: Any, wanted: list) -> bool:
+    for w in wanted:
+        if isinstance(value, float) and isinstance(w, (int, float)) and not isinstance(w, bool):
+            if abs(value - w) <= 1e-12 * max(abs(value), abs(w), 1e-300):
+                return True
+        elif value == w or str(value) == str(w):
+            return True
+    return False
