@@ -19,6 +19,7 @@ COMMANDS = {
     "data": "stability.tasks.command",
     "sweep": "stability.sweep.command",
     "tables": "stability.sweep.tables_command",
+    "halt": "stability.halting",
 }
 
 

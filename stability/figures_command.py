@@ -15,7 +15,8 @@ from typing import Callable
 
 from stability.errors import ConfigError
 
-HELP = "regenerate the theory figures (Fig. 2, Fig. 5) and Table 3 (anisotropy) as PNG, PDF, JSON, Markdown and LaTeX"
+HELP = ("regenerate the theory figures (Fig. 2, Fig. 5) and Table 3; with --results / --run, the result-driven "
+        "figures of a sweep or one run")
 
 
 @dataclass(frozen=True)
@@ -46,10 +47,28 @@ def _table3(out: Path, args) -> list[Path]:
     return paths + figures.save_figure(figures.anisotropy_points(), out, "table3_anisotropy_points")
 
 
+def _results(out: Path, args) -> list[Path]:
+    from stability.sweep.figures import results_figures
+
+    results = Path(args.results)
+    if not results.is_dir():
+        raise ConfigError(f"--results {results}: no such directory of sweep records")
+    return results_figures(results, out, log=lambda msg: print(f"results  {msg}"))
+
+
+def _run(out: Path, args) -> list[Path]:
+    from stability.sweep.figures import run_figures
+
+    return run_figures(Path(args.run), out)
+
+
 FIGURES: dict[str, FigureSpec] = {
     "fig2": FigureSpec("Figure 2: phase portraits of (x, y) -> (λx x, λy y), stable and saddle cases", _fig2),
     "fig5": FigureSpec("Figure 5: stable regions of external and internal recall over λg × λh", _fig5),
     "table3": FigureSpec("Table 3: anisotropy of projected points (anisotropy.json/.md/.tex and a scatter)", _table3),
+    "results": FigureSpec("Figures 3, 6, 7 and their ρ(J*) versions from a sweep's records (--results DIR)",
+                          _results, needs=("results",)),
+    "run": FigureSpec("the stability monitor against epoch for one checkpoint (--run CKPT)", _run, needs=("run",)),
 }
 
 
@@ -58,6 +77,10 @@ def add_arguments(parser) -> None:
                         help="directory to write into (created if missing; default: figures)")
     parser.add_argument("--only", nargs="+", metavar="NAME", default=None,
                         help=f"build only these ({', '.join(FIGURES)})")
+    parser.add_argument("--results", metavar="DIR", default=None,
+                        help="a sweep's results directory: adds the result-driven Figures 3, 6, 7")
+    parser.add_argument("--run", metavar="CKPT", default=None,
+                        help="a checkpoint trained with --monitor-every: adds its stability-monitor plot")
 
 
 def selected(args) -> list[str]:
@@ -66,6 +89,10 @@ def selected(args) -> list[str]:
         unknown = [n for n in args.only if n not in FIGURES]
         if unknown:
             raise ConfigError(f"unknown figure {', '.join(unknown)}; choose from {', '.join(FIGURES)}")
+        for name in args.only:
+            missing = [need for need in FIGURES[name].needs if not getattr(args, need, None)]
+            if missing:
+                raise ConfigError(f"figure {name} needs --{missing[0]}")
         return list(dict.fromkeys(args.only))
     return [n for n, spec in FIGURES.items() if all(getattr(args, need, None) for need in spec.needs)]
 

@@ -87,6 +87,13 @@ def test_monitor_logs_every_k_epochs_without_changing_training(tmp_path):
     assert paths[0].read_bytes()[:4] == b"\x89PNG" and paths[0].stat().st_size > 5000
     with pytest.raises(StabilityError, match="no stability-monitor records.*--monitor-every"):
         run_figures(tmp_path / "plain.pt", tmp_path / "figs")
+    # through the CLI: stability figures --run CKPT
+    from conftest import run_cli
+
+    proc = run_cli("figures", "--run", tmp_path / "monitored.pt", "--only", "run", "--out", tmp_path / "cli")
+    assert "monitor_monitored.png" in proc.stdout
+    bad = run_cli("figures", "--run", tmp_path / "plain.pt", "--only", "run", "--out", tmp_path / "cli", check=False)
+    assert bad.returncode == 2 and "--monitor-every" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 
 
 def test_monitor_refuses_the_fixed_depth_baseline_and_works_on_a_model_that_is_not_ours():

@@ -297,6 +297,14 @@ def test_result_figures_of_a_real_sweep_are_written(resumed, tmp_path):
         assert p.stat().st_size > 1000
         assert p.read_bytes()[:4] in (b"\x89PNG", b"%PDF")
     assert len(stems) + len(skipped) == 5
+    # the same through the CLI: stability figures --results DIR
+    from conftest import run_cli
+
+    proc = run_cli("figures", "--results", resumed["results"], "--only", "results", "--out", tmp_path / "cli")
+    assert "fig3_accuracy_vs_iterations.png" in proc.stdout
+    assert (tmp_path / "cli" / "fig6_lr_vs_rho_Wx.pdf").exists()
+    bad = run_cli("figures", "--only", "results", "--out", tmp_path / "cli2", check=False)
+    assert bad.returncode == 2 and "needs --results" in bad.stderr
 
 
 # ---- the SLURM path, through submitit's local executor -------------------------------------------------------

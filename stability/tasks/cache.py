@@ -1,0 +1,393 @@
+"""The dataset cache: generated sudoku/chess datasets in checksummed shards, and cached splits of real files.
+
+Layout under the cache root (``TaskConfig.cache_dir``, else ``$STABILITY_DATA``, else ``~/.cache/stability``)::
+
+    <task>-seed<S>/manifest.json       what was asked, the generator and its options, one entry per shard
+    <task>-seed<S>/<split>-<k>.npz     shard k of a split: arrays whose first axis is the row
+    real/<task>-<key>.npz (+ .json)    a split read from a real file, keyed by the file's path, size, mtime and
+                                       the split options (so 3.8M sudoku rows are read once)
+
+A split is a stream of shards; shard k of split s is generated from ``SeedSequence([seed, s, k])`` alone, so the
+dataset is deterministic from the seed whatever the number of workers or the order shards finish in, the first
+N rows of a split are the same whatever size was asked, and a killed build resumes where it stopped (every shard
+and the manifest are written to a temporary file, then renamed). Each shard's sha256 is in the manifest and is
+checked when the shard is read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import io
+import json
+import math
+import os
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+
+from stability.errors import ConfigError, DataError
+
+FORMAT = 1
+ENV = "STABILITY_DATA"
+SPLITS = ("train", "val", "hard")
+SPLIT_INDEX = {"train": 0, "val": 1, "hard": 2}
+GENERATORS = {"sudoku": "stability.tasks.sudoku_generate", "chess": "stability.tasks.chess_generate"}
+PACKAGE_DATA = Path(__file__).resolve().parent.parent / "data"
+
+
+# ---- paths and files ------------------------------------------------------------------------------------------
+def default_root() -> Path:
+    """``$STABILITY_DATA`` if set, else ``~/.cache/stability``."""
+    env = os.environ.get(ENV)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "stability"
+
+
+def root_of(cache_dir: Optional[str]) -> Path:
+    return Path(cache_dir).expanduser() if cache_dir else default_root()
+
+
+def dataset_dir(root: Path, task: str, seed: int) -> Path:
+    return Path(root) / f"{task}-seed{seed}"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def npz_bytes(arrays: dict) -> bytes:
+    """A compressed .npz of ``arrays`` whose bytes depend on the arrays only (fixed member order and times), so
+    equal data give equal checksums."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for name in sorted(arrays):
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            with zf.open(info, "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.ascontiguousarray(arrays[name]), allow_pickle=False)
+    return buf.getvalue()
+
+
+def save_npz(path: Path, arrays: dict) -> str:
+    """Write ``arrays`` compressed to ``path`` atomically; returns the file's sha256."""
+    data = npz_bytes(arrays)
+    _atomic_write(Path(path), data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def load_npz(path: Path, sha256: Optional[str] = None) -> dict:
+    """Read a shard, checking its sha256 when given (a mismatch is a DataError naming the file)."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise DataError(f"cannot read cache file {path}: {exc.strerror}") from None
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise DataError(f"cache file {path} does not match its checksum; delete it and rerun `stability data make`")
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
+
+def write_json(path: Path, obj) -> None:
+    _atomic_write(Path(path), (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode())
+
+
+def read_manifest(directory: Path) -> Optional[dict]:
+    path = Path(directory) / "manifest.json"
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError):
+        raise DataError(f"{path} is not a readable dataset manifest; delete the folder and rebuild") from None
+    if manifest.get("format") != FORMAT:
+        raise DataError(f"{path} has format {manifest.get('format')}, this toolkit reads format {FORMAT}")
+    return manifest
+
+
+# ---- options a task does not use ------------------------------------------------------------------------------
+def check_unused_options(config, task: str) -> None:
+    """Options a task does not use must stay at their defaults (TaskConfig's rule)."""
+    import dataclasses
+
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}
+    unused = ["train_length", "hard_length"]
+    unused += ["chess_easy_max", "chess_hard_min", "chess_hard_max", "engine"] if task == "sudoku" else ["sudoku_cut"]
+    changed = [name for name in unused if getattr(config, name) != defaults[name]]
+    if changed:
+        raise ConfigError(f"TaskConfig: {', '.join(changed)} not used by the {task} task; leave at the default")
+
+
+# ---- building --------------------------------------------------------------------------------------------------
+def shard_rng(seed: int, split: str, index: int) -> np.random.Generator:
+    """The generator of shard ``index`` of ``split``: a function of (seed, split, index) only."""
+    return np.random.default_rng(np.random.SeedSequence([seed, SPLIT_INDEX[split], index]))
+
+
+def _generator(task: str):
+    return importlib.import_module(GENERATORS[task])
+
+
+def _run_shard(task: str, split: str, index: int, rows: int, seed: int, options: dict) -> dict:
+    """One shard (called in a worker process)."""
+    return _generator(task).make_shard(split, index, rows, seed, options)
+
+
+def generate_rows(task: str, split: str, rows: int, seed: int, options: dict) -> dict:
+    """The first ``rows`` rows of a split's stream, made in this process (the small offline set)."""
+    gen = _generator(task)
+    per = gen.SHARD_ROWS[split]
+    parts = [gen.make_shard(split, k, min(per, rows - k * per), seed, options) for k in range(math.ceil(rows / per))]
+    return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+
+
+def build(task: str, root: Path, seed: int, sizes: dict, *, workers: int = 1, options: Optional[dict] = None,
+          progress: bool = True) -> dict:
+    """Build (or finish building) the dataset ``<root>/<task>-seed<seed>`` up to ``sizes``; returns the manifest.
+
+    Shards already in the manifest with a matching checksum are kept; the rest are generated, ``workers`` at a
+    time (separate processes), each written as soon as it is done.
+    """
+    gen = _generator(task)
+    options = gen.resolve_options(options or {})
+    directory = dataset_dir(root, task, seed)
+    manifest = read_manifest(directory)
+    signature = {"generator": gen.GENERATOR, "options": gen.signature(options), "shard_rows": gen.SHARD_ROWS}
+    if manifest is None:
+        manifest = {"format": FORMAT, "task": task, "seed": seed, **signature,
+                    "shards": {s: [] for s in SPLITS}, "sizes": {}}
+    else:
+        old = {k: manifest.get(k) for k in signature}
+        if json.loads(json.dumps(old)) != json.loads(json.dumps(signature)):
+            raise DataError(f"{directory} was built by {old['generator']} with options {old['options']}, not "
+                            f"{signature['generator']} with {signature['options']}; choose another --out or delete it")
+    manifest["sizes"] = {s: max(int(sizes[s]), int(manifest["sizes"].get(s, 0))) for s in SPLITS}
+    manifest["describe"] = gen.describe_options(options)
+    done = {s: {e["index"]: e for e in manifest["shards"][s]} for s in SPLITS}
+    for s in SPLITS:  # drop entries whose file vanished or changed
+        for k, e in list(done[s].items()):
+            path = directory / e["file"]
+            if not path.is_file() or sha256_file(path) != e["sha256"]:
+                del done[s][k]
+    todo, have = [], 0
+    for s in SPLITS:
+        per = gen.SHARD_ROWS[s]
+        size = manifest["sizes"][s]
+        for k in range(math.ceil(size / per)):
+            need = min(per, size - k * per)  # the last shard may stop short; a later, larger build redoes it
+            if k in done[s] and done[s][k]["rows"] >= need:
+                have += need
+            else:
+                todo.append((s, k, need))
+    total = sum(manifest["sizes"].values())
+
+    def record(split: str, index: int, arrays: dict) -> int:
+        name = f"{split}-{index:05d}.npz"
+        sha = save_npz(directory / name, arrays)
+        done[split][index] = {"index": index, "file": name, "rows": int(len(next(iter(arrays.values())))),
+                              "sha256": sha}
+        for s in SPLITS:
+            manifest["shards"][s] = [done[s][k] for k in sorted(done[s])]
+        write_json(directory / "manifest.json", manifest)
+        return done[split][index]["rows"]
+
+    directory.mkdir(parents=True, exist_ok=True)
+    write_json(directory / "manifest.json", {**manifest, "shards": {s: [done[s][k] for k in sorted(done[s])]
+                                                                  for s in SPLITS}})
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, initial=have, unit="puzzle", desc=f"{task} seed {seed}", disable=not progress,
+               dynamic_ncols=True)
+    try:
+        if workers <= 1:
+            for s, k, per in todo:
+                bar.update(min(record(s, k, _run_shard(task, s, k, per, seed, options)), total - bar.n))
+        else:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor, as_completed
+
+            ctx = multiprocessing.get_context("spawn")  # no fork of a process holding threads (torch, numba)
+            pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
+            try:
+                futures = {pool.submit(_run_shard, task, s, k, per, seed, options): (s, k) for s, k, per in todo}
+                for fut in as_completed(futures):
+                    s, k = futures[fut]
+                    bar.update(min(record(s, k, fut.result()), total - bar.n))
+            except BaseException:
+                pool.shutdown(wait=False, cancel_futures=True)  # finished shards are saved; rerun to resume
+                raise
+            pool.shutdown()
+    finally:
+        bar.close()
+    return manifest
+
+
+# ---- reading ---------------------------------------------------------------------------------------------------
+def available_rows(manifest: dict, split: str) -> int:
+    """Rows of ``split`` held by the shards 0, 1, 2, … present without a gap, up to and including the first
+    short one (a prefix of the split's stream)."""
+    rows, k = 0, 0
+    per = manifest["shard_rows"][split]
+    by_index = {e["index"]: e for e in manifest["shards"].get(split, [])}
+    while k in by_index:
+        rows += by_index[k]["rows"]
+        if by_index[k]["rows"] < per:
+            break
+        k += 1
+    return rows
+
+
+def read_split(directory: Path, manifest: dict, split: str, rows: int) -> dict:
+    """The first ``rows`` rows of ``split``, checksums checked."""
+    by_index = {e["index"]: e for e in manifest["shards"][split]}
+    parts, got, k = [], 0, 0
+    while got < rows:
+        entry = by_index[k]
+        parts.append(load_npz(Path(directory) / entry["file"], entry["sha256"]))
+        got += entry["rows"]
+        k += 1
+    return {key: np.concatenate([p[key] for p in parts])[:rows] for key in parts[0]}
+
+
+def load_generated(task: str, config, sizes: dict) -> tuple[dict, dict]:
+    """The splits of a generated dataset, from the first of: the cache holding ``sizes``; the package's small set
+    holding them; a small offline set (``min(sizes, SMALL_SIZES)``) from the cache or the package's set; a small
+    offline set generated now. Anything but the first is announced in one line on stderr.
+
+    Returns ({"<split>/<key>": array}, info).
+    """
+    gen = _generator(task)
+    seed = config.seed
+    options = gen.options_from_config(config)
+    small = {s: min(sizes[s], gen.SMALL_SIZES[s]) for s in SPLITS}
+    where = root_of(config.cache_dir)
+    build_hint = f"build the full one with `stability data make --task {task} --seed {seed}`"
+    places = [(dataset_dir(where, task, seed), False), (dataset_dir(PACKAGE_DATA, task, seed), True)]
+    for want in (sizes, small):
+        for directory, packaged in places:
+            manifest = read_manifest(directory) if directory.is_dir() else None
+            if manifest is None or not gen.usable(manifest, options):
+                continue
+            if all(available_rows(manifest, s) >= want[s] for s in SPLITS):
+                arrays = {f"{s}/{k}": v for s in SPLITS for k, v in read_split(directory, manifest, s, want[s]).items()}
+                if packaged or want is small:
+                    what = "the small set shipped with the package" if packaged else f"the partial set in {directory}"
+                    print(f"stability: no full {task} dataset of seed {seed} in {where}; using {what} "
+                          f"({_sizes_text(want)}); {build_hint}", file=sys.stderr)
+                return arrays, {"source": f"generated, {directory}", **manifest.get("describe", {})}
+    print(f"stability: no {task} dataset of seed {seed} in {where}; generating a small offline set "
+          f"({_sizes_text(small)}) now; {build_hint}", file=sys.stderr)
+    resolved = gen.resolve_options(options)
+    arrays = {f"{s}/{k}": v for s in SPLITS for k, v in generate_rows(task, s, small[s], seed, resolved).items()}
+    return arrays, {"source": "generated now (small offline set)", **gen.describe_options(resolved)}
+
+
+def _sizes_text(sizes: dict) -> str:
+    return ", ".join(f"{s} {sizes[s]}" for s in SPLITS)
+
+
+# ---- real files ------------------------------------------------------------------------------------------------
+def cached_real_split(task: str, path: str, params: dict, build_fn: Callable[[], tuple[dict, dict]],
+                      config) -> tuple[dict, dict]:
+    """Arrays split from a real file, read once: keyed by the file's absolute path, size, mtime and ``params``.
+    ``build_fn`` returns (arrays, meta). If the cache cannot be written the split is still returned."""
+    st = os.stat(path)
+    key_src = json.dumps({"format": FORMAT, "task": task, "path": os.path.abspath(path), "size": st.st_size,
+                          "mtime_ns": st.st_mtime_ns, "params": params}, sort_keys=True)
+    key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
+    directory = root_of(config.cache_dir) / "real"
+    npz, meta_path = directory / f"{task}-{key}.npz", directory / f"{task}-{key}.json"
+    if npz.is_file() and meta_path.is_file():
+        try:
+            meta = json.loads(meta_path.read_text())
+            return load_npz(npz, meta["sha256"]), meta
+        except (DataError, ValueError, KeyError, OSError):
+            pass  # rebuild below
+    arrays, meta = build_fn()
+    meta = {**meta, "source": os.path.abspath(path), "params": params, "task": task,
+            "sizes": {s: int(len(arrays[f"{s}/{_first_key(arrays, s)}"])) for s in SPLITS}}
+    try:
+        meta["sha256"] = save_npz(npz, arrays)
+        write_json(meta_path, meta)
+    except OSError as exc:
+        print(f"stability: could not cache the split in {directory} ({exc.strerror}); it will be read again next "
+              f"time", file=sys.stderr)
+    return arrays, meta
+
+
+def _first_key(arrays: dict, split: str) -> str:
+    return sorted(k.split("/", 1)[1] for k in arrays if k.startswith(split + "/"))[0]
+
+
+# ---- reporting -------------------------------------------------------------------------------------------------
+def summarize(root: Path) -> list[dict]:
+    """What the cache root holds: one dict per generated dataset and per cached real split."""
+    root = Path(root)
+    out = []
+    if not root.is_dir():
+        return out
+    for directory in sorted(p for p in root.iterdir() if p.is_dir() and (p / "manifest.json").is_file()):
+        try:
+            manifest = read_manifest(directory)
+        except DataError as exc:
+            out.append({"path": str(directory), "error": str(exc)})
+            continue
+        entry = {"path": str(directory), "kind": "generated", "task": manifest["task"], "seed": manifest["seed"],
+                 "generator": manifest["generator"], "describe": manifest.get("describe", {}), "splits": {}}
+        for s in SPLITS:
+            shards = manifest["shards"].get(s, [])
+            bad = [e["file"] for e in shards if not (directory / e["file"]).is_file()
+                   or sha256_file(directory / e["file"]) != e["sha256"]]
+            rows = available_rows(manifest, s)
+            stats = {}
+            if rows and not bad:
+                data = read_split(directory, manifest, s, rows)
+                if "rating" in data:
+                    stats = rating_stats(data["rating"])
+            digest = hashlib.sha256("".join(e["sha256"] for e in shards).encode()).hexdigest()
+            entry["splits"][s] = {"rows": rows, "asked": manifest["sizes"].get(s, 0), "shards": len(shards),
+                                  "sha256": digest, "corrupt": bad, "rating": stats}
+        out.append(entry)
+    real = root / "real"
+    if real.is_dir():
+        for meta_path in sorted(real.glob("*.json")):
+            try:
+                meta = json.loads(meta_path.read_text())
+            except (OSError, ValueError):
+                continue
+            npz = meta_path.with_suffix(".npz")
+            ok = npz.is_file() and sha256_file(npz) == meta.get("sha256")
+            out.append({"path": str(npz), "kind": "real split", "task": meta.get("task"),
+                        "source": meta.get("source"), "sizes": meta.get("sizes"), "sha256": meta.get("sha256"),
+                        "corrupt": [] if ok else [npz.name], "malformed": meta.get("malformed", {}),
+                        "params": meta.get("params")})
+    return out
+
+
+def rating_stats(rating: np.ndarray) -> dict:
+    r = np.asarray(rating, dtype=np.float64)
+    return {"min": float(r.min()), "median": float(np.median(r)), "mean": float(r.mean()),
+            "p80": float(np.percentile(r, 80)), "max": float(r.max())}
