@@ -205,3 +205,13 @@ def test_demo_run_learns_prefix_sums_and_reports_accuracy_against_iterations(tmp
     final = torch.load(tmp_path / "prefix-sums.pt", weights_only=True)["final"]
     assert max(final["val"]["accuracy"]) >= 0.95, final["val"]["accuracy"]
     assert "accuracy (%) against iteration count" in proc.stdout
+
+
+def test_task_options_a_task_does_not_use_are_refused(tmp_path, cli):
+    proc = cli("train", *SMALL, "--epochs", "1", "--engine", "/usr/games/stockfish", "--out", tmp_path / "x.pt",
+               check=False)
+    assert proc.returncode == 2 and "prefix-sums task does not use engine" in proc.stderr
+    from stability.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="sudoku task does not use train_length"):
+        make_task(TaskConfig(name="sudoku", train_length=9))

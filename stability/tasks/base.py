@@ -28,10 +28,22 @@ class Task(ABC):
     out_channels: int = 2
     spatial_ndim: int = 1
     attention_window: Optional[int] = None  # None = full bidirectional attention
+    #: TaskConfig fields this task reads beyond the common ones (name, sizes, seed); the others must stay at
+    #: their defaults, so that no option is silently ignored
+    options: tuple[str, ...] = ()
+    COMMON = ("name", "train_size", "val_size", "hard_size", "seed")
 
     def __init__(self, config: TaskConfig):
         if config.name != self.name:
             raise ConfigError(f"task config names {config.name!r}, not {self.name!r}")
+        import dataclasses
+
+        ignored = [f.name for f in dataclasses.fields(config) if f.name not in self.COMMON + self.options
+                   and getattr(config, f.name) != f.default]
+        if ignored:
+            raise ConfigError(f"the {self.name} task does not use {', '.join(ignored)}; leave "
+                              f"{'it' if len(ignored) == 1 else 'them'} unset (it uses "
+                              f"{', '.join(self.options) or 'no task-specific options'})")
         self.config = config
         self._cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 

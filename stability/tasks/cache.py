@@ -128,19 +128,6 @@ def read_manifest(directory: Path) -> Optional[dict]:
     return manifest
 
 
-# ---- options a task does not use ------------------------------------------------------------------------------
-def check_unused_options(config, task: str) -> None:
-    """Options a task does not use must stay at their defaults (TaskConfig's rule)."""
-    import dataclasses
-
-    defaults = {f.name: f.default for f in dataclasses.fields(config)}
-    unused = ["train_length", "hard_length"]
-    unused += ["chess_easy_max", "chess_hard_min", "chess_hard_max", "engine"] if task == "sudoku" else ["sudoku_cut"]
-    changed = [name for name in unused if getattr(config, name) != defaults[name]]
-    if changed:
-        raise ConfigError(f"TaskConfig: {', '.join(changed)} not used by the {task} task; leave at the default")
-
-
 # ---- building --------------------------------------------------------------------------------------------------
 def shard_rng(seed: int, split: str, index: int) -> np.random.Generator:
     """The generator of shard ``index`` of ``split``: a function of (seed, split, index) only."""

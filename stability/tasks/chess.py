@@ -256,6 +256,7 @@ class Chess(Task):
     """Chess puzzles: 12 canonical piece planes on 8×8 → from/to squares of the best move (App. B.1.1)."""
 
     name = "chess"
+    options = ("data_path", "cache_dir", "engine", "chess_easy_max", "chess_hard_min", "chess_hard_max")
     in_channels = 12
     out_channels = 2
     spatial_ndim = 2
@@ -264,7 +265,6 @@ class Chess(Task):
 
     def __init__(self, config):
         super().__init__(config)
-        cache.check_unused_options(config, self.name)
         self._splits: Optional[dict] = None
         self._info: dict = {}
 

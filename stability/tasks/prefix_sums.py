@@ -23,6 +23,7 @@ class PrefixSums(Task):
     out_channels = 2
     spatial_ndim = 1
     attention_window = 5  # non-causal local window (App. B.1.2)
+    options = ("train_length", "hard_length")
 
     def _size_and_length(self, split: str) -> tuple[int, int]:
         c = self.config

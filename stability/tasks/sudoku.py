@@ -179,6 +179,7 @@ class Sudoku(Task):
     """Sudoku: one-hot 9×9×10 boards → the digit of every cell (App. B.1.1)."""
 
     name = "sudoku"
+    options = ("data_path", "cache_dir", "sudoku_cut")
     in_channels = 10
     out_channels = 10
     spatial_ndim = 2
@@ -187,7 +188,6 @@ class Sudoku(Task):
 
     def __init__(self, config):
         super().__init__(config)
-        cache.check_unused_options(config, self.name)
         self._splits: Optional[dict] = None
         self._info: dict = {}
 
