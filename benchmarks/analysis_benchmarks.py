@@ -1,0 +1,320 @@
+"""The three CPU benchmarks of the analysis core (issue 4), measured side by side in one run.
+
+1. ρ(J*) for one sudoku-size state (81 tokens × 256 wide, n = 20,736): the matrix-free routes (the torch
+   thick-restarted Arnoldi iteration on Jᵀ that ``stability analyze`` uses, one sample and a batch; ARPACK on
+   Jᵀ with a reused vjp) against the dense route (build J, LAPACK eigvals). The dense route is timed where it
+   fits (widths 32 and 64 of the same model) and extrapolated as n³ to width 256; agreement with it is checked
+   there, and at width 256 between independent matrix-free routes (Arnoldi, ARPACK on Jᵀ, ARPACK on J by jvp).
+2. Anderson against Picard: evaluations of f to the same tolerance on a trained prefix-sums checkpoint, and the
+   distance between the fixed points they reach.
+3. Implicit (GMRES on (I − J)ᵀ, one step's graph) against unrolled (backprop through T = 100 iterations)
+   input-gradient vᵀ dx/dx0: peak memory, measured in fresh child processes (peak RSS growth) and as bytes of
+   tensors autograd saved, plus their agreement.
+
+Usage: python benchmarks/analysis_benchmarks.py [--checkpoint CKPT] [--threads N] [--out results.json]
+(without --checkpoint a small prefix-sums model is trained first with `stability train`, about a minute).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+
+
+def sudoku_model(width: int, *, seed: int = 0, recall_scale: float = 0.5):
+    """A sudoku-shaped looped transformer (9×9 board, 10 channels, full attention), float64 analysis copy.
+
+    Untrained: its recall weight is scaled by ``recall_scale`` so that plain iteration reaches a fixed point
+    (the benchmark measures the analysis, not a training run)."""
+    from stability.analysis.pipeline import analysis_model
+    from stability.config import ModelConfig
+    from stability.model import build_model
+
+    torch.manual_seed(seed)
+    heads = 8 if width >= 64 else 4
+    cfg = ModelConfig(recall="external", norm="post", width=width, heads=heads, spatial_ndim=2, in_channels=10,
+                      out_channels=10)
+    m = build_model(cfg)
+    with torch.no_grad():
+        m.recall_map.x.weight.mul_(recall_scale)
+    return analysis_model(m)
+
+
+def sudoku_inputs(n: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    digits = torch.randint(0, 10, (n, 9, 9), generator=g)
+    return torch.nn.functional.one_hot(digits, 10).double()
+
+
+def fixed_points(model, n: int, tol: float = 1e-10, max_iter: int = 400):
+    from stability.solvers import solve
+
+    x0 = model.embed(sudoku_inputs(n))
+    r = solve(model.step, x0, x0, method="anderson", tol=tol, max_iter=max_iter)
+    return r, x0
+
+
+def _t(fn):
+    t = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t
+
+
+# ---- 1. ρ(J*) at sudoku size ---------------------------------------------------------------------------
+
+def bench_spectral_radius(batch: int = 4) -> dict:
+    from stability.analysis.operators import BatchedJacobian, JacobianOperator
+    from stability.analysis.spectra import batched_spectral_radius, dense_spectrum, spectral_radius
+
+    tol = 1e-6
+
+    def arnoldi(model, xs, x0s, dtype=torch.float64, tol=tol):
+        bj = BatchedJacobian(model.step, xs, x0s)
+        return batched_spectral_radius(bj.rapply, tuple(xs.shape), dtype=dtype, k=3, tol=tol)
+
+    out: dict = {"dense_small": [], "tol": tol, "arnoldi": {"krylov": 60, "keep": 15}, "arpack": {"k": 3, "ncv": 40}}
+    for width in (32, 64):
+        m = sudoku_model(width)
+        r, x0 = fixed_points(m, 1)
+        op = JacobianOperator(m.step, r.x_best[0], x0[0], mode="vjp")
+        spectral_radius(op, k=3, tol=1e-2, transpose=True)  # warm-up (first-use set-up of torch.func)
+        arn, t_arn = _t(lambda: arnoldi(m, r.x_best, x0))
+        arp, t_arp = _t(lambda: spectral_radius(op, k=3, tol=tol, transpose=True))
+        D, t_build = _t(lambda: op.dense(chunk=512))
+        dense, t_eig = _t(lambda: dense_spectrum(D))
+        row = {"width": width, "n": op.shape[0], "status": r.status[0], "rho_dense": dense.rho,
+               "rho_arnoldi": float(arn.rho[0]), "arnoldi_s": t_arn, "arnoldi_products": arn.matvecs,
+               "rho_arpack": arp.rho, "arpack_s": t_arp, "arpack_products": arp.matvecs,
+               "abs_diff_arnoldi": abs(dense.rho - float(arn.rho[0])), "abs_diff_arpack": abs(dense.rho - arp.rho),
+               "dense_build_s": t_build, "dense_eig_s": t_eig}
+        out["dense_small"].append(row)
+        print(f"  width {width:3d} (n={op.shape[0]}): ρ dense {dense.rho:.10f}, Arnoldi |Δ| {row['abs_diff_arnoldi']:.1e} "
+              f"({t_arn:.2f} s, {arn.matvecs} products), ARPACK |Δ| {row['abs_diff_arpack']:.1e} ({t_arp:.2f} s, "
+              f"{arp.matvecs} products); dense {t_build:.1f} s build + {t_eig:.1f} s eig", flush=True)
+    # n³ extrapolation of the dense eigensolve (and n² for building it column by column) to width 256
+    small = out["dense_small"][-1]
+    n256 = 81 * 256
+    est = small["dense_eig_s"] * (n256 / small["n"]) ** 3 + small["dense_build_s"] * (n256 / small["n"]) ** 2
+    out["dense_256_estimate_s"] = est
+
+    m = sudoku_model(256)
+    r, x0 = fixed_points(m, batch)
+    out["status_256"] = r.status
+    arnoldi(m, r.x_best[:1], x0[:1], tol=1e-1)  # warm-up
+    one, t_one = _t(lambda: arnoldi(m, r.x_best[:1], x0[:1]))
+    many, t_many = _t(lambda: arnoldi(m, r.x_best, x0))
+    op = JacobianOperator(m.step, r.x_best[0], x0[0], mode="vjp")
+    arp, t_arp = _t(lambda: spectral_radius(op, k=3, tol=tol, transpose=True))
+    op_jvp = JacobianOperator(m.step, r.x_best[0], x0[0], mode="jvp")
+    arp_jvp, t_jvp = _t(lambda: spectral_radius(op_jvp, k=3, tol=tol))
+    m32 = sudoku_model(256).float()
+    one32, t32 = _t(lambda: arnoldi(m32, r.x_best[:1].float(), x0[:1].float(), dtype=torch.float32, tol=1e-5))
+    out["width_256"] = {
+        "n": n256,
+        "rho_arnoldi": float(one.rho[0]), "arnoldi_s": t_one, "arnoldi_products": one.matvecs,
+        "rho_arnoldi_batch": many.rho.tolist(), "arnoldi_batch_per_sample_s": t_many / batch, "batch": batch,
+        "arnoldi_batch_products": many.matvecs,
+        "rho_arpack_transpose": arp.rho, "arpack_transpose_s": t_arp, "arpack_products": arp.matvecs,
+        "rho_arpack_jvp": arp_jvp.rho, "arpack_jvp_s": t_jvp, "arpack_jvp_products": arp_jvp.matvecs,
+        "rho_arnoldi_float32": float(one32.rho[0]), "arnoldi_float32_s": t32, "arnoldi_float32_products": one32.matvecs,
+        "agreement_arnoldi_vs_arpack": abs(float(one.rho[0]) - arp.rho),
+        "agreement_transpose_vs_jvp": abs(arp.rho - arp_jvp.rho),
+        "agreement_float32": abs(float(one32.rho[0]) - arp.rho),
+    }
+    w = out["width_256"]
+    print(f"  width 256 (n={n256}): Arnoldi {t_one:.2f} s ({one.matvecs} products); batch of {batch}: "
+          f"{w['arnoldi_batch_per_sample_s']:.2f} s/sample; float32 Arnoldi {t32:.2f} s; ARPACK on Jᵀ {t_arp:.2f} s "
+          f"({arp.matvecs}); ARPACK on J by jvp {t_jvp:.2f} s ({arp_jvp.matvecs}); dense route ≈ {est:.0f} s "
+          f"(n³ estimate)", flush=True)
+    print(f"    ρ: Arnoldi {float(one.rho[0]):.10f}  ARPACK Jᵀ {arp.rho:.10f}  ARPACK J {arp_jvp.rho:.10f}  "
+          f"float32 {float(one32.rho[0]):.7f}", flush=True)
+    return out
+
+
+# ---- 2. Anderson against Picard -------------------------------------------------------------------------
+
+def train_checkpoint(directory: Path) -> Path:
+    out = directory / "prefix-sums-w32.pt"
+    cmd = [sys.executable, "-m", "stability", "train", "--task", "prefix-sums", "--width", "32", "--heads", "4",
+           "--epochs", "5", "--train-size", "1000", "--val-size", "64", "--hard-size", "16", "--hard-length", "64",
+           "--lr", "1e-3", "--batch-size", "100", "--test-iterations", "50", "--out", str(out), "--quiet"]
+    subprocess.run(cmd, check=True, capture_output=True)
+    return out
+
+
+def bench_anderson(checkpoint: Path, samples: int = 32, tol: float = 1e-8) -> dict:
+    import stability
+    from stability.analysis.pipeline import analysis_model
+    from stability.analysis.sensitivity import fixed_point_distance
+    from stability.solvers import solve
+
+    loaded = stability.load(checkpoint)
+    m = analysis_model(loaded.model)
+    inputs, _ = loaded.task.dataset("val")
+    x0 = m.embed(inputs[:samples].double())
+    e = m.initial_state(x0)
+    p, tp = _t(lambda: solve(m.step, e, x0, method="picard", tol=tol, max_iter=3000))
+    a, ta = _t(lambda: solve(m.step, e, x0, method="anderson", tol=tol, max_iter=3000, memory=5))
+    both = p.converged & a.converged
+    dist = fixed_point_distance([p.x_best[both], a.x_best[both]]) if bool(both.any()) else torch.tensor([])
+    ratio = (a.nfe[both].double() / p.nfe[both].double())
+    res = {"checkpoint": str(checkpoint), "samples": samples, "tol": tol,
+           "picard_converged": float(p.converged.double().mean()),
+           "anderson_converged": float(a.converged.double().mean()),
+           "picard_nfe_median": float(p.nfe.double().median()), "anderson_nfe_median": float(a.nfe.double().median()),
+           "nfe_ratio_median": float(ratio.median()) if ratio.numel() else None,
+           "nfe_ratio_max": float(ratio.max()) if ratio.numel() else None,
+           "nfe_ratio_total": float(a.nfe[both].sum() / p.nfe[both].sum()) if bool(both.any()) else None,
+           "fixed_point_distance_max": float(dist.max()) if dist.numel() else None,
+           "picard_s": tp, "anderson_s": ta}
+    print(f"  Picard median {res['picard_nfe_median']:.0f} evaluations, Anderson {res['anderson_nfe_median']:.0f}: "
+          f"ratio {res['nfe_ratio_median']:.3f} (median), {res['nfe_ratio_max']:.3f} (worst); "
+          f"same x* to {res['fixed_point_distance_max']:.1e} (relative L∞)", flush=True)
+    return res
+
+
+# ---- 3. implicit against unrolled input-gradient: memory -------------------------------------------------
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _peak_rss_bytes() -> int:
+    """VmHWM of this process (getrusage's ru_maxrss would carry the parent's peak across fork + exec)."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def _reset_peak_rss() -> None:
+    """Reset VmHWM to the current RSS (Linux ≥ 4.0: write 5 to /proc/self/clear_refs)."""
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")
+
+
+def memory_child(route: str, state_path: str, T: int) -> dict:
+    """Run one route in this (fresh) process; report peak RSS growth and bytes saved for backward."""
+    from stability.analysis.sensitivity import implicit_input_vjp, unrolled_input_vjp
+
+    state = torch.load(state_path)
+    m = sudoku_model(256)
+    x_star, x0, v = state["x_star"], state["x0"], state["v"]
+    saved, seen = [0], set()
+
+    def pack(t):  # bytes of distinct storages autograd keeps (weights saved at every step count once)
+        storage = t.untyped_storage()
+        key = (storage.data_ptr(), storage.nbytes())
+        if key not in seen:
+            seen.add(key)
+            saved[0] += storage.nbytes()
+        return t
+
+    # warm-up outside the measurement: libraries both routes load (scipy's ARPACK/GMRES, torch.func)
+    import scipy.sparse.linalg  # noqa: F401
+
+    # and one step's forward and backward through both autograd front ends (lazy kernel and library set-up,
+    # about 75 MiB the first time, is not what either route costs per use)
+    out, vjp_fn = torch.func.vjp(lambda a: m.step(a, x0.unsqueeze(0)), x_star.unsqueeze(0))
+    vjp_fn(torch.ones_like(out))
+    unrolled_input_vjp(m.step, x0, x0, v, 1, e_from_x0=False)
+    del out, vjp_fn
+
+    _reset_peak_rss()
+    before = _rss_bytes()
+    peak_before = _peak_rss_bytes()
+    t = time.perf_counter()
+    if route == "implicit":
+        g, info = implicit_input_vjp(m.step, x_star, x0, v, tol=1e-10)
+        extra = {"gmres_residual": info.residual, "gmres_products": info.iterations}
+    else:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            g = unrolled_input_vjp(m.step, x0, x0, v, T, e_from_x0=False)
+        extra = {}
+    elapsed = time.perf_counter() - t
+    peak = _peak_rss_bytes()
+    if route == "implicit":
+        # torch.func's vjp refuses saved-tensor hooks: count what it holds as one step's graph (the same ops,
+        # plain autograd) plus GMRES's Krylov basis (restart + 1 vectors of n float64)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            unrolled_input_vjp(m.step, x0, x0, v, 1, e_from_x0=False)
+        saved[0] += (60 + 1) * x_star.numel() * 8
+    torch.save(g, state_path + f".{route}.grad")
+    return {"route": route, "peak_growth_bytes": peak - before, "rss_before": before,
+            "peak_before": peak_before, "peak": peak, "saved_tensor_bytes": saved[0], "seconds": elapsed, **extra}
+
+
+def bench_memory(T: int = 100) -> dict:
+    m = sudoku_model(256)
+    r, x0 = fixed_points(m, 1)
+    g = torch.Generator().manual_seed(1)
+    v = torch.randn(r.x_best[0].shape, generator=g, dtype=torch.float64)
+    tmp = tempfile.mkdtemp(prefix="analysis-bench-")
+    state_path = os.path.join(tmp, "state.pt")
+    torch.save({"x_star": r.x_best[0], "x0": x0[0], "v": v}, state_path)
+    results = {}
+    for route in ("implicit", "unrolled"):
+        proc = subprocess.run([sys.executable, __file__, "--child", route, "--state", state_path, "--T", str(T),
+                               "--threads", str(torch.get_num_threads())], capture_output=True, text=True, check=True)
+        results[route] = json.loads(proc.stdout.strip().splitlines()[-1])
+    gi = torch.load(state_path + ".implicit.grad")
+    gu = torch.load(state_path + ".unrolled.grad")
+    rel = float((gi - gu).norm() / gu.norm())
+    out = {"T": T, "fixed_point_status": r.status[0], **results,
+           "peak_ratio": results["implicit"]["peak_growth_bytes"] / max(results["unrolled"]["peak_growth_bytes"], 1),
+           "saved_ratio": results["implicit"]["saved_tensor_bytes"] / max(results["unrolled"]["saved_tensor_bytes"], 1),
+           "relative_difference": rel}
+    mb = 1 / 2 ** 20
+    print(f"  peak RSS growth: implicit {results['implicit']['peak_growth_bytes'] * mb:.1f} MiB, unrolled "
+          f"{results['unrolled']['peak_growth_bytes'] * mb:.1f} MiB (ratio {out['peak_ratio']:.3f}); saved for "
+          f"backward: {results['implicit']['saved_tensor_bytes'] * mb:.1f} vs "
+          f"{results['unrolled']['saved_tensor_bytes'] * mb:.1f} MiB (ratio {out['saved_ratio']:.3f}); "
+          f"gradients agree to {rel:.1e}", flush=True)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoint", help="a trained checkpoint for the Anderson/Picard benchmark")
+    ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads (2)")
+    ap.add_argument("--out", default=str(HERE / "results-analysis.json"), help="where to write the numbers")
+    ap.add_argument("--only", choices=["spectral", "anderson", "memory"], action="append")
+    ap.add_argument("--child", choices=["implicit", "unrolled"], help=argparse.SUPPRESS)
+    ap.add_argument("--state", help=argparse.SUPPRESS)
+    ap.add_argument("--T", type=int, default=100, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.child:
+        print(json.dumps(memory_child(args.child, args.state, args.T)))
+        return 0
+    which = args.only or ["spectral", "anderson", "memory"]
+    results = {"threads": args.threads, "torch": torch.__version__, "cpu_count": os.cpu_count()}
+    if "spectral" in which:
+        print("1. ρ(J*) at sudoku size", flush=True)
+        results["spectral_radius"] = bench_spectral_radius()
+    if "anderson" in which:
+        print("2. Anderson against Picard", flush=True)
+        ckpt = Path(args.checkpoint) if args.checkpoint else train_checkpoint(Path(tempfile.mkdtemp()))
+        results["anderson"] = bench_anderson(ckpt)
+    if "memory" in which:
+        print("3. implicit against unrolled input-gradient, T = 100", flush=True)
+        results["memory"] = bench_memory()
+    Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+    print(f"numbers: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,90 @@
+"""Reachability (Section 3.2): did iteration reach a fixed point, and if not, why — and, for autonomous models,
+how many distinct fixed points the inputs select among (Prop. 2: basin selection among a countable set).
+
+Built from a :class:`~stability.solvers.SolveResult`; nothing is recomputed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from stability.solvers import SolveResult
+
+
+@dataclass
+class Reachability:
+    """Per-sample statuses, periods of detected orbits, nfe and best residuals, with their summaries."""
+
+    status: list
+    period: list
+    nfe: list
+    residual: list
+    converged_fraction: float
+    status_counts: dict
+    nfe_median: Optional[float]
+    residual_median: Optional[float]
+    cycles: dict = field(default_factory=dict)  # {period k: number of samples on a period-k orbit}
+    distinct_fixed_points: Optional[int] = None
+    distinct_tol: Optional[float] = None
+
+    def to_dict(self) -> dict:
+        return {
+            "converged_fraction": self.converged_fraction,
+            "status_counts": self.status_counts,
+            "nfe_median": self.nfe_median,
+            "residual_median": self.residual_median,
+            "status": self.status,
+            "period": self.period,
+            "nfe": self.nfe,
+            "residual": self.residual,
+            "cycles": {str(k): v for k, v in self.cycles.items()},
+            "distinct_fixed_points": self.distinct_fixed_points,
+            "distinct_tol": self.distinct_tol,
+        }
+
+
+def distinct_fixed_points(x_star: torch.Tensor, mask: Optional[torch.Tensor] = None, *, tol: float = 1e-3,
+                          eps: float = 1e-8) -> tuple[int, list]:
+    """Number of distinct fixed points among the samples in ``mask`` (Prop. 2's basin selection).
+
+    Two fixed points are the same when ‖a − b‖∞ ≤ tol · max(‖a‖∞, ‖b‖∞) + ε; greedy clustering in sample order.
+    Returns (count, label per sample; -1 outside the mask).
+    """
+    B = x_star.shape[0]
+    flat = x_star.detach().flatten(1).double().cpu()
+    mask = torch.ones(B, dtype=torch.bool) if mask is None else mask.cpu()
+    labels, centres = [-1] * B, []
+    for b in range(B):
+        if not mask[b]:
+            continue
+        for c, centre in enumerate(centres):
+            scale = max(float(flat[b].abs().max()), float(centre.abs().max()))
+            if float((flat[b] - centre).abs().max()) <= tol * scale + eps:
+                labels[b] = c
+                break
+        else:
+            labels[b] = len(centres)
+            centres.append(flat[b])
+    return len(centres), labels
+
+
+def reachability(result: SolveResult, *, distinct_tol: Optional[float] = None) -> Reachability:
+    """Summarise a solve: statuses (why a sample did not converge), cycles, and distinct fixed points among the
+    converged samples (tolerance default max(1e-3, 100·τ))."""
+    summ = result.summary()
+    cycles: dict = {}
+    for p in result.period.tolist():
+        if p >= 2:
+            cycles[p] = cycles.get(p, 0) + 1
+    tol = distinct_tol if distinct_tol is not None else max(1e-3, 100 * result.tol)
+    conv = result.converged
+    count = distinct_fixed_points(result.x_best, conv, tol=tol)[0] if bool(conv.any()) else 0
+    res = [None if not torch.isfinite(r) else float(r) for r in result.best_residual.double()]
+    return Reachability(status=list(result.status), period=result.period.tolist(), nfe=result.nfe.tolist(),
+                        residual=res, converged_fraction=summ["converged_fraction"],
+                        status_counts=summ["status_counts"], nfe_median=summ["nfe_median"],
+                        residual_median=summ["residual_median"], cycles=cycles, distinct_fixed_points=count,
+                        distinct_tol=tol)

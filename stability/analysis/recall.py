@@ -1,0 +1,195 @@
+"""The recall matrices of Prop. 4 and their outer-normalised forms (App. A.7), assembled from the named parts.
+
+Without outer normalisation (norm none / pre / peri: φ_s = I, additive residual), Prop. 4 reads, with the
+paper's h_s absorbing the Pre norm (the release applies Pre inside the sublayer, see ``stability.model``):
+
+    M_ext = (I + J[h2∘pre2](z*)) (I + J[h1∘pre1](u*)) W_x,            u* = g(x*, x0)
+    M_int = (I + J[h2](g(pre2 z*, x0)) W_x J[pre2](z*)) (I + J[h1](g(pre1 x*, x0)) W_x J[pre1](x*))
+
+and x* attracts iff ρ(M) < 1. With outer normalisation (post: φ_s = RMSNorm; gru: the GRU residual R_s), App.
+A.7 multiplies in the norm Jacobians: with z̃ = R1(·), x̃ = R2(·) the pre-φ values,
+
+    M_ext = Jφ2(x̃*) [∂_u R2 + ∂_v R2 J[h2∘pre2](z*)] Jφ1(z̃*) [∂_u R1 + ∂_v R1 J[h1∘pre1](u*)] W_x
+    M_int = Jφ2(x̃*) [∂_u R2 + ∂_v R2 J[h2](a2*) W_x J[pre2](z*)] Jφ1(z̃*) [∂_u R1 + ∂_v R1 J[h1](a1*) W_x J[pre1](x*)]
+
+(a1* = g(pre1 x*, x0), a2* = g(pre2 z*, x0); for post ∂_u R = ∂_v R = I, for gru φ = I). W_x acts per token on the
+channel axis. Each factor is a Jacobian-vector product of one named part at its point, so the assembled M is a
+matrix-free operator; it must equal the autograd Jacobian of ``step`` (tested for every recall × norm).
+
+The Fixed-Point Reasoner options of the model enter as the model defines them: residual scaling β gives
+∂_u R = (1 − β) I, ∂_v R = β I; the latent convolution c(x) = x + DWConv(x) puts the forms at c(x*) and multiplies
+J[c](x*) on the right; damping η makes the step's Jacobian (1 − η) I + η M.
+ρ(W_x) is the recall matrix's own spectral radius (bias ignored), the one quantity the release computes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from stability.analysis.operators import JacobianOperator, TorchLinearOperator
+from stability.analysis.spectra import Spectrum, dense_spectrum, spectral_radius
+
+
+def _jvp(fn, primals: tuple, tangents: tuple) -> torch.Tensor:
+    k = tangents[0].shape[0]
+    prim = tuple(p if k == 1 else p.expand(k, *p.shape[1:]).contiguous() for p in primals)
+    return torch.func.jvp(fn, prim, tangents)[1]
+
+
+def W_x_apply(model, v: torch.Tensor) -> torch.Tensor:
+    """∂g/∂x v = W_x v per token: v[..., :] @ W_xᵀ."""
+    return v @ model.W_x.T
+
+
+def recall_form(model) -> str:
+    """Which matrix describes J: "M_ext" / "M_int" (Prop. 4) or their A.7 outer-norm forms."""
+    name = {"external": "M_ext", "internal": "M_int"}.get(model.recall, "J_autonomous")
+    name += " (App. A.7, with outer-norm Jacobians)" if model.has_outer_norm else " (Prop. 4)"
+    variants = getattr(model, "variant_options", {})
+    if variants:
+        name += "; with " + ", ".join(f"{k} {v}" for k, v in variants.items())
+    return name
+
+
+class RecallMatrixOperator(TorchLinearOperator):
+    """M_ext or M_int of Prop. 4 / App. A.7 at one sample's (x*, x0), assembled from g, pre, h, R, φ.
+
+    x_star, x0: (*S) without the batch dimension. For an autonomous model (recall none) the same product with
+    g = I is assembled (it is J of Def. 3.2's map); Prop. 4 itself concerns recall models.
+    """
+
+    def __init__(self, model, x_star: torch.Tensor, x0: torch.Tensor):
+        self.model = model
+        m = model
+        x, X0 = x_star.detach().unsqueeze(0), x0.detach().unsqueeze(0)
+        self.x_in = x
+        self.has_conv = getattr(m, "latent_conv", None) is not None
+        self.damping = float(getattr(m, "damping", 1.0))
+        self.beta = getattr(m.config, "residual_scale", None)
+        with torch.no_grad():
+            if self.has_conv:
+                x = m.conv(x)  # the forms read at c(x*)
+            if m.recall == "internal":
+                self.a1 = m.g(m.pre1(x), X0)
+                self.v1 = m.h1(self.a1)
+                self.u1 = x
+            else:
+                self.u1 = m.g(x, X0) if m.recall == "external" else x  # u* = g(x*, x0)
+                self.v1 = m.h1(m.pre1(self.u1))
+            self.zt = m.residual(1, self.u1, self.v1)  # z̃*
+            self.z = m.phi1(self.zt)  # z*
+            if m.recall == "internal":
+                self.a2 = m.g(m.pre2(self.z), X0)
+                self.v2 = m.h2(self.a2)
+            else:
+                self.v2 = m.h2(m.pre2(self.z))
+            self.xt = m.residual(2, self.z, self.v2)  # x̃*
+            self.p1, self.p2 = m.pre1(self.u1), m.pre2(self.z)  # the points where h1, h2 are linearised
+        super().__init__(self.apply_M, x_star.shape, x_star.shape, x_star.dtype, x_star.device)
+
+    # J[part] products at the stored points ------------------------------------------------------
+    def _pre(self, s, point, v):
+        return _jvp(lambda t: self.model.pre(s, t), (point,), (v,))
+
+    def _h(self, s, point, v):
+        return _jvp(lambda t: self.model.h(s, t), (point,), (v,))
+
+    def _R(self, s, u, vv, du, dv):
+        """∂_u R_s du + ∂_v R_s dv: du + dv for the additive residual, (1 − β) du + β dv with residual scaling,
+        a jvp of the GRU cell for "gru"."""
+        if self.model.norm == "gru":
+            return _jvp(lambda p, q: self.model.residual(s, p, q), (u, vv), (du, dv))
+        if self.beta is None:
+            return du + dv
+        return (1.0 - self.beta) * du + self.beta * dv
+
+    def _phi(self, s, point, v):
+        if self.model.norm != "post":
+            return v
+        return _jvp(lambda t: self.model.phi(s, t), (point,), (v,))
+
+    def apply_M(self, V: torch.Tensor) -> torch.Tensor:
+        """∂step/∂x V for V: (k, *S): the product below, with the model's conv and damping around it."""
+        if not self.has_conv and self.damping == 1.0:
+            return self._apply_forms(V)
+        inner = _jvp(self.model.conv, (self.x_in,), (V,)) if self.has_conv else V  # J[c](x*) V
+        out = self._apply_forms(inner)
+        return out if self.damping == 1.0 else (1.0 - self.damping) * V + self.damping * out
+
+    def _apply_forms(self, V: torch.Tensor) -> torch.Tensor:
+        """M V of Prop. 4 / App. A.7 (module docstring) at the stored points."""
+        m = self.model
+        if m.recall == "internal":
+            # first factor: ∂_u R1 + ∂_v R1 J[h1](a1*) W_x J[pre1](x*), then Jφ1(z̃*)
+            c = self._h(1, self.a1, W_x_apply(m, self._pre(1, self.u1, V)))
+            E = self._phi(1, self.zt, self._R(1, self.u1, self.v1, V, c))
+            # second factor: ∂_u R2 + ∂_v R2 J[h2](a2*) W_x J[pre2](z*), then Jφ2(x̃*)
+            h = self._h(2, self.a2, W_x_apply(m, self._pre(2, self.z, E)))
+            return self._phi(2, self.xt, self._R(2, self.z, self.v2, E, h))
+        A = W_x_apply(m, V) if m.recall == "external" else V  # ∂g/∂x* (= I without recall)
+        c = self._h(1, self.p1, self._pre(1, self.u1, A))  # J[h1∘pre1](u*) A
+        E = self._phi(1, self.zt, self._R(1, self.u1, self.v1, A, c))
+        h = self._h(2, self.p2, self._pre(2, self.z, E))  # J[h2∘pre2](z*) E
+        return self._phi(2, self.xt, self._R(2, self.z, self.v2, E, h))
+
+
+def rho_W_x(model) -> Optional[Spectrum]:
+    """ρ(W_x) and the leading eigenvalues of the recall weight (bias ignored; Figs. 6–7); None without recall."""
+    if model.W_x is None:
+        return None
+    return dense_spectrum(model.W_x.detach().double(), k=6)
+
+
+@dataclass
+class Prop4Result:
+    """Per sample ρ(M) (M_ext / M_int, or the A.7 form) and the agreement of the assembled M with autograd."""
+
+    form: str
+    rho_M: list
+    max_abs_diff_vs_autograd: float
+    columns_checked: int
+    spectra: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"form": self.form, "rho_M": self.rho_M, "max_abs_diff_vs_autograd": self.max_abs_diff_vs_autograd,
+                "columns_checked": self.columns_checked,
+                "eigenvalues": [s.to_dict()["eigenvalues"] for s in self.spectra]}
+
+
+def assembled_vs_autograd(model, x_star: torch.Tensor, x0: torch.Tensor, *, columns: Optional[int] = None,
+                          seed: int = 0) -> tuple[float, int]:
+    """max |M − ∂step/∂x| over all entries (``columns`` None) or over a random subset of columns (large states)."""
+    M = RecallMatrixOperator(model, x_star, x0)
+    J = JacobianOperator(model.step, x_star, x0)
+    n = M.shape[1]
+    if columns is None or columns >= n:
+        idx = torch.arange(n)
+    else:
+        idx = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:columns]
+    E = torch.zeros(len(idx), n, dtype=x_star.dtype, device=x_star.device)
+    E[torch.arange(len(idx)), idx.to(E.device)] = 1.0
+    E = E.reshape(len(idx), *x_star.shape)
+    diff = (M.apply(E) - J.apply(E)).abs().max()
+    return float(diff), len(idx)
+
+
+def prop4(model, x_star: torch.Tensor, x0: torch.Tensor, *, columns: Optional[int] = 256, k: int = 3,
+          tol: float = 1e-10) -> Optional[Prop4Result]:
+    """Prop. 4 / App. A.7 on a batch of fixed points x_star (B, *S): ρ(M) per sample by ARPACK on the assembled
+    operator, and the largest entry-wise difference between M and the autograd Jacobian of ``step`` (over
+    ``columns`` random columns per sample when the state is larger; all columns when None). None without recall.
+    """
+    if model.recall not in ("external", "internal"):
+        return None
+    rhos, spectra, diff, cols = [], [], 0.0, 0
+    for b in range(x_star.shape[0]):
+        spec = spectral_radius(RecallMatrixOperator(model, x_star[b], x0[b]), k=k, tol=tol, transpose=True)
+        spectra.append(spec)
+        rhos.append(spec.rho)
+        d, c = assembled_vs_autograd(model, x_star[b], x0[b], columns=columns)
+        diff, cols = max(diff, d), c
+    return Prop4Result(form=recall_form(model), rho_M=rhos, max_abs_diff_vs_autograd=diff, columns_checked=cols,
+                       spectra=spectra)

@@ -1,0 +1,236 @@
+"""Reporting the analysis: a text report (one table per split), JSON, and PNG plots, all from the result dict.
+
+Nothing here recomputes a quantity: the dict built by :mod:`stability.analysis.pipeline` is the single source.
+Non-finite numbers become ``null`` in the JSON (strict JSON has no NaN).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+
+def clean(obj: Any) -> Any:
+    """A copy with NaN/±Inf replaced by None, tuples by lists, numpy/torch scalars by Python numbers."""
+    if isinstance(obj, dict):
+        return {str(k): clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [clean(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item) and getattr(obj, "ndim", 0) == 0:
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write to a temporary file in the same folder, then rename: never a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(report: dict, path: Path) -> None:
+    atomic_write_text(path, json.dumps(clean(report), indent=1, allow_nan=False) + "\n")
+
+
+def _fmt(v: Any, spec: str = ".4g") -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        return "nan" if not math.isfinite(v) else format(v, spec)
+    return str(v)
+
+
+def _spread(values: list) -> str:
+    vals = sorted(v for v in values if v is not None and math.isfinite(v))
+    if not vals:
+        return "—"
+    return f"{vals[0]:.4g} … {vals[-1]:.4g}"
+
+
+def split_table(block: dict) -> str:
+    """One split's table: quantity, value, and what it means."""
+    fp, jac, acc = block["fixed_point"], block["jacobian"], block["accuracy"]
+    counts = ", ".join(f"{k} {v}" for k, v in fp["status_counts"].items() if v)
+    cycles = ", ".join(f"period {k}: {v}" for k, v in fp.get("cycles", {}).items()) or "none"
+    rows = [
+        ("samples", f"{block['samples']}  (state {' × '.join(map(str, block['state_shape']))})", ""),
+        ("converged", f"{fp['converged_fraction']:.1%}  ({counts})",
+         f"{fp['solver']}, τ = {fp['tol']:g}, ≤ {fp['max_iter']} iterations"),
+        ("cycles", cycles, "period-k orbits among unconverged samples"),
+        ("nfe median", _fmt(fp["nfe_median"]), "evaluations of f per sample"),
+        ("residual median", _fmt(fp["residual_median"]), "lowest ‖f(x)−x‖∞/‖f(x)‖∞"),
+        ("distinct fixed points", _fmt(fp.get("distinct_fixed_points")), "among converged samples (Prop. 2)"),
+        ("ρ(J*) median", _fmt(jac["spectral_radius_median"]), f"converged samples; all: {_spread(jac['spectral_radius'])}"),
+        ("σ_max(J*) median", _fmt(jac["sigma_max_median"]), "‖J*‖₂, converged samples"),
+    ]
+    p4 = block.get("prop4")
+    if p4 is not None:
+        conv_rho_M = [r for r, st in zip(p4["rho_M"], fp["status"]) if st == "converged"]
+        rows.append(("ρ(M) median", _fmt(_med(conv_rho_M)),
+                     f"{p4['form']}; max |M − J_autograd| = {_fmt(p4['max_abs_diff_vs_autograd'], '.2e')}"))
+    rec = block.get("recall")
+    if rec is not None:
+        rows.append(("ρ(W_x)", _fmt(rec["rho_Wx"]), "recall weight (bias ignored)"))
+    p5 = block["prop5"]
+    if p5.get("rel_error"):
+        rows.append(("Prop. 5 error", f"{p5['rel_error'][0]:.3g} (T={p5['T'][0]}) → {p5['rel_error'][-1]:.3g} "
+                     f"(T={p5['T'][-1]})", f"‖dx_T/dx0·u − dx*/dx0·u‖/‖·‖; GMRES residual {_fmt(p5['gmres_residual'], '.2e')}"))
+    else:
+        rows.append(("Prop. 5 error", "—", p5.get("skipped", "")))
+    ind = block.get("input_dependence", {})
+    rows.append(("‖dx*/dx0‖_F median", _fmt(ind.get("frobenius_median")), f"Hutchinson, {ind.get('probes')} probes"))
+    a8 = block["initial_iterate"]
+    rows.append(("x* distance across e", _fmt(a8["fixed_point_distance_max"], ".3g"),
+                 "max over samples, e ∈ {x0, zeros, noise} (A.8)"))
+    if a8.get("dxT_de_norm"):
+        rows.append(("‖dx_T/de‖", f"{a8['dxT_de_norm'][0]:.3g} (T={a8['T'][0]}) → {a8['dxT_de_norm'][-1]:.3g} "
+                     f"(T={a8['T'][-1]})", "A.8: → 0 in the stable regime"))
+    curve = acc["accuracy"]
+    if curve:
+        best_t = max(range(len(curve)), key=lambda i: curve[i])
+        rows.append(("accuracy", f"{curve[0]:.1%} (T=1) · best {curve[best_t]:.1%} (T={best_t + 1}) · "
+                     f"{curve[-1]:.1%} (T={len(curve)})", "whole answer right"))
+    rows.append(("accuracy at x*", _fmt(acc["at_fixed_point"], ".1%") if acc["at_fixed_point"] is not None else "—",
+                 f"converged only: {_fmt(acc.get('at_fixed_point_converged'), '.1%') if acc.get('at_fixed_point_converged') is not None else '—'}"))
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len(r[1]) for r in rows)
+    line = "-" * (w0 + w1 + 40)
+    body = [f"{a:<{w0}}  {b:<{w1}}  {c}".rstrip() for a, b, c in rows]
+    return "\n".join([f"split: {block['split']}", line, *body, line])
+
+
+def _med(values) -> Optional[float]:
+    vals = sorted(v for v in values if v is not None and math.isfinite(v))
+    if not vals:
+        return None
+    mid = len(vals) // 2
+    return vals[mid] if len(vals) % 2 else 0.5 * (vals[mid - 1] + vals[mid])
+
+
+def text_report(report: dict) -> str:
+    cfg = report["config"]
+    m = cfg["model"]
+    head = (f"checkpoint: {report['checkpoint']}  (epoch {report.get('epoch')})\n"
+            f"model: recall {m['recall']}, norm {m['norm']}, width {m['width']}, heads {m['heads']}; "
+            f"task {cfg['task']['name']}")
+    return "\n\n".join([head] + [split_table(report[s]) for s in report["splits"]]) + "\n"
+
+
+# ---- plots ---------------------------------------------------------------------------------------------
+
+_STATUS_COLOURS = {"converged": "tab:green", "max-iterations": "tab:orange", "stalled": "tab:purple",
+                   "diverged": "tab:red", "non-finite": "black"}
+
+
+def _figure(n: int, width: float = 5.0, height: float = 4.0):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, n, figsize=(width * n, height), squeeze=False)
+    return fig, axes[0], plt
+
+
+def write_plots(report: dict, directory: Path) -> list[Path]:
+    """residuals.png, eigenvalues.png, accuracy.png, prop5.png (one panel per split). Returns their paths."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    splits = report["splits"]
+    paths = []
+
+    def save(fig, plt, name):
+        path = directory / name
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".png", dir=directory)
+        os.close(fd)
+        try:
+            fig.savefig(tmp, dpi=120, bbox_inches="tight")
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            plt.close(fig)
+        paths.append(path)
+
+    # residual traces
+    fig, axes, plt = _figure(len(splits))
+    for ax, s in zip(axes, splits):
+        fp = report[s]["fixed_point"]
+        seen = set()
+        for trace, status in zip(fp["residual_trace"], fp["status"]):
+            y = [float("nan") if v is None else v for v in trace]
+            label = status if status not in seen else None
+            seen.add(status)
+            ax.semilogy(range(1, len(y) + 1), y, color=_STATUS_COLOURS.get(status, "grey"), alpha=0.6, lw=1,
+                        label=label)
+        ax.axhline(fp["tol"], color="k", ls="--", lw=0.8, label=f"τ = {fp['tol']:g}")
+        ax.set(title=f"{s}: fixed-point residual", xlabel="iteration", ylabel="‖f(x)−x‖∞ / ‖f(x)‖∞")
+        ax.legend(fontsize=8)
+    save(fig, plt, "residuals.png")
+
+    # eigenvalues of J* with the unit circle
+    import numpy as np
+
+    fig, axes, plt = _figure(len(splits), 4.6, 4.6)
+    for ax, s in zip(axes, splits):
+        jac, fp = report[s]["jacobian"], report[s]["fixed_point"]
+        th = np.linspace(0, 2 * np.pi, 400)
+        ax.plot(np.cos(th), np.sin(th), color="k", lw=0.8, label="unit circle")
+        for conv in (True, False):
+            pts = [z for ev, st in zip(jac["eigenvalues"], fp["status"]) if (st == "converged") == conv for z in ev]
+            if pts:
+                pts = np.asarray(pts, dtype=float)
+                ax.scatter(pts[:, 0], pts[:, 1], s=10, alpha=0.7,
+                           color="tab:blue" if conv else "tab:red",
+                           label="at converged x*" if conv else "at best iterate (unconverged)")
+        lim = max([1.1] + [abs(c) * 1.1 for ev in jac["eigenvalues"] for z in ev for c in z])
+        ax.set(xlim=(-lim, lim), ylim=(-lim, lim), aspect="equal", xlabel="Re λ", ylabel="Im λ",
+               title=f"{s}: leading eigenvalues of J*")
+        ax.legend(fontsize=8, loc="lower left")
+    save(fig, plt, "eigenvalues.png")
+
+    # accuracy against iteration
+    fig, axes, plt = _figure(1, 6.0, 4.0)
+    ax = axes[0]
+    for s in splits:
+        acc = report[s]["accuracy"]
+        line, = ax.plot(acc["iterations"], acc["accuracy"], label=f"{s}")
+        ax.plot(acc["iterations"], acc["position_accuracy"], color=line.get_color(), ls="--", lw=0.8,
+                label=f"{s} (per position)")
+        if acc["at_fixed_point"] is not None:
+            ax.axhline(acc["at_fixed_point"], color=line.get_color(), ls=":", lw=1, label=f"{s} at x*")
+    ax.set(xscale="log", xlabel="iteration T", ylabel="accuracy", ylim=(-0.02, 1.02),
+           title="accuracy against iteration")
+    ax.legend(fontsize=8)
+    save(fig, plt, "accuracy.png")
+
+    # Prop. 5 relative error against T
+    fig, axes, plt = _figure(len(splits))
+    for ax, s in zip(axes, splits):
+        p5 = report[s]["prop5"]
+        if p5.get("rel_error"):
+            errs = [max(v, 1e-300) if v is not None else float("nan") for v in p5["rel_error"]]
+            ax.loglog(p5["T"], errs, "o-", label="‖dx_T/dx0·u − dx*/dx0·u‖ / ‖dx*/dx0·u‖")
+            if p5.get("gmres_tol"):
+                ax.axhline(p5["gmres_tol"], color="k", ls="--", lw=0.8, label="GMRES tolerance")
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, p5.get("skipped", "not computed"), ha="center", va="center", wrap=True,
+                    transform=ax.transAxes, fontsize=8)
+        ax.set(title=f"{s}: Prop. 5 check", xlabel="T", ylabel="relative error")
+    save(fig, plt, "prop5.png")
+    return paths

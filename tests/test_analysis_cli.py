@@ -1,0 +1,135 @@
+"""`stability analyze` as a real process: on a tiny trained checkpoint, on one that never converges, and on
+files that are not checkpoints (one clear line, non-zero exit, nothing half-written)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+FAST = ["--samples", "2", "--max-iter", "150", "--iterations", "30", "--probes", "2", "--quiet"]
+
+
+def stability(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "stability", *map(str, args)], capture_output=True, text=True,
+                          env=ENV, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("analyze") / "tiny.pt"
+    proc = stability("train", "--task", "prefix-sums", "--width", "16", "--heads", "2", "--epochs", "1",
+                     "--train-size", "64", "--val-size", "16", "--hard-size", "16", "--hard-length", "16",
+                     "--test-iterations", "20", "--out", out, "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def test_analyze_writes_text_json_and_plots_for_both_splits(tiny_checkpoint, tmp_path):
+    js, plots = tmp_path / "report.json", tmp_path / "plots"
+    proc = stability("analyze", tiny_checkpoint, "--split", "both", "--json", js, "--plots", plots, *FAST)
+    assert proc.returncode == 0, proc.stderr
+    assert "split: val" in proc.stdout and "split: hard" in proc.stdout
+    assert "ρ(J*) median" in proc.stdout
+    report = json.loads(js.read_text())
+    assert report["checkpoint"] == str(tiny_checkpoint)
+    assert report["config"]["model"]["width"] == 16
+    for split in ("val", "hard"):
+        block = report[split]
+        fp = block["fixed_point"]
+        assert set(fp) >= {"converged_fraction", "status_counts", "nfe_median", "residual_median"}
+        assert sum(fp["status_counts"].values()) == 2 and len(fp["status"]) == 2
+        jac = block["jacobian"]
+        assert len(jac["spectral_radius"]) == 2
+        assert set(jac) >= {"spectral_radius_median", "sigma_max_median"}
+        assert all(s >= r - 1e-9 for s, r in zip(jac["sigma_max"], jac["spectral_radius"]))  # σ_max ≥ ρ
+        p4 = block["prop4"]
+        assert len(p4["rho_M"]) == 2 and p4["max_abs_diff_vs_autograd"] < 1e-10
+        # the assembled M and J are the same matrix: the same spectral radius
+        assert all(abs(a - b) < 1e-6 for a, b in zip(p4["rho_M"], jac["spectral_radius"]))
+        assert block["recall"]["rho_Wx"] > 0
+        assert set(block["prop5"]) >= {"T", "rel_error", "gmres_residual"}
+        assert "fixed_point_distance_max" in block["initial_iterate"]
+        acc = block["accuracy"]
+        assert acc["iterations"] == list(range(1, 31)) and len(acc["accuracy"]) == 30
+        assert "at_fixed_point" in acc
+        if fp["converged_fraction"] > 0:
+            assert block["prop5"]["rel_error"][-1] < block["prop5"]["rel_error"][0]
+    for name in ("residuals", "eigenvalues", "accuracy", "prop5"):
+        png = plots / f"{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_a_checkpoint_that_never_converges_still_gets_its_report(tiny_checkpoint, tmp_path):
+    """Turn the trained model into an unnormalised one with blown-up sublayers: iteration runs away."""
+    obj = torch.load(tiny_checkpoint, weights_only=True)
+    obj["config"]["model"]["norm"] = "none"
+    state = {k: v for k, v in obj["model"].items() if "post_norm" not in k}
+    for key in ("block.attn.out.weight", "block.mlp.proj.weight"):
+        state[key] = state[key] * 40
+    obj["model"] = state
+    bad = tmp_path / "runaway.pt"
+    torch.save(obj, bad)
+    js = tmp_path / "runaway.json"
+    proc = stability("analyze", bad, "--split", "val", "--json", js, *FAST)
+    assert proc.returncode == 0, proc.stderr
+    block = json.loads(js.read_text())["val"]
+    fp = block["fixed_point"]
+    assert fp["converged_fraction"] == 0.0
+    assert fp["status_counts"]["converged"] == 0
+    assert all(s in ("diverged", "non-finite", "stalled", "max-iterations") for s in fp["status"])
+    assert block["prop5"]["rel_error"] == [] and "no sample converged" in block["prop5"]["skipped"]
+    assert block["jacobian"]["spectral_radius_median"] is None
+    assert "converged" in proc.stdout and "0.0%" in proc.stdout
+
+
+def _assert_one_line_error(proc, *fragments):
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_missing_corrupt_and_foreign_files_fail_with_one_line(tiny_checkpoint, tmp_path):
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(tiny_checkpoint.read_bytes()[:2000])
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"weights": torch.zeros(3)}, foreign)
+    text = tmp_path / "notes.pt"
+    text.write_text("not a checkpoint\n")
+    cases = [(tmp_path / "missing.pt", "no such file"), (truncated, "corrupt"), (foreign, "foreign"),
+             (text, "notes.pt")]
+    for path, fragment in cases:
+        js = tmp_path / f"{path.stem}.json"
+        proc = stability("analyze", path, "--json", js, *FAST)
+        _assert_one_line_error(proc, "stability analyze: error:", fragment)
+        assert not js.exists()
+
+
+def test_a_fixed_depth_baseline_is_refused(tiny_checkpoint, tmp_path):
+    from stability.config import ModelConfig, from_dict
+    from stability.model import build_model
+
+    obj = torch.load(tiny_checkpoint, weights_only=True)
+    obj["config"]["model"]["recall"] = "fixed"
+    obj["config"]["model"]["depth"] = 2
+    obj["model"] = build_model(from_dict(ModelConfig, obj["config"]["model"])).state_dict()
+    path = tmp_path / "baseline.pt"
+    torch.save(obj, path)
+    _assert_one_line_error(stability("analyze", path, *FAST), "fixed-depth baseline has no loop map")
+
+
+def test_bad_flags_and_an_absent_gpu_give_one_line(tiny_checkpoint):
+    _assert_one_line_error(stability("analyze", tiny_checkpoint, "--samples", "0"), "positive integer")
+    _assert_one_line_error(stability("analyze", tiny_checkpoint, "--split", "train"), "invalid choice")
+    proc = stability("analyze", tiny_checkpoint, "--device", "cuda", "--split", "val", *FAST)
+    if torch.cuda.is_available():
+        assert proc.returncode == 0, proc.stderr
+    else:
+        _assert_one_line_error(proc, "no CUDA device")

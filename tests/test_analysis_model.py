@@ -1,0 +1,194 @@
+"""The analysis on small looped transformers of every (recall, norm) combination, built directly (untrained).
+
+Checks the numerical promises: the assembled Prop. 4 / App. A.7 matrix equals the autograd Jacobian of
+``step``, matrix-free ρ(J) agrees with the dense eigen-decomposition to 1e-5, and on a contractive model the
+Prop. 5 error falls to the GMRES tolerance as T grows.
+"""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from stability.analysis.accuracy import accuracy_vs_iteration
+from stability.analysis.operators import BatchedJacobian, JacobianOperator
+from stability.analysis.pipeline import analysis_model
+from stability.analysis.reachability import reachability
+from stability.analysis.recall import RecallMatrixOperator, prop4, recall_form, rho_W_x
+from stability.analysis.sensitivity import default_T_grid, fixed_point_distance, prop5_check
+from stability.analysis.spectra import batched_spectral_radius, dense_spectrum, spectral_radius
+from stability.config import ModelConfig, TaskConfig
+from stability.model import build_model
+from stability.solvers import solve
+
+RECALLS = ["none", "external", "internal"]
+NORMS = ["none", "pre", "peri", "post", "gru"]
+L = 6  # tokens; state 6 × 16 = 96
+
+
+def small_model(recall, norm, *, seed=0, width=16, heads=2):
+    torch.manual_seed(seed)
+    cfg = ModelConfig(recall=recall, norm=norm, width=width, heads=heads, attention_window=5)
+    return analysis_model(build_model(cfg))
+
+
+def inputs(n=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randint(0, 2, (n, L, 1), generator=g).double() - 0.5)
+
+
+def make_contractive(model, scale=0.3):
+    """Shrink the sublayers' output and the recall weight so that the loop map contracts (Banach)."""
+    m = copy.deepcopy(model)
+    with torch.no_grad():
+        m.block.attn.out.weight.mul_(scale)
+        m.block.mlp.proj.weight.mul_(scale)
+        if m.recall_map is not None:
+            m.recall_map.x.weight.mul_(scale)
+        if m.block.gru is not None:
+            for cell in m.block.gru:
+                cell.weight_hh.mul_(scale)
+    return m
+
+
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("recall", RECALLS)
+def test_assembled_recall_matrix_equals_autograd_jacobian_of_step(recall, norm):
+    m = small_model(recall, norm)
+    x0 = m.embed(inputs())
+    x = solve(m.step, x0, x0, tol=1e-10, max_iter=60).x_best  # near x* where reachable, else a trajectory point
+    x = x + 0.1 * torch.randn_like(x)  # and off the fixed point, where the factors still hold
+    for b in range(2):
+        M = RecallMatrixOperator(m, x[b], x0[b]).dense()
+        J = JacobianOperator(m.step, x[b], x0[b]).dense()
+        assert M.shape == (L * 16, L * 16)
+        assert (M - J).abs().max() < 1e-12 * max(1.0, float(J.abs().max()))
+    result = prop4(m, x, x0, columns=None)
+    if recall == "none":
+        assert result is None
+    else:
+        assert result.max_abs_diff_vs_autograd < 1e-12
+        assert result.columns_checked == L * 16
+        dense_rhos = [dense_spectrum(JacobianOperator(m.step, x[b], x0[b]).dense()).rho for b in range(2)]
+        assert np.allclose(result.rho_M, dense_rhos, atol=1e-5)
+        assert result.form.startswith({"external": "M_ext", "internal": "M_int"}[recall])
+        assert ("A.7" in result.form) == (norm in ("post", "gru"))
+
+
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("recall", RECALLS)
+def test_matrix_free_spectral_radius_matches_dense_eigendecomposition(recall, norm):
+    m = small_model(recall, norm, seed=1)
+    x0 = m.embed(inputs(seed=1))
+    x = solve(m.step, x0, x0, tol=1e-10, max_iter=100).x_best
+    op = JacobianOperator(m.step, x[0], x0[0], mode="vjp")
+    dense = dense_spectrum(op.dense())
+    arpack = spectral_radius(op, k=6, tol=1e-10, transpose=True)
+    assert abs(arpack.rho - dense.rho) < 1e-5
+    assert abs(abs(arpack.eigenvalues[0]) - abs(dense.eigenvalues[0])) < 1e-5
+
+
+def test_batched_arnoldi_matches_dense_on_a_model():
+    m = small_model("internal", "peri", seed=2)
+    x0 = m.embed(inputs(3, seed=2))
+    x = solve(m.step, x0, x0, tol=1e-10, max_iter=100).x_best
+    bj = BatchedJacobian(m.step, x, x0)
+    spec = batched_spectral_radius(bj.rapply, tuple(x.shape), tol=1e-10, restarts=60, krylov=40)
+    for b in range(3):
+        ref = dense_spectrum(JacobianOperator(m.step, x[b], x0[b]).dense()).rho
+        assert abs(float(spec.rho[b]) - ref) < 1e-5
+
+
+@pytest.mark.parametrize("recall,norm", [("external", "post"), ("internal", "post"), ("external", "none")])
+def test_prop5_error_falls_toward_the_gmres_tolerance_on_a_contractive_model(recall, norm):
+    m = make_contractive(small_model(recall, norm, seed=3))
+    x0 = m.embed(inputs(1, seed=3))
+    sol = solve(m.step, x0, x0, tol=1e-14, max_iter=400)
+    assert sol.status == ["converged"]
+    rho = spectral_radius(JacobianOperator(m.step, sol.x_best[0], x0[0], mode="vjp"), transpose=True).rho
+    assert rho < 1
+    chk = prop5_check(m.step, sol.x_best[0], x0[0], x0[0], default_T_grid(200), tol=1e-12)
+    errs = chk.rel_error
+    assert errs[0] > 1e-2  # one iteration is far from the implicit gradient
+    assert errs[-1] < 1e-9  # ... and T = 200 is at the GMRES tolerance (plus x*'s own error)
+    assert chk.gmres_residual < 1e-11
+    tail = [e for t, e in zip(chk.T, errs) if t >= 5]
+    assert all(b <= a * 1.5 + 1e-12 for a, b in zip(tail, tail[1:]))
+
+
+def test_rho_W_x_is_the_spectral_radius_of_the_recall_weight():
+    m = small_model("external", "post")
+    expected = np.abs(np.linalg.eigvals(m.W_x.numpy())).max()
+    assert abs(rho_W_x(m).rho - expected) < 1e-12
+    assert rho_W_x(small_model("none", "post")) is None
+    assert recall_form(small_model("internal", "post")) == "M_int (App. A.7, with outer-norm Jacobians)"
+
+
+def test_autonomous_contractive_model_has_one_fixed_point_for_every_input():
+    """Prop. 2 at its extreme: a contraction has one fixed point, so every input selects the same x*; a recall
+    model's fixed point moves with x0 (and in both, A.8: x* does not depend on e)."""
+    auto = make_contractive(small_model("none", "gru", seed=4), 0.2)  # the GRU gate z ≈ σ(1) damps the state
+    recall = make_contractive(small_model("external", "gru", seed=4), 0.2)
+    for model, expected in ((auto, 1), (recall, 4)):
+        x0 = model.embed(inputs(4, seed=5))
+        r = solve(model.step, x0, x0, tol=1e-12, max_iter=500)
+        assert r.status == ["converged"] * 4
+        assert reachability(r).distinct_fixed_points == expected
+        r0 = solve(model.step, torch.zeros_like(x0), x0, tol=1e-12, max_iter=500)
+        assert float(fixed_point_distance([r.x_best, r0.x_best]).max()) < 1e-9
+
+
+def test_accuracy_curve_follows_the_models_own_forward():
+    from stability.tasks import make_task
+
+    task = make_task(TaskConfig(name="prefix-sums", train_size=4, val_size=8, hard_size=4, train_length=L))
+    m = small_model("external", "post", seed=6)
+    xs, ys = task.dataset("val")
+    x0 = m.embed(xs.double())
+    curve = accuracy_vs_iteration(m, task, x0, x0, ys, T_max=7)
+    with torch.no_grad():
+        logits = m(xs.double(), 7)  # (T, B, L, C)
+    expected = [float(task.score(logits[t], ys)[0].double().mean()) for t in range(7)]
+    expected_pos = [float(task.score(logits[t], ys)[1].double().mean()) for t in range(7)]
+    assert curve.iterations == list(range(1, 8))
+    assert np.allclose(curve.accuracy, expected)
+    assert np.allclose(curve.position_accuracy, expected_pos)
+
+
+def test_analysis_of_a_split_agrees_between_the_arpack_and_the_batched_arnoldi_route():
+    """analyze_split end to end on a tiny prefix-sums model; the batched torch Arnoldi route (all three samples in
+    one batch, as on CUDA) gives the same spectral radii and σ_max as per-sample ARPACK."""
+    from stability.analysis.pipeline import AnalysisOptions, analyze_split
+    from stability.tasks import make_task
+
+    task = make_task(TaskConfig(name="prefix-sums", train_size=4, val_size=3, hard_size=2, train_length=L,
+                                hard_length=8))
+    m = make_contractive(small_model("external", "post", seed=7))
+    opts = AnalysisOptions(samples=3, tol=1e-10, max_iter=80, iterations=5, probes=2, eig_tol=1e-10, eig_batch=3)
+    cpu = analyze_split(m, task, "val", opts)
+    gpu_route = analyze_split(m, task, "val", AnalysisOptions(**{**opts.to_dict(), "eig_route": "arpack"}))
+    assert cpu["fixed_point"]["status"] == ["converged"] * 3
+    assert np.allclose(cpu["jacobian"]["spectral_radius"], gpu_route["jacobian"]["spectral_radius"], atol=1e-6)
+    assert np.allclose(cpu["jacobian"]["sigma_max"], gpu_route["jacobian"]["sigma_max"], atol=1e-6)
+    assert np.allclose(cpu["prop4"]["rho_M"], cpu["jacobian"]["spectral_radius"], atol=1e-6)
+    assert cpu["prop5"]["rel_error"][-1] < 1e-8
+    assert cpu["initial_iterate"]["fixed_point_distance_max"] < 1e-8
+    assert len(cpu["accuracy"]["accuracy"]) == 5
+
+
+@pytest.mark.parametrize("recall", ["external", "internal"])
+@pytest.mark.parametrize("variant", [dict(residual_scale=0.4), dict(conv=3), dict(damping=0.6),
+                                     dict(residual_scale=0.3, conv=3, damping=0.5)])
+def test_assembled_matrix_follows_the_fixed_point_reasoner_variants(recall, variant):
+    """Residual scaling, the latent convolution and damping (FPRM) enter M exactly as ``step`` applies them."""
+    torch.manual_seed(8)
+    cfg = ModelConfig(recall=recall, norm="peri" if "residual_scale" in variant else "post", width=16, heads=2,
+                      attention_window=5, **variant)
+    m = analysis_model(build_model(cfg))
+    x0 = m.embed(inputs(1, seed=8))
+    x = torch.randn_like(x0)
+    M = RecallMatrixOperator(m, x[0], x0[0]).dense()
+    J = JacobianOperator(m.step, x[0], x0[0]).dense()
+    assert (M - J).abs().max() < 1e-12
+    assert all(k in recall_form(m) for k in variant)

@@ -1,0 +1,143 @@
+"""Operators, spectra and the input-gradient of Prop. 5 on maps with known answers (no model needed).
+
+For f(x, x0) = A x + B x0: J = A, ∂f/∂x0 = B, ρ(J) = ρ(A), dx*/dx0 = (I − A)⁻¹ B, dx_T/de = A^T.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from stability.analysis.operators import BatchedJacobian, JacobianOperator
+from stability.analysis.sensitivity import (KrylovError, default_T_grid, fixed_point_distance,
+                                            implicit_input_jvp, implicit_input_vjp, initial_iterate_sensitivity,
+                                            input_dependence_frobenius, prop5_check, unrolled_input_vjp)
+from stability.analysis.spectra import (batched_sigma_max, batched_spectral_radius, dense_spectrum, sigma_max,
+                                        spectral_radius)
+from stability.solvers import solve
+
+D64 = torch.float64
+
+
+@pytest.fixture(scope="module")
+def linear():
+    n = 40
+    g = torch.Generator().manual_seed(0)
+    A = torch.randn(n, n, generator=g, dtype=D64)
+    A = A / torch.linalg.eigvals(A).abs().max() * 0.8  # ρ(A) = 0.8 exactly, complex pairs included
+    B = torch.randn(n, n, generator=g, dtype=D64)
+    x0 = torch.randn(2, n, generator=g, dtype=D64)
+    f = lambda x, x0: x @ A.T + x0 @ B.T  # noqa: E731
+    x_star = solve(f, x0, x0, tol=1e-14, max_iter=3000).x_best
+    return f, A, B, x0, x_star
+
+
+def test_jacobian_operator_of_a_linear_map_is_A_in_every_route(linear):
+    f, A, B, x0, x_star = linear
+    v = torch.randn(A.shape[0], dtype=D64)
+    for mode in ("jvp", "vjp"):
+        J = JacobianOperator(f, x_star[0], x0[0], mode=mode)
+        assert torch.allclose(J.dense(), A, atol=1e-14)
+        assert torch.allclose(J.mv(v), A @ v, atol=1e-13)
+        assert torch.allclose(J.rmv(v), A.T @ v, atol=1e-13)
+        assert np.allclose(J.matvec(v.numpy()), (A @ v).numpy(), atol=1e-13)
+        assert np.allclose(J.rmatvec(v.numpy()), (A.T @ v).numpy(), atol=1e-13)
+    Jx0 = JacobianOperator(f, x_star[0], x0[0], wrt="x0")
+    assert torch.allclose(Jx0.dense(), B, atol=1e-14)
+
+
+def test_spectral_radius_of_a_linear_map_is_rho_A(linear):
+    f, A, *_ , x_star = linear
+    x0 = linear[3]
+    J = JacobianOperator(f, x_star[0], x0[0], mode="vjp")
+    exact = np.sort(np.abs(np.linalg.eigvals(A.numpy())))[::-1]
+    for transpose in (False, True):
+        spec = spectral_radius(J, k=6, tol=1e-12, transpose=transpose)
+        assert spec.converged
+        assert abs(spec.rho - 0.8) < 1e-10
+        assert np.allclose(np.abs(spec.eigenvalues), exact[:6], atol=1e-9)
+    assert abs(dense_spectrum(J.dense()).rho - 0.8) < 1e-12
+    assert abs(sigma_max(J) - float(torch.linalg.matrix_norm(A, 2))) < 1e-9
+
+
+def test_complex_eigenvalues_come_back_complex():
+    theta = 0.7
+    R = torch.tensor([[np.cos(theta), -np.sin(theta)], [np.sin(theta), np.cos(theta)]], dtype=D64) * 0.9
+    A = torch.block_diag(R, torch.diag(torch.linspace(0.1, 0.5, 10, dtype=D64)))
+    f = lambda x, x0: x @ A.T  # noqa: E731
+    spec = spectral_radius(JacobianOperator(f, torch.zeros(12, dtype=D64), None), k=4, tol=1e-12)
+    lead = spec.eigenvalues[0]
+    assert abs(abs(lead) - 0.9) < 1e-10 and abs(abs(lead.imag) - 0.9 * np.sin(theta)) < 1e-10
+
+
+def test_batched_arnoldi_matches_dense_per_sample():
+    """A nonlinear map, so that every sample has its own J; the batched routes against dense LAPACK."""
+    n = 60
+    g = torch.Generator().manual_seed(1)
+    W = torch.randn(n, n, generator=g, dtype=D64) / n ** 0.5
+    f = lambda x, x0: 1.5 * torch.tanh(x @ W.T + x0)  # noqa: E731
+    x = torch.randn(3, n, generator=g, dtype=D64)
+    x0 = torch.randn(3, n, generator=g, dtype=D64)
+    bj = BatchedJacobian(f, x, x0)
+    spec = batched_spectral_radius(bj.rapply, tuple(x.shape), tol=1e-10, restarts=40)
+    sig = batched_sigma_max(bj.apply, bj.rapply, tuple(x.shape), tol=1e-12, restarts=40)
+    for b in range(3):
+        D = JacobianOperator(f, x[b], x0[b]).dense()
+        assert abs(float(spec.rho[b]) - dense_spectrum(D).rho) < 1e-6
+        assert abs(float(sig[b]) - float(torch.linalg.matrix_norm(D, 2))) < 1e-6
+
+
+def test_implicit_input_gradient_of_a_linear_map_is_exact(linear):
+    f, A, B, x0, x_star = linear
+    n = A.shape[0]
+    exact = torch.linalg.solve(torch.eye(n, dtype=D64) - A, B)  # dx*/dx0 = (I − A)⁻¹ B
+    u = torch.randn(n, dtype=D64)
+    w, info = implicit_input_jvp(f, x_star[0], x0[0], u, tol=1e-12)
+    assert torch.allclose(w, exact @ u, atol=1e-10)
+    assert info.residual < 1e-11
+    vT, info = implicit_input_vjp(f, x_star[0], x0[0], u, tol=1e-12)
+    assert torch.allclose(vT, exact.T @ u, atol=1e-10)
+    # the unrolled reverse-mode gradient through T iterations tends to the same value
+    assert torch.allclose(unrolled_input_vjp(f, x0[0], x0[0], u, 200), exact.T @ u, atol=1e-8)
+
+
+def test_prop5_error_falls_to_the_gmres_tolerance_on_a_linear_map(linear):
+    f, A, B, x0, x_star = linear
+    chk = prop5_check(f, x_star[0], x0[0], x0[0], default_T_grid(300), tol=1e-12)
+    errs = chk.rel_error
+    assert chk.T == [1, 2, 5, 10, 20, 50, 100, 200, 300]
+    assert errs[0] > 0.1
+    assert errs[-1] < 1e-9
+    assert all(b <= a * 1.5 for a, b in zip(errs, errs[1:]))  # (nearly) monotone decay
+    assert chk.gmres_residual < 1e-11
+
+
+def test_frobenius_estimate_brackets_the_exact_norm(linear):
+    f, A, B, x0, x_star = linear
+    n = A.shape[0]
+    exact = float(torch.linalg.norm(torch.linalg.solve(torch.eye(n, dtype=D64) - A, B)))
+    est = input_dependence_frobenius(f, x_star[0], x0[0], probes=48, seed=3)
+    assert abs(est.value - exact) < 4 * est.stderr + 1e-9
+    assert 0.7 * exact < est.value < 1.3 * exact
+
+
+def test_initial_iterate_sensitivity_decays_like_A_to_the_T(linear):
+    f, A, B, x0, x_star = linear
+    n = A.shape[0]
+    u = torch.randn(n, dtype=D64)
+    u = u / u.norm()
+    sens = initial_iterate_sensitivity(f, x0[0], x0[0], [1, 5, 50], u=u)
+    for T, value in zip(sens["T"], sens["norm"]):
+        assert abs(value - float((torch.linalg.matrix_power(A, T) @ u).norm())) < 1e-12
+    # and the fixed point does not depend on e: three starts, one x*
+    starts = [x0, torch.zeros_like(x0), torch.randn_like(x0)]
+    xs = [solve(f, s, x0, tol=1e-13, max_iter=3000).x_best for s in starts]
+    assert float(fixed_point_distance(xs).max()) < 1e-11
+
+
+def test_gmres_that_cannot_converge_raises_loudly():
+    """I − A singular (A has the eigenvalue 1) and the right-hand side outside its range: no solution."""
+    A = torch.diag(torch.tensor([1.0, 0.5, 0.2], dtype=D64))
+    f = lambda x, x0: x @ A.T + x0  # noqa: E731
+    with pytest.raises(KrylovError, match="GMRES did not converge"):
+        implicit_input_jvp(f, torch.zeros(3, dtype=D64), torch.zeros(3, dtype=D64),
+                           torch.tensor([1.0, 0.0, 0.0], dtype=D64), tol=1e-10)

@@ -1,0 +1,141 @@
+"""The fixed-point solvers on maps with known answers: a linear map, the logistic map's cycles, diverging maps."""
+
+import math
+
+import pytest
+import torch
+
+from stability.solvers import STATUSES, detect_period, residual, solve
+
+
+def linear_map(n=24, rho=0.9, seed=0):
+    """f(x, x0) = A x + B x0 with ρ(A) = rho; x* = (I − A)⁻¹ B x0."""
+    g = torch.Generator().manual_seed(seed)
+    A = torch.randn(n, n, generator=g, dtype=torch.float64)
+    A = A / torch.linalg.eigvals(A).abs().max() * rho
+    B = torch.randn(n, n, generator=g, dtype=torch.float64)
+    x0 = torch.randn(3, n, generator=g, dtype=torch.float64)
+    x_star = torch.linalg.solve(torch.eye(n, dtype=torch.float64) - A, (x0 @ B.T).T).T
+    return (lambda x, x0: x @ A.T + x0 @ B.T), x0, x_star
+
+
+@pytest.mark.parametrize("method", ["picard", "damped", "anderson"])
+def test_every_method_reaches_the_exact_fixed_point_of_a_linear_map(method):
+    f, x0, x_star = linear_map()
+    r = solve(f, x0, x0, method=method, tol=1e-12, max_iter=3000)
+    assert r.status == ["converged"] * 3
+    assert torch.allclose(r.x_last, x_star, atol=1e-9, rtol=0)
+    assert torch.allclose(r.x_best, x_star, atol=1e-9, rtol=0)
+    assert r.residuals.shape == (3, int(r.nfe.max()))
+    assert r.period.tolist() == [1, 1, 1]
+
+
+def test_picard_and_anderson_agree_and_anderson_needs_fewer_evaluations():
+    f, x0, x_star = linear_map(rho=0.97, seed=1)
+    p = solve(f, x0, x0, method="picard", tol=1e-10, max_iter=5000)
+    a = solve(f, x0, x0, method="anderson", tol=1e-10, max_iter=5000, memory=6)
+    assert p.status == a.status == ["converged"] * 3
+    assert (p.x_best - a.x_best).abs().max() < 1e-7
+    assert (a.nfe < 0.4 * p.nfe).all(), (a.nfe, p.nfe)
+
+
+def test_residual_is_the_relative_linf_criterion_of_consecutive_picard_iterates():
+    f, x0, _ = linear_map()
+    r = solve(f, x0, x0, tol=1e-8, max_iter=50)
+    x1 = f(x0, x0)
+    x2 = f(x1, x0)
+    expect0 = (x1 - x0).abs().amax(1) / (x1.abs().amax(1) + 1e-8)
+    expect1 = (x2 - x1).abs().amax(1) / (x2.abs().amax(1) + 1e-8)
+    assert torch.allclose(r.residuals[:, 0], expect0)
+    assert torch.allclose(r.residuals[:, 1], expect1)
+    assert torch.allclose(residual(x1, x0), expect0)
+
+
+def test_converged_samples_are_frozen_and_the_batch_continues_for_the_others():
+    calls = []
+
+    def f(x, x0):  # per-sample contraction rate x0: sample 0 converges fast, sample 1 slowly
+        calls.append(x.shape[0])
+        return x0[:, :1] * x + 1.0
+
+    x0 = torch.tensor([[0.1, 0.0], [0.9, 0.0]], dtype=torch.float64)
+    r = solve(f, torch.zeros(2, 2, dtype=torch.float64), x0, tol=1e-10, max_iter=1000)
+    assert r.status == ["converged", "converged"]
+    assert r.nfe[0] < r.nfe[1]
+    assert sum(calls) == int(r.nfe.sum())  # no evaluation was spent on a frozen sample
+    assert torch.isnan(r.residuals[0, int(r.nfe[0]):]).all()
+    assert torch.allclose(r.x_best[:, 0], 1 / (1 - x0[:, 0]), atol=1e-8)
+
+
+def test_best_residual_is_the_lowest_of_the_trace():
+    f, x0, _ = linear_map(rho=0.99, seed=3)
+    r = solve(f, x0, x0, method="anderson", tol=1e-14, max_iter=40)
+    trace_min = torch.tensor([min(v for v in row if not math.isnan(v)) for row in r.residuals.tolist()],
+                             dtype=torch.float64)
+    assert torch.allclose(r.best_residual, trace_min)
+    assert r.status == ["max-iterations"] * 3
+
+
+def logistic(x, r):
+    return r * x * (1 - x)
+
+
+def test_logistic_map_fixed_point_two_cycle_and_four_cycle_are_told_apart():
+    """r = 2.8: attracting fixed point 1 − 1/r; r = 3.2: the 2-cycle x± = ((r+1) ± √((r−3)(r+1)))/(2r);
+    r = 3.5: a 4-cycle. The batch runs all three at once."""
+    r_values = torch.tensor([2.8, 3.2, 3.5], dtype=torch.float64)[:, None].expand(3, 4)
+    x_init = torch.full((3, 4), 0.3, dtype=torch.float64)
+    res = solve(logistic, x_init, r_values, tol=1e-12, max_iter=600)
+    assert res.status == ["converged", "stalled", "stalled"]
+    assert res.period.tolist() == [1, 2, 4]
+    assert abs(float(res.x_best[0, 0]) - (1 - 1 / 2.8)) < 1e-10
+    r = 3.2
+    disc = math.sqrt((r - 3) * (r + 1))
+    orbit = sorted([((r + 1) + disc) / (2 * r), ((r + 1) - disc) / (2 * r)])
+    x_last = float(res.x_last[1, 0])
+    assert min(abs(x_last - o) for o in orbit) < 1e-9
+    assert detect_period(logistic, res.x_last, r_values, max_period=8, tol=1e-8).tolist() == [1, 2, 4]
+
+
+def test_a_map_with_only_period_two_orbits_is_stalled():
+    res = solve(lambda x, x0: -x, torch.ones(2, 3), None, tol=1e-6, max_iter=120, stall_patience=50)
+    assert res.status == ["stalled", "stalled"]
+    assert res.period.tolist() == [2, 2]
+
+
+def test_a_diverging_sample_is_reported_and_does_not_stop_the_others():
+    def f(x, x0):  # x0 = 2: x ← 2x + 1 diverges; x0 = 0.5: converges to 2
+        return x0 * x + 1.0
+
+    x0 = torch.tensor([[2.0], [0.5]], dtype=torch.float64)
+    res = solve(f, torch.ones(2, 1, dtype=torch.float64), x0, tol=1e-10, max_iter=500)
+    assert res.status == ["diverged", "converged"]
+    assert res.nfe[0] < 40  # frozen as soon as it passed diverge_ratio
+    assert abs(float(res.x_best[1, 0]) - 2.0) < 1e-9
+
+
+def test_non_finite_values_are_caught_per_sample():
+    def f(x, x0):
+        return torch.where(x0 > 0, torch.exp(torch.exp(x)) + x, 0.5 * x)
+
+    x0 = torch.tensor([[1.0], [-1.0]], dtype=torch.float64)
+    res = solve(f, torch.full((2, 1), 3.0, dtype=torch.float64), x0, tol=1e-10, max_iter=100,
+                diverge_ratio=1e300)
+    assert res.status[0] == "non-finite"
+    assert res.status[1] == "converged"
+    assert torch.isfinite(res.x_last).all()  # the last finite image is kept
+
+
+@pytest.mark.parametrize("method", ["picard", "damped", "anderson"])
+def test_a_map_without_fixed_point_never_crashes_any_method(method):
+    res = solve(lambda x, x0: torch.exp(x), torch.zeros(4, 2, dtype=torch.float64), None, method=method,
+                tol=1e-8, max_iter=200)
+    assert all(s in STATUSES and s != "converged" for s in res.status)
+    assert res.residuals.shape[0] == 4
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(ValueError, match="allowed"):
+        solve(lambda x, x0: x, torch.zeros(1, 1), None, method="newton")
+    with pytest.raises(ValueError, match="damping"):
+        solve(lambda x, x0: x, torch.zeros(1, 1), None, method="damped", damping=1.5)
