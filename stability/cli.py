@@ -67,6 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     except StabilityError as exc:
         print(f"stability {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # e.g. `stability verify | head`
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print(f"stability {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -26,7 +26,7 @@ from stability.tasks.chess import (
 )
 
 FIXTURES = Path(__file__).parent / "fixtures"
-REAL = Path("/work/shared/data")
+REAL = Path(__file__).resolve().parents[2] / "shared" / "data"  # shared/ lies beside the checkout
 BIG = {"train": 1000, "val": 1000, "hard": 1000}
 
 

@@ -72,10 +72,10 @@ def read(path: Path | str) -> dict:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        msg = str(exc)
-        if "Weights only load failed" in msg or "Unsupported global" in msg:
+        # weights_only refuses any global it does not know: that is what a code-executing pickle needs
+        if "Unsupported global" in str(exc):
             raise CheckpointError(f"{path}: refused: loading it would execute code (not a plain checkpoint)") from None
-        raise CheckpointError(f"{path}: not a stability checkpoint (unreadable pickle)") from None
+        raise CheckpointError(f"{path}: not a stability checkpoint (not a torch file)") from None
     except Exception as exc:  # torch raises RuntimeError, EOFError, KeyError, ... on bad bytes
         head = (str(exc).splitlines() or [type(exc).__name__])[0][:120]
         if is_zip:
