@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
+from stability.atomic import write_text
 from stability.errors import StabilityError
 
 if TYPE_CHECKING:  # torch is imported where it is used, so that the command line starts fast
@@ -160,7 +161,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import json
-    import os
     from pathlib import Path
 
     import stability
@@ -193,10 +193,8 @@ def run(args: argparse.Namespace) -> int:
     print(format_report(report))
     if args.json:
         path = Path(args.json)
-        tmp = path.with_name(path.name + ".tmp")
         try:
-            tmp.write_text(json.dumps(report, indent=1))
-            os.replace(tmp, path)
+            write_text(path, json.dumps(report, indent=1))
         except OSError as exc:
             raise StabilityError(f"--json {path}: cannot write it ({exc.strerror})") from None
     return 0

@@ -1,8 +1,6 @@
 """Checkpoints: self-describing, loadable with weights_only, atomic, and refused with one line when bad."""
 
 import os
-import pickle
-import zipfile
 
 import pytest
 import torch

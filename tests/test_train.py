@@ -1,6 +1,5 @@
 """The trainer: progressive loss, schedule, determinism, resume after a real kill, divergence, CLI errors."""
 
-import json
 import math
 import signal
 import subprocess
@@ -205,6 +204,15 @@ def test_demo_run_learns_prefix_sums_and_reports_accuracy_against_iterations(tmp
     final = torch.load(tmp_path / "prefix-sums.pt", weights_only=True)["final"]
     assert max(final["val"]["accuracy"]) >= 0.95, final["val"]["accuracy"]
     assert "accuracy (%) against iteration count" in proc.stdout
+    # … and then analyses it: the report, its JSON and plots
+    import json
+
+    report = json.loads((tmp_path / "analysis.json").read_text())
+    assert set(report["splits"]) == {"val", "hard"}
+    assert report["val"]["fixed_point"]["converged_fraction"] > 0
+    assert "ρ(J*) median" in proc.stdout
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
+        "accuracy.png", "eigenvalues.png", "prop5.png", "residuals.png"]
 
 
 def test_task_options_a_task_does_not_use_are_refused(tmp_path, cli):

@@ -6,12 +6,12 @@ Non-finite numbers become ``null`` in the JSON (strict JSON has no NaN).
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Optional
+
+from stability import atomic
+from stability.atomic import atomic_path
 
 
 def clean(obj: Any) -> Any:
@@ -27,23 +27,8 @@ def clean(obj: Any) -> Any:
     return obj
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write to a temporary file in the same folder, then rename: never a half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def write_json(report: dict, path: Path) -> None:
-    atomic_write_text(path, json.dumps(clean(report), indent=1, allow_nan=False) + "\n")
+    atomic.write_json(path, clean(report))
 
 
 def _fmt(v: Any, spec: str = ".4g") -> str:
@@ -155,14 +140,10 @@ def write_plots(report: dict, directory: Path) -> list[Path]:
 
     def save(fig, plt, name):
         path = directory / name
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".png", dir=directory)
-        os.close(fd)
         try:
-            fig.savefig(tmp, dpi=120, bbox_inches="tight")
-            os.replace(tmp, path)
+            with atomic_path(path) as tmp:
+                fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
         finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
             plt.close(fig)
         paths.append(path)
 

@@ -24,13 +24,13 @@ from __future__ import annotations
 import json
 import os
 import platform
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from stability import atomic
 from stability.errors import DivergenceError, StabilityError
 
 RECORD_FORMAT = "stability-sweep-record"
@@ -76,21 +76,8 @@ def analysis_path(results: Path, cell_id: str) -> Path:
 
 
 def atomic_write_json(path: Path, obj) -> None:
-    """JSON to a temporary file beside ``path``, fsync, rename: never a half-written record."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(obj, fh, indent=1, allow_nan=False)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """A record as JSON, written atomically (never half-written)."""
+    atomic.write_json(path, obj)
 
 
 def read_record(path: Path) -> dict:

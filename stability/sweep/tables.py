@@ -294,13 +294,13 @@ def latex(table: Table) -> str:
 # ---- files --------------------------------------------------------------------------------------------------
 def write_tables(records: list[dict], out_dir: Path) -> list[Path]:
     """Write table{4,5,6}.{md,csv,tex} for ``records`` into ``out_dir`` (atomically); returns the paths."""
-    from stability.analysis.report import atomic_write_text
+    from stability.atomic import write_text
 
     out_dir = Path(out_dir)
     paths = []
     for table in build_tables(collect(records)):
         for ext, text in (("md", markdown(table)), ("csv", csv_text(table)), ("tex", latex(table))):
             path = out_dir / f"{table.stem}.{ext}"
-            atomic_write_text(path, text)
+            write_text(path, text)
             paths.append(path)
     return paths

@@ -23,14 +23,14 @@ import json
 import math
 import os
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
 
-from stability.errors import ConfigError, DataError
+from stability import atomic
+from stability.errors import DataError
 
 FORMAT = 1
 ENV = "STABILITY_DATA"
@@ -63,21 +63,6 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def npz_bytes(arrays: dict) -> bytes:
     """A compressed .npz of ``arrays`` whose bytes depend on the arrays only (fixed member order and times), so
     equal data give equal checksums."""
@@ -94,7 +79,7 @@ def npz_bytes(arrays: dict) -> bytes:
 def save_npz(path: Path, arrays: dict) -> str:
     """Write ``arrays`` compressed to ``path`` atomically; returns the file's sha256."""
     data = npz_bytes(arrays)
-    _atomic_write(Path(path), data)
+    atomic.write_bytes(path, data)
     return hashlib.sha256(data).hexdigest()
 
 
@@ -112,7 +97,7 @@ def load_npz(path: Path, sha256: Optional[str] = None) -> dict:
 
 
 def write_json(path: Path, obj) -> None:
-    _atomic_write(Path(path), (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode())
+    atomic.write_text(path, json.dumps(obj, indent=1, sort_keys=True) + "\n")
 
 
 def read_manifest(directory: Path) -> Optional[dict]:

@@ -13,9 +13,9 @@ Callers select the non-interactive backend (``matplotlib.use("Agg")``) before im
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
+
+from stability.atomic import atomic_path
 
 import numpy as np
 
@@ -142,20 +142,9 @@ _METADATA = {"png": {"Software": None}, "pdf": {"CreationDate": None, "ModDate":
 
 def _atomic(path: Path, write) -> Path:
     """Call ``write(tmp_path)`` on a temporary file beside ``path``, then move it into place."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    with atomic_path(path) as tmp:
+        write(str(tmp))
+    return Path(path)
 
 
 def write_text(path: Path, text: str) -> Path:

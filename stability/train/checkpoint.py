@@ -24,15 +24,14 @@ half-written checkpoint. Loading refuses, with one line, anything that is not su
 
 from __future__ import annotations
 
-import os
 import pickle
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
+from stability.atomic import atomic_path
 from stability.config import RunConfig, from_dict
 from stability.errors import CheckpointError, ConfigError
 
@@ -42,22 +41,8 @@ SCHEMA_VERSION = 1
 
 def atomic_save(obj: Any, path: Path) -> None:
     """torch.save to a temporary file beside ``path``, then rename over it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(obj, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
 
 
 def read(path: Path | str) -> dict:
@@ -73,7 +58,7 @@ def read(path: Path | str) -> dict:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         # weights_only refuses any global it does not know: that is what a code-executing pickle needs
-        if "Unsupported global" in str(exc):
+        if "Unsupported global" in str(exc) or "GLOBAL" in str(exc):
             raise CheckpointError(f"{path}: refused: loading it would execute code (not a plain checkpoint)") from None
         raise CheckpointError(f"{path}: not a stability checkpoint (not a torch file)") from None
     except Exception as exc:  # torch raises RuntimeError, EOFError, KeyError, ... on bad bytes

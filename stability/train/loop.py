@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import Callable, Optional
 import torch
 
 from stability import __version__
+from stability.atomic import write_text
 from stability.config import RunConfig, TrainConfig, to_dict
 from stability.errors import CheckpointError, ConfigError, DivergenceError
 from stability.model import build_model
@@ -193,13 +193,8 @@ def metrics_path(path: Path) -> Path:
 
 
 def _write_metrics(path: Path, history: list, final: Optional[dict]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as fh:
-        for rec in history:
-            fh.write(json.dumps(rec) + "\n")
-        if final is not None:
-            fh.write(json.dumps({"final": final}) + "\n")
-    os.replace(tmp, path)
+    lines = [json.dumps(rec) for rec in history] + ([json.dumps({"final": final})] if final is not None else [])
+    write_text(path, "".join(line + "\n" for line in lines))
 
 
 def _rng_state(gen: torch.Generator) -> dict:
