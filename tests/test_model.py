@@ -198,3 +198,20 @@ def test_paper_default_sizes():
     model = build_model(ModelConfig())
     assert model.width == 256 and model.block.attn.heads == 8 and model.block.attn.head_dim == 32
     assert model.block.mlp.fc.out_features == 1024
+
+
+def test_parameter_counts_match_the_paper():
+    """App. B.1.2: recall 0.13M; fixed-depth 11.9M without GRU, 17.8M with it; looped 0.98M and 1.39M (the paper
+    assigns these two the other way round, "with GRU 0.98M": a GRU cell adds parameters, it cannot remove them;
+    the fixed-depth counts confirm one GRU cell per block)."""
+    def count(**kw):
+        return sum(p.numel() for p in build_model(ModelConfig(**kw)).parameters()) / 1e6
+
+    # the paper's counts carry 2 (looped) or 1 (fixed) decimals; we match them to within their last digit
+    assert abs(count(recall="external", norm="post") - count(recall="none", norm="post") - 0.13) < 0.005
+    assert abs(count(recall="external", norm="post") - 0.98) < 0.01
+    assert abs(count(recall="external", norm="gru") - 1.39) < 0.01
+    assert abs(count(recall="fixed", norm="post") - 11.9) < 0.05
+    assert abs(count(recall="fixed", norm="gru") - 17.8) < 0.05
+    # two GRU cells per block (not sharing) would give 23.7M: far from the paper
+    assert count(recall="fixed", norm="gru", share_norms=False) > 23

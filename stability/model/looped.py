@@ -77,8 +77,8 @@ class DepthwiseConv(nn.Module):
 class Block(nn.Module):
     """The two sublayers (attention F_1, MLP F_2) with their norms and residuals.
 
-    With ``share_norms`` (the release's choice) one Pre, one Peri and one Post instance serve both sublayers;
-    otherwise each sublayer has its own (the paper's φ1, φ2).
+    With ``share_norms`` (the release's choice) one Pre, one Peri and one Post instance, and one GRU cell, serve
+    both sublayers; otherwise each sublayer has its own (the paper's φ1, φ2).
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -92,7 +92,9 @@ class Block(nn.Module):
         self.pre_norm = _norms(has_pre, n, d, cfg.norm_eps)
         self.peri_norm = _norms(has_peri, n, d, cfg.norm_eps)
         self.post_norm = _norms(has_post, n, d, cfg.norm_eps)
-        self.gru = nn.ModuleList(GRUResidual(d) for _ in range(2)) if cfg.norm == "gru" else None
+        # like the norms, one GRU cell serves both sublayers unless share_norms is off: that is what reproduces
+        # the paper's parameter counts (App. B.1.2: 17.8M for the 15-block GRU baseline; see tests/test_model.py)
+        self.gru = nn.ModuleList(GRUResidual(d) for _ in range(n)) if cfg.norm == "gru" else None
         self.residual_scale = cfg.residual_scale
 
     @staticmethod
@@ -108,7 +110,7 @@ class Block(nn.Module):
     def residual(self, s: int, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """u + v; (1 − β)·u + β·v with residual scaling β; or the GRU cell."""
         if self.gru is not None:
-            return self.gru[s - 1](u, v)
+            return self.gru[min(s, len(self.gru)) - 1](u, v)
         if self.residual_scale is None:
             return u + v
         return (1.0 - self.residual_scale) * u + self.residual_scale * v
