@@ -86,3 +86,34 @@ class Task(ABC):
         """(correct, position_accuracy), both (B,): whole-answer correctness and the share of right positions."""
         right = (self.predict(logits) == targets).reshape(targets.shape[0], -1)
         return right.all(dim=1), right.float().mean(dim=1)
+
+
+class ArrayTask(Task):
+    """A task whose splits come as one dict of numpy arrays keyed "split/name", loaded once: from the real file
+    ``config.data_path`` (:meth:`_load_real`) or else from the generated-dataset cache
+    (:func:`stability.tasks.cache.load_generated`, which also falls back to the packaged or a freshly built
+    small set). ``_info`` describes the source for :meth:`describe`."""
+
+    def __init__(self, config: TaskConfig):
+        super().__init__(config)
+        self._arrays: Optional[dict] = None
+        self._info: dict = {}
+
+    def sizes(self) -> dict[str, int]:
+        c = self.config
+        return {"train": c.train_size, "val": c.val_size, "hard": c.hard_size}
+
+    @property
+    def arrays(self) -> dict:
+        if self._arrays is None:
+            if self.config.data_path:
+                self._arrays = self._load_real()
+            else:
+                from stability.tasks import cache
+
+                self._arrays, self._info = cache.load_generated(self.name, self.config, self.sizes())
+        return self._arrays
+
+    @abstractmethod
+    def _load_real(self) -> dict:
+        """Read ``config.data_path`` into the arrays dict (and set ``_info``)."""

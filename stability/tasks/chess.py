@@ -27,7 +27,7 @@ import torch
 
 from stability.errors import DataError
 from stability.tasks import cache
-from stability.tasks.base import SPLITS, Task
+from stability.tasks.base import SPLITS, ArrayTask
 
 PIECE_SYMBOLS = "PNBRQKpnbrqk"  # plane order: white P N B R Q K, then black
 PAPER_SIZES = {"train": 40000, "val": 10000, "hard": 10000}
@@ -252,7 +252,7 @@ def malformed_message(path: str, malformed: dict, examples: dict) -> str:
 
 
 # ---- the task -------------------------------------------------------------------------------------------------
-class Chess(Task):
+class Chess(ArrayTask):
     """Chess puzzles: 12 canonical piece planes on 8×8 → from/to squares of the best move (App. B.1.1)."""
 
     name = "chess"
@@ -263,26 +263,9 @@ class Chess(Task):
     attention_window = None
     paper_sizes = PAPER_SIZES
 
-    def __init__(self, config):
-        super().__init__(config)
-        self._splits: Optional[dict] = None
-        self._info: dict = {}
-
-    def _sizes(self) -> dict[str, int]:
+    def _load_real(self) -> dict:
         c = self.config
-        return {"train": c.train_size, "val": c.val_size, "hard": c.hard_size}
-
-    def _load(self) -> dict:
-        c = self.config
-        sizes = self._sizes()
-        if c.data_path:
-            return self._load_real(c.data_path, sizes)
-        arrays, info = cache.load_generated(self.name, c, sizes)
-        self._info = info
-        return arrays
-
-    def _load_real(self, path: str, sizes: dict) -> dict:
-        c = self.config
+        path, sizes = c.data_path, self.sizes()
         if not os.path.isfile(path):
             raise DataError(f"chess data file {path} does not exist")
         options = {"easy_max": c.chess_easy_max, "hard_min": c.chess_hard_min, "hard_max": c.chess_hard_max}
@@ -310,19 +293,16 @@ class Chess(Task):
         return arrays
 
     def _build(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._splits is None:
-            self._splits = self._load()
-        codes = self._splits[f"{split}/codes"]
-        squares = self._splits[f"{split}/squares"]
+        codes = self.arrays[f"{split}/codes"]
+        squares = self.arrays[f"{split}/squares"]
         return torch.from_numpy(planes_from_codes(codes)), torch.from_numpy(target_map(squares))
 
     def describe(self) -> dict:
-        if self._splits is None:
-            self._splits = self._load()
+        arrays = self.arrays
         out = {"task": self.name, **self._info, "splits": {}}
         for split in SPLITS:
-            rating = self._splits.get(f"{split}/rating")
-            entry = {"size": int(len(self._splits[f"{split}/codes"]))}
+            rating = arrays.get(f"{split}/rating")
+            entry = {"size": int(len(arrays[f"{split}/codes"]))}
             if rating is not None and len(rating):
                 entry["rating_mean"] = float(np.mean(rating))
             out["splits"][split] = entry

@@ -28,7 +28,7 @@ import torch
 
 from stability.errors import DataError
 from stability.tasks import cache
-from stability.tasks.base import SPLITS, Task
+from stability.tasks.base import SPLITS, ArrayTask
 from stability.tasks.sudoku_solver import is_valid_solution
 
 PAPER_SIZES = {"train": 40000, "val": 10000, "hard": 10000}
@@ -175,7 +175,7 @@ def read_sudoku_extreme(path: str, sizes: dict, cut: Optional[float] = None) -> 
 
 
 # ---- the task -------------------------------------------------------------------------------------------------
-class Sudoku(Task):
+class Sudoku(ArrayTask):
     """Sudoku: one-hot 9×9×10 boards → the digit of every cell (App. B.1.1)."""
 
     name = "sudoku"
@@ -186,52 +186,36 @@ class Sudoku(Task):
     attention_window = None
     paper_sizes = PAPER_SIZES
 
-    def __init__(self, config):
-        super().__init__(config)
-        self._splits: Optional[dict] = None
-        self._info: dict = {}
-
-    def _sizes(self) -> dict[str, int]:
+    def _load_real(self) -> dict:
         c = self.config
-        return {"train": c.train_size, "val": c.val_size, "hard": c.hard_size}
-
-    def _load(self) -> dict:
-        c = self.config
-        sizes = self._sizes()
-        if c.data_path:
-            train_file, test_file = sudoku_extreme_files(c.data_path)
-            st = os.stat(test_file)
-            params = {**sizes, "cut": c.sudoku_cut, "test": [os.path.abspath(test_file), st.st_size, st.st_mtime_ns]}
-            arrays, meta = cache.cached_real_split(
-                self.name, train_file, params,
-                lambda: read_sudoku_extreme(c.data_path, sizes, c.sudoku_cut), c)
-            if meta["malformed"]:
-                detail = "; ".join(f"{n} {why}" for why, n in sorted(meta["malformed"].items()))
-                print(f"stability: skipped {sum(meta['malformed'].values())} malformed row(s) of {c.data_path}: "
-                      f"{detail}", file=sys.stderr)
-            short = [f"{s} {len(arrays[f'{s}/puzzles'])} of {sizes[s]}" for s in SPLITS
-                     if len(arrays[f"{s}/puzzles"]) < sizes[s]]
-            if short:
-                print(f"stability: {c.data_path} holds fewer rows than asked: {', '.join(short)}", file=sys.stderr)
-            self._info = {"source": f"sudoku-extreme CSV {c.data_path}", "cut": meta["cut"],
-                          "malformed": meta["malformed"]}
-            return arrays
-        arrays, info = cache.load_generated(self.name, c, sizes)
-        self._info = info
+        sizes = self.sizes()
+        train_file, test_file = sudoku_extreme_files(c.data_path)
+        st = os.stat(test_file)
+        params = {**sizes, "cut": c.sudoku_cut, "test": [os.path.abspath(test_file), st.st_size, st.st_mtime_ns]}
+        arrays, meta = cache.cached_real_split(
+            self.name, train_file, params,
+            lambda: read_sudoku_extreme(c.data_path, sizes, c.sudoku_cut), c)
+        if meta["malformed"]:
+            detail = "; ".join(f"{n} {why}" for why, n in sorted(meta["malformed"].items()))
+            print(f"stability: skipped {sum(meta['malformed'].values())} malformed row(s) of {c.data_path}: "
+                  f"{detail}", file=sys.stderr)
+        short = [f"{s} {len(arrays[f'{s}/puzzles'])} of {sizes[s]}" for s in SPLITS
+                 if len(arrays[f"{s}/puzzles"]) < sizes[s]]
+        if short:
+            print(f"stability: {c.data_path} holds fewer rows than asked: {', '.join(short)}", file=sys.stderr)
+        self._info = {"source": f"sudoku-extreme CSV {c.data_path}", "cut": meta["cut"],
+                      "malformed": meta["malformed"]}
         return arrays
 
     def _build(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._splits is None:
-            self._splits = self._load()
-        puzzles = self._splits[f"{split}/puzzles"]
-        solutions = self._splits[f"{split}/solutions"].astype(np.int64).reshape(-1, 9, 9)
+        puzzles = self.arrays[f"{split}/puzzles"]
+        solutions = self.arrays[f"{split}/solutions"].astype(np.int64).reshape(-1, 9, 9)
         return torch.from_numpy(one_hot(puzzles)), torch.from_numpy(solutions)
 
     def describe(self) -> dict:
-        if self._splits is None:
-            self._splits = self._load()
+        arrays = self.arrays
         out = {"task": self.name, **self._info, "splits": {}}
         for split in SPLITS:
-            rating = self._splits[f"{split}/rating"]
+            rating = arrays[f"{split}/rating"]
             out["splits"][split] = {"size": int(len(rating)), **cache.rating_stats(rating)}
         return out
