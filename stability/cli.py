@@ -23,6 +23,31 @@ COMMANDS = {
 }
 
 
+def _number(kind, text: str, ok, what: str):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer ≥ 1."""
+    return _number(int, text, lambda v: v >= 1, "a positive integer")
+
+
+def nonneg_int(text: str) -> int:
+    """argparse type: an integer ≥ 0."""
+    return _number(int, text, lambda v: v >= 0, "a non-negative integer")
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    return _number(float, text, lambda v: 0 < v < float("inf"), "a positive number")
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors (usage stays available through --help)."""
 

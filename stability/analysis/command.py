@@ -10,42 +10,24 @@ from __future__ import annotations
 import argparse
 import sys
 
+from stability.cli import positive_float, positive_int
+
 HELP = "analyse a checkpoint's fixed points: reachability, spectra (Props. 3-4), input-gradients (Prop. 5), accuracy"
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0 or value != value or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", metavar="CKPT", help="a checkpoint written by `stability train`")
     p.add_argument("--split", choices=["val", "hard", "both"], default="both", help="which split(s) (both)")
-    p.add_argument("--samples", type=_positive_int, default=32, metavar="N",
+    p.add_argument("--samples", type=positive_int, default=32, metavar="N",
                    help="analyse the first N samples of each split, in the task's order (32)")
     p.add_argument("--solver", choices=["picard", "anderson"], default="picard",
                    help="fixed-point solver (picard: plain iteration, the reachability the paper means)")
-    p.add_argument("--tol", type=_positive_float, default=1e-5, metavar="F",
+    p.add_argument("--tol", type=positive_float, default=1e-5, metavar="F",
                    help="relative L∞ residual τ for convergence (1e-5)")
-    p.add_argument("--max-iter", type=_positive_int, default=500, metavar="N", help="solver iterations (500)")
-    p.add_argument("--iterations", type=_positive_int, default=500, metavar="T",
+    p.add_argument("--max-iter", type=positive_int, default=500, metavar="N", help="solver iterations (500)")
+    p.add_argument("--iterations", type=positive_int, default=500, metavar="T",
                    help="accuracy is measured at iterations 1..T (500)")
-    p.add_argument("--probes", type=_positive_int, default=4, metavar="K",
+    p.add_argument("--probes", type=positive_int, default=4, metavar="K",
                    help="random probes of the ‖dx*/dx0‖_F estimate (4)")
     p.add_argument("--json", metavar="PATH", help="write the full results as JSON")
     p.add_argument("--plots", metavar="DIR", help="write PNG plots (residuals, eigenvalues, accuracy, Prop. 5)")

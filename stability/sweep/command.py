@@ -9,24 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from stability.cli import nonneg_int, positive_int
+
 HELP = "run a grid of training runs (locally, one worker per GPU, or on SLURM via submitit), one record per run"
-
-
-def _nonneg_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
-    return value
-
-
-def _pos_int(text: str) -> int:
-    value = _nonneg_int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,9 +19,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--executor", choices=["local", "slurm"], default="local",
                    help="local: a pool of worker processes here; slurm: one submitit job per cell (default local)")
     p.add_argument("--results", metavar="DIR", help="results directory (default results/<grid name>)")
-    p.add_argument("--gpus", type=_nonneg_int, default=0, metavar="N",
+    p.add_argument("--gpus", type=nonneg_int, default=0, metavar="N",
                    help="local: one worker per GPU on GPUs 0..N-1; slurm: GPUs per job (default 1 on SLURM)")
-    p.add_argument("--workers", type=_pos_int, default=None, metavar="N",
+    p.add_argument("--workers", type=positive_int, default=None, metavar="N",
                    help="local, without --gpus: N CPU worker processes (default 1)")
     p.add_argument("--dry-run", action="store_true",
                    help="list the cells, which are done, and the estimated cost of the rest; run nothing")
@@ -45,11 +30,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--where train.seed=0 --where model.recall=external,internal")
     p.add_argument("--summary", choices=["analyze", "monitor"], default="analyze",
                    help="after training: the analyze pipeline (default) or only the monitor's four quantities")
-    p.add_argument("--analyze-samples", type=_nonneg_int, default=8, metavar="N",
+    p.add_argument("--analyze-samples", type=nonneg_int, default=8, metavar="N",
                    help="samples per split of the analysis (8; 0 = monitor summary only)")
     p.add_argument("--analyze-splits", choices=["val", "hard", "both"], default="val",
                    help="splits the analysis covers (val)")
-    p.add_argument("--analyze-max-iter", type=_pos_int, default=500, metavar="N",
+    p.add_argument("--analyze-max-iter", type=positive_int, default=500, metavar="N",
                    help="fixed-point solver budget of the analysis (500)")
     p.add_argument("--cluster", choices=["slurm", "local", "debug"], default="slurm",
                    help="with --executor slurm: submitit's backend; local/debug run the same path without a "
