@@ -1,10 +1,11 @@
 """The three CPU benchmarks of the analysis core (issue 4), measured side by side in one run.
 
-1. ρ(J*) for one sudoku-size state (81 tokens × 256 wide, n = 20,736): the matrix-free routes (the torch
-   thick-restarted Arnoldi iteration on Jᵀ that ``stability analyze`` uses, one sample and a batch; ARPACK on
-   Jᵀ with a reused vjp) against the dense route (build J, LAPACK eigvals). The dense route is timed where it
-   fits (widths 32 and 64 of the same model) and extrapolated as n³ to width 256; agreement with it is checked
-   there, and at width 256 between independent matrix-free routes (Arnoldi, ARPACK on Jᵀ, ARPACK on J by jvp).
+1. ρ(J*) for sudoku-size states (81 tokens × 256 wide, n = 20,736), several fixed points: the Krylov–Schur
+   iteration on Jᵀ that ``stability analyze`` uses, with float64 products, with float32 products certified in
+   float64 (the default), and with float32 products alone at looser tolerances; one at a time and as a batch;
+   ARPACK on Jᵀ and on J; against the dense route (build J, LAPACK eigvals), timed where it fits (widths 32 and
+   64 of the same model) and extrapolated as n³ to width 256. At width 256 the reference ρ is float64
+   Krylov–Schur to a Ritz residual of 1e-10, checked against ARPACK on J (jvp products) on the first sample.
 2. Anderson against Picard: evaluations of f to the same tolerance on a trained prefix-sums checkpoint, and the
    distance between the fixed points they reach.
 3. Implicit (GMRES on (I − J)ᵀ, one step's graph) against unrolled (backprop through T = 100 iterations)
@@ -26,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 HERE = Path(__file__).resolve().parent
@@ -72,72 +74,122 @@ def _t(fn):
 
 # ---- 1. ρ(J*) at sudoku size ---------------------------------------------------------------------------
 
-def bench_spectral_radius(batch: int = 4) -> dict:
+ROUTES = {
+    # name: (products' dtype, Ritz-residual tolerance, certified in float64?)
+    "float64": (torch.float64, 1e-6, False),
+    "mixed": (torch.float32, 1e-6, True),  # what `stability analyze` uses by default
+    "float32, tol 1e-5": (torch.float32, 1e-5, False),
+    "float32, tol 3e-4": (torch.float32, 3e-4, False),
+}
+
+
+def _route(name, m64, m32, xs, x0s, batch_restrict=True):
+    """ρ of every sample of (xs, x0s) at once by one route of ``ROUTES`` (Krylov–Schur on Jᵀ)."""
+    from stability.analysis.operators import BatchedJacobian
+    from stability.analysis.spectra import batched_spectral_radius, certified_spectral_radius
+
+    dtype, tol, certified = ROUTES[name]
+    exact = BatchedJacobian(m64.step, xs, x0s)
+    shape = tuple(xs.shape)
+    if certified:
+        fast = BatchedJacobian(m32.step, xs.float(), x0s.float())
+        return certified_spectral_radius(fast.rapply, exact.rapply, shape, tol=tol, k=3,
+                                         fast_restrict=lambda i: fast.restrict(i).rapply,
+                                         exact_restrict=lambda i: exact.restrict(i).rapply)
+    if dtype == torch.float64:
+        return batched_spectral_radius(exact.rapply, shape, tol=tol, k=3, restrict=lambda i: exact.restrict(i).rapply)
+    fast = BatchedJacobian(m32.step, xs.float(), x0s.float())
+    return batched_spectral_radius(fast.rapply, shape, tol=tol, k=3, dtype=torch.float32,
+                                   restrict=lambda i: fast.restrict(i).rapply)
+
+
+def bench_spectral_radius(samples: int = 8) -> dict:
     from stability.analysis.operators import BatchedJacobian, JacobianOperator
     from stability.analysis.spectra import batched_spectral_radius, dense_spectrum, spectral_radius
 
-    tol = 1e-6
-
-    def arnoldi(model, xs, x0s, dtype=torch.float64, tol=tol):
-        bj = BatchedJacobian(model.step, xs, x0s)
-        return batched_spectral_radius(bj.rapply, tuple(xs.shape), dtype=dtype, k=3, tol=tol)
-
-    out: dict = {"dense_small": [], "tol": tol, "arnoldi": {"krylov": 60, "keep": 15}, "arpack": {"k": 3, "ncv": 40}}
+    out: dict = {"dense_small": [], "routes": {k: {"dtype": str(v[0]), "tol": v[1], "certified": v[2]}
+                                               for k, v in ROUTES.items()},
+                 "krylov": 60, "keep": 30}
     for width in (32, 64):
         m = sudoku_model(width)
+        m32 = sudoku_model(width).float()
         r, x0 = fixed_points(m, 1)
         op = JacobianOperator(m.step, r.x_best[0], x0[0], mode="vjp")
-        spectral_radius(op, k=3, tol=1e-2, transpose=True)  # warm-up (first-use set-up of torch.func)
-        arn, t_arn = _t(lambda: arnoldi(m, r.x_best, x0))
-        arp, t_arp = _t(lambda: spectral_radius(op, k=3, tol=tol, transpose=True))
+        _route("float64", m, m32, r.x_best, x0)  # warm-up (first use of torch.func and the kernels)
         D, t_build = _t(lambda: op.dense(chunk=512))
         dense, t_eig = _t(lambda: dense_spectrum(D))
         row = {"width": width, "n": op.shape[0], "status": r.status[0], "rho_dense": dense.rho,
-               "rho_arnoldi": float(arn.rho[0]), "arnoldi_s": t_arn, "arnoldi_products": arn.matvecs,
-               "rho_arpack": arp.rho, "arpack_s": t_arp, "arpack_products": arp.matvecs,
-               "abs_diff_arnoldi": abs(dense.rho - float(arn.rho[0])), "abs_diff_arpack": abs(dense.rho - arp.rho),
                "dense_build_s": t_build, "dense_eig_s": t_eig}
+        for name in ROUTES:
+            res, t_ = _t(lambda: _route(name, m, m32, r.x_best, x0))
+            row[name] = {"rho": float(res.rho[0]), "s": t_, "products": res.matvecs,
+                         "abs_diff": abs(dense.rho - float(res.rho[0]))}
+        arp, t_arp = _t(lambda: spectral_radius(op, k=3, tol=1e-6, transpose=True))
+        row["arpack"] = {"rho": arp.rho, "s": t_arp, "products": arp.matvecs, "abs_diff": abs(dense.rho - arp.rho)}
         out["dense_small"].append(row)
-        print(f"  width {width:3d} (n={op.shape[0]}): ρ dense {dense.rho:.10f}, Arnoldi |Δ| {row['abs_diff_arnoldi']:.1e} "
-              f"({t_arn:.2f} s, {arn.matvecs} products), ARPACK |Δ| {row['abs_diff_arpack']:.1e} ({t_arp:.2f} s, "
-              f"{arp.matvecs} products); dense {t_build:.1f} s build + {t_eig:.1f} s eig", flush=True)
-    # n³ extrapolation of the dense eigensolve (and n² for building it column by column) to width 256
+        print(f"  width {width:3d} (n={op.shape[0]}): ρ dense {dense.rho:.10f} ({t_build:.1f} s build + {t_eig:.1f} s "
+              f"eig); " + "; ".join(f"{k} |Δ| {row[k]['abs_diff']:.1e} ({row[k]['s']:.2f} s, {row[k]['products']})"
+                                   for k in (*ROUTES, "arpack")), flush=True)
     small = out["dense_small"][-1]
     n256 = 81 * 256
-    est = small["dense_eig_s"] * (n256 / small["n"]) ** 3 + small["dense_build_s"] * (n256 / small["n"]) ** 2
-    out["dense_256_estimate_s"] = est
+    out["dense_256_estimate_s"] = (small["dense_eig_s"] * (n256 / small["n"]) ** 3
+                                   + small["dense_build_s"] * (n256 / small["n"]) ** 2)
 
+    # width 256: `samples` fixed points; reference ρ by float64 Krylov–Schur to a Ritz residual of 1e-10
     m = sudoku_model(256)
-    r, x0 = fixed_points(m, batch)
-    out["status_256"] = r.status
-    arnoldi(m, r.x_best[:1], x0[:1], tol=1e-1)  # warm-up
-    one, t_one = _t(lambda: arnoldi(m, r.x_best[:1], x0[:1]))
-    many, t_many = _t(lambda: arnoldi(m, r.x_best, x0))
-    op = JacobianOperator(m.step, r.x_best[0], x0[0], mode="vjp")
-    arp, t_arp = _t(lambda: spectral_radius(op, k=3, tol=tol, transpose=True))
-    op_jvp = JacobianOperator(m.step, r.x_best[0], x0[0], mode="jvp")
-    arp_jvp, t_jvp = _t(lambda: spectral_radius(op_jvp, k=3, tol=tol))
     m32 = sudoku_model(256).float()
-    one32, t32 = _t(lambda: arnoldi(m32, r.x_best[:1].float(), x0[:1].float(), dtype=torch.float32, tol=1e-5))
-    out["width_256"] = {
-        "n": n256,
-        "rho_arnoldi": float(one.rho[0]), "arnoldi_s": t_one, "arnoldi_products": one.matvecs,
-        "rho_arnoldi_batch": many.rho.tolist(), "arnoldi_batch_per_sample_s": t_many / batch, "batch": batch,
-        "arnoldi_batch_products": many.matvecs,
-        "rho_arpack_transpose": arp.rho, "arpack_transpose_s": t_arp, "arpack_products": arp.matvecs,
-        "rho_arpack_jvp": arp_jvp.rho, "arpack_jvp_s": t_jvp, "arpack_jvp_products": arp_jvp.matvecs,
-        "rho_arnoldi_float32": float(one32.rho[0]), "arnoldi_float32_s": t32, "arnoldi_float32_products": one32.matvecs,
-        "agreement_arnoldi_vs_arpack": abs(float(one.rho[0]) - arp.rho),
-        "agreement_transpose_vs_jvp": abs(arp.rho - arp_jvp.rho),
-        "agreement_float32": abs(float(one32.rho[0]) - arp.rho),
-    }
-    w = out["width_256"]
-    print(f"  width 256 (n={n256}): Arnoldi {t_one:.2f} s ({one.matvecs} products); batch of {batch}: "
-          f"{w['arnoldi_batch_per_sample_s']:.2f} s/sample; float32 Arnoldi {t32:.2f} s; ARPACK on Jᵀ {t_arp:.2f} s "
-          f"({arp.matvecs}); ARPACK on J by jvp {t_jvp:.2f} s ({arp_jvp.matvecs}); dense route ≈ {est:.0f} s "
-          f"(n³ estimate)", flush=True)
-    print(f"    ρ: Arnoldi {float(one.rho[0]):.10f}  ARPACK Jᵀ {arp.rho:.10f}  ARPACK J {arp_jvp.rho:.10f}  "
-          f"float32 {float(one32.rho[0]):.7f}", flush=True)
+    r, x0 = fixed_points(m, samples)
+    out["status_256"] = r.status
+    _route("mixed", m, m32, r.x_best[:1], x0[:1])  # warm-up
+    ref, per = [], {name: [] for name in ROUTES}
+    for b in range(samples):
+        xs, xb = r.x_best[b:b + 1], x0[b:b + 1]
+        bj = BatchedJacobian(m.step, xs, xb)
+        tight, t_ref = _t(lambda: batched_spectral_radius(bj.rapply, tuple(xs.shape), tol=1e-10, k=6, restarts=400))
+        ref.append(float(tight.rho[0]))
+        line = [f"sample {b}: ρ {ref[-1]:.8f} (reference {t_ref:.1f} s, {tight.matvecs} products)"]
+        for name in ROUTES:
+            res, t_ = _t(lambda: _route(name, m, m32, xs, xb))
+            per[name].append({"s": t_, "products": res.matvecs, "rho": float(res.rho[0]),
+                              "abs_diff": abs(float(res.rho[0]) - ref[-1]),
+                              "ritz_residual": float(res.ritz_residual[0])})
+            line.append(f"{name} {t_:.2f} s / {res.matvecs} / |Δ| {per[name][-1]['abs_diff']:.0e}")
+        print("    " + "; ".join(line), flush=True)
+    out["width_256"] = {"n": n256, "samples": samples, "rho_reference": ref, "per_sample": per, "summary": {}}
+    for name in ROUTES:
+        secs = np.array([p["s"] for p in per[name]])
+        prods = np.array([p["products"] for p in per[name]])
+        diffs = np.array([p["abs_diff"] for p in per[name]])
+        out["width_256"]["summary"][name] = {
+            "median_s": float(np.median(secs)), "max_s": float(secs.max()), "min_s": float(secs.min()),
+            "median_products": float(np.median(prods)), "max_products": int(prods.max()),
+            "ms_per_product": float(secs.sum() / prods.sum() * 1e3), "max_abs_diff": float(diffs.max()),
+            "fraction_within_goal": float((secs <= 0.5).mean())}
+    # the same samples as one batch (finished samples leave it), per sample
+    many, t_many = _t(lambda: _route("mixed", m, m32, r.x_best, x0))
+    out["width_256"]["mixed_batch"] = {"per_sample_s": t_many / samples, "products": many.products.tolist(),
+                                       "max_abs_diff": float((many.rho.cpu() - torch.tensor(ref)).abs().max())}
+    # independent checks of the reference on sample 0: ARPACK on Jᵀ (reused vjp) and on J (jvp)
+    op = JacobianOperator(m.step, r.x_best[0], x0[0], mode="vjp")
+    arp, t_arp = _t(lambda: spectral_radius(op, k=3, tol=1e-6, transpose=True))
+    op_jvp = JacobianOperator(m.step, r.x_best[0], x0[0], mode="jvp")
+    arp_jvp, t_jvp = _t(lambda: spectral_radius(op_jvp, k=3, tol=1e-6))
+    out["width_256"]["arpack_sample0"] = {"rho_transpose": arp.rho, "s_transpose": t_arp,
+                                          "products_transpose": arp.matvecs, "rho_jvp": arp_jvp.rho, "s_jvp": t_jvp,
+                                          "products_jvp": arp_jvp.matvecs,
+                                          "abs_diff_vs_reference": abs(arp.rho - ref[0]),
+                                          "abs_diff_transpose_vs_jvp": abs(arp.rho - arp_jvp.rho)}
+    print(f"  width 256 (n={n256}), {samples} samples, seconds per sample median [min, max], products median [max], "
+          f"max |Δρ| vs the reference:", flush=True)
+    for name, sm in out["width_256"]["summary"].items():
+        print(f"    {name:18s} {sm['median_s']:.2f} [{sm['min_s']:.2f}, {sm['max_s']:.2f}] s, {sm['median_products']:.0f} "
+              f"[{sm['max_products']}] products ({sm['ms_per_product']:.2f} ms each), |Δρ| ≤ {sm['max_abs_diff']:.1e}, "
+              f"{sm['fraction_within_goal']:.0%} of samples ≤ 0.5 s", flush=True)
+    mb = out["width_256"]["mixed_batch"]
+    print(f"    mixed, one batch of {samples}: {mb['per_sample_s']:.2f} s per sample, |Δρ| ≤ {mb['max_abs_diff']:.1e}; "
+          f"ARPACK (sample 0) Jᵀ {t_arp:.1f} s ({arp.matvecs}), J by jvp {t_jvp:.1f} s ({arp_jvp.matvecs}), "
+          f"|Δρ| vs reference {abs(arp.rho - ref[0]):.1e}; dense ≈ {out['dense_256_estimate_s']:.0f} s (n³ estimate)",
+          flush=True)
     return out
 
 

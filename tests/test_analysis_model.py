@@ -100,6 +100,29 @@ def test_batched_arnoldi_matches_dense_on_a_model():
         assert abs(float(spec.rho[b]) - ref) < 1e-5
 
 
+@pytest.mark.parametrize("recall,norm", [("external", "gru"), ("internal", "pre")])
+def test_mixed_precision_spectral_radius_matches_dense_and_reports_a_float64_residual(recall, norm):
+    """float32 products of the model's float32 copy, each result certified by float64 products."""
+    from stability.analysis.spectra import _ritz_residual, certified_spectral_radius
+
+    m = small_model(recall, norm, seed=4)
+    m32 = copy.deepcopy(m).float()
+    x0 = m.embed(inputs(2, seed=4))
+    x = solve(m.step, x0, x0, tol=1e-10, max_iter=200).x_best
+    exact, fast = BatchedJacobian(m.step, x, x0), BatchedJacobian(m32.step, x.float(), x0.float())
+    spec = certified_spectral_radius(fast.rapply, exact.rapply, tuple(x.shape), tol=1e-6, krylov=40,
+                                     fast_restrict=lambda i: fast.restrict(i).rapply,
+                                     exact_restrict=lambda i: exact.restrict(i).rapply)
+    for b in range(2):
+        ref = dense_spectrum(JacobianOperator(m.step, x[b], x0[b]).dense()).rho
+        assert abs(float(spec.rho[b]) - ref) < 1e-5
+    assert (spec.ritz_residual < 1e-6).all()
+    # the float32 route alone, checked by float64 products the same way, stays above the float64 floor
+    plain = batched_spectral_radius(fast.rapply, tuple(x.shape), tol=1e-7, krylov=40, return_vectors=True)
+    floor = _ritz_residual(exact.rapply, tuple(x.shape), plain.eigenvalues[:, 0], plain.vectors)
+    assert (floor > 1e-9).all() and (floor < 1e-5).all()
+
+
 @pytest.mark.parametrize("recall,norm", [("external", "post"), ("internal", "post"), ("external", "none")])
 def test_prop5_error_falls_toward_the_gmres_tolerance_on_a_contractive_model(recall, norm):
     m = make_contractive(small_model(recall, norm, seed=3))
@@ -192,3 +215,13 @@ def test_assembled_matrix_follows_the_fixed_point_reasoner_variants(recall, vari
     J = JacobianOperator(m.step, x[0], x0[0]).dense()
     assert (M - J).abs().max() < 1e-12
     assert all(k in recall_form(m) for k in variant)
+
+
+def test_analysis_options_refuse_unknown_routes_naming_the_allowed_ones():
+    from stability.analysis.pipeline import AnalysisOptions
+    from stability.errors import StabilityError
+
+    for key, bad, allowed in (("eig_precision", "half", "mixed, float64"), ("eig_route", "lapack", "arnoldi, arpack"),
+                              ("solver", "newton", "picard, anderson")):
+        with pytest.raises(StabilityError, match=allowed):
+            AnalysisOptions(**{key: bad})

@@ -11,8 +11,8 @@ from stability.analysis.operators import BatchedJacobian, JacobianOperator
 from stability.analysis.sensitivity import (KrylovError, default_T_grid, fixed_point_distance,
                                             implicit_input_jvp, implicit_input_vjp, initial_iterate_sensitivity,
                                             input_dependence_frobenius, prop5_check, unrolled_input_vjp)
-from stability.analysis.spectra import (batched_sigma_max, batched_spectral_radius, dense_spectrum, sigma_max,
-                                        spectral_radius)
+from stability.analysis.spectra import (batched_sigma_max, batched_spectral_radius, certified_spectral_radius,
+                                        dense_spectrum, sigma_max, spectral_radius)
 from stability.solvers import solve
 
 D64 = torch.float64
@@ -141,3 +141,92 @@ def test_gmres_that_cannot_converge_raises_loudly():
     with pytest.raises(KrylovError, match="GMRES did not converge"):
         implicit_input_jvp(f, torch.zeros(3, dtype=D64), torch.zeros(3, dtype=D64),
                            torch.tensor([1.0, 0.0, 0.0], dtype=D64), tol=1e-10)
+
+
+def _clustered(n: int = 120, batch: int = 3, seed: int = 4):
+    """Non-normal real matrices whose leading eigenvalues are a tight cluster of complex pairs at one angle
+    (moduli 0.9, 0.8997, 0.8994), as the token-repeated Jacobians of a transformer have, over a bulk below 0.8."""
+    g = torch.Generator().manual_seed(seed)
+    mats, rhos = [], []
+    for b in range(batch):
+        blocks = []
+        for r in (0.9, 0.8997, 0.8994):
+            c, s_ = r * np.cos(2.6 + 0.01 * b), r * np.sin(2.6 + 0.01 * b)
+            blocks.append(torch.tensor([[c, -s_], [s_, c]], dtype=D64))
+        bulk = torch.randn(n - 6, n - 6, generator=g, dtype=D64)
+        bulk = bulk / torch.linalg.eigvals(bulk).abs().max() * 0.78
+        D = torch.block_diag(*blocks, bulk)
+        P = torch.eye(n, dtype=D64) + 0.3 * torch.randn(n, n, generator=g, dtype=D64) / n ** 0.5
+        mats.append(P @ D @ torch.linalg.inv(P))
+        rhos.append(float(torch.linalg.eigvals(mats[-1]).abs().max()))
+    return torch.stack(mats), rhos
+
+
+def _batched_matvec(A):
+    return lambda V: torch.bmm(A, V.unsqueeze(2)).squeeze(2)
+
+
+def test_krylov_schur_resolves_a_tight_cluster_of_complex_pairs():
+    A, rhos = _clustered()
+    spec = batched_spectral_radius(_batched_matvec(A), (A.shape[0], A.shape[1]), krylov=30, tol=1e-10, restarts=200)
+    assert np.allclose(spec.rho.numpy(), rhos, atol=1e-9)
+    assert (spec.ritz_residual < 1e-10).all()
+    lead = spec.eigenvalues[:, :2]  # the leading pair, conjugate
+    assert torch.allclose(lead[:, 0], lead[:, 1].conj(), atol=1e-8) and (lead[:, 0].imag.abs() > 0.1).all()
+    # a sample stops only once the next Ritz pair of the cluster has converged too (to 100 · tol)
+    for b in range(A.shape[0]):
+        top = torch.linalg.eigvals(A[b]).abs().sort(descending=True).values[:3]
+        assert torch.allclose(spec.eigenvalues[b, :3].abs(), top, atol=1e-7)
+
+
+def test_each_sample_iterates_as_if_alone_and_finished_samples_leave_the_batch():
+    A, _ = _clustered(batch=3)
+    B, n = A.shape[0], A.shape[1]
+    start = torch.randn(B, n, generator=torch.Generator().manual_seed(2), dtype=D64)
+    calls = []
+
+    def restrict(idx):
+        calls.append(idx.tolist())
+        return _batched_matvec(A[idx])
+
+    batch = batched_spectral_radius(_batched_matvec(A), (B, n), krylov=30, tol=1e-9, start=start, restrict=restrict)
+    padded = batched_spectral_radius(_batched_matvec(A), (B, n), krylov=30, tol=1e-9, start=start)
+    for b in range(B):
+        alone = batched_spectral_radius(_batched_matvec(A[b:b + 1]), (1, n), krylov=30, tol=1e-9, start=start[b:b + 1])
+        assert int(batch.products[b]) == int(padded.products[b]) == int(alone.products[0])
+        assert abs(float(batch.rho[b]) - float(alone.rho[0])) < 1e-12
+        assert abs(float(padded.rho[b]) - float(alone.rho[0])) < 1e-12
+    assert len(set(batch.products.tolist())) > 1  # the samples needed different numbers of products …
+    assert calls and all(len(c) < B for c in calls)  # … and the finished ones were no longer multiplied
+    assert batch.matvecs == int(batch.products.sum())
+
+
+def test_certified_rho_is_exact_even_when_the_fast_products_are_wrong():
+    """Fast products off by 1e-3 find a wrong eigenpair; its float64 residual misses the tolerance, so the
+    sample is solved again on exact products: the result is the exact operator's ρ."""
+    A, rhos = _clustered(batch=2)
+    B, n = A.shape[0], A.shape[1]
+    wrong = A + 1e-3 * torch.randn(A.shape, generator=torch.Generator().manual_seed(9), dtype=D64)
+    exact = _batched_matvec(A)
+    spec = certified_spectral_radius(_batched_matvec(wrong), exact, (B, n), krylov=30, tol=1e-6, restarts=200)
+    assert np.allclose(spec.rho.numpy(), rhos, atol=1e-8)
+    assert (spec.ritz_residual < 1e-6).all()
+    fast_only = batched_spectral_radius(_batched_matvec(wrong), (B, n), krylov=30, tol=1e-6, restarts=200)
+    assert (fast_only.rho - torch.tensor(rhos, dtype=D64)).abs().max() > 1e-5  # the wrong products alone miss
+    # float32 products: certified on the first pass, to float32's accuracy
+    A32 = A.float()
+    mixed = certified_spectral_radius(lambda V: torch.bmm(A32, V.float().unsqueeze(2)).squeeze(2), exact, (B, n),
+                                      krylov=30, tol=1e-6, restarts=200)
+    assert np.allclose(mixed.rho.numpy(), rhos, atol=1e-6)
+    assert (mixed.ritz_residual < 1e-6).all()
+
+
+def test_a_non_finite_sample_gets_nan_and_leaves_the_others_intact():
+    A, rhos = _clustered(batch=3)
+    A[1] = float("nan")  # a diverged sample's Jacobian
+    B, n = A.shape[0], A.shape[1]
+    for spec in (batched_spectral_radius(_batched_matvec(A), (B, n), krylov=30, tol=1e-9, restarts=200),
+                 certified_spectral_radius(lambda V: _batched_matvec(A)(V).float(), _batched_matvec(A), (B, n),
+                                           krylov=30, tol=1e-6, restarts=200)):
+        assert torch.isnan(spec.rho[1]) and not bool(spec.ritz_residual[1] < 1)
+        assert abs(float(spec.rho[0]) - rhos[0]) < 1e-6 and abs(float(spec.rho[2]) - rhos[2]) < 1e-6

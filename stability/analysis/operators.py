@@ -175,6 +175,10 @@ class BatchedJacobian:
             _, self._vjp_fn = torch.func.vjp(lambda p: self.f(p, self.x0), self.x)
         return self._vjp_fn(U.to(self.x.dtype))[0]
 
+    def restrict(self, index: torch.Tensor) -> "BatchedJacobian":
+        """The same Jacobians for the samples ``index`` only (a new forward pass on those samples)."""
+        return BatchedJacobian(self.f, self.x[index], None if self.x0 is None else self.x0[index])
+
     def apply_reuse(self, V: torch.Tensor) -> torch.Tensor:
         """(J_b V_b)_b as the transpose of the cached vjp map (same numbers as :meth:`apply`, no new forward)."""
         if self._vjp_T is None:
