@@ -64,6 +64,20 @@ def test_analyze_writes_text_json_and_plots_for_both_splits(tiny_checkpoint, tmp
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
+def test_eigensolver_routes_agree_and_the_report_names_the_route(tiny_checkpoint, tmp_path):
+    """The default (torch Krylov–Schur, float32 products certified in float64) against ARPACK on Jᵀ."""
+    out = {}
+    for route, flags in (("mixed", []), ("arpack", ["--eig-route", "arpack"])):
+        js = tmp_path / f"{route}.json"
+        proc = stability("analyze", tiny_checkpoint, "--split", "val", "--json", js, *flags, *FAST)
+        assert proc.returncode == 0, proc.stderr
+        out[route] = json.loads(js.read_text())["val"]["jacobian"]
+    assert "Krylov–Schur" in out["mixed"]["method"] and "float64" in out["mixed"]["method"]
+    assert "ARPACK" in out["arpack"]["method"]
+    assert all(out["mixed"]["eigen_converged"])
+    assert all(abs(a - b) < 1e-5 for a, b in zip(out["mixed"]["spectral_radius"], out["arpack"]["spectral_radius"]))
+
+
 def test_a_checkpoint_that_never_converges_still_gets_its_report(tiny_checkpoint, tmp_path):
     """Turn the trained model into an unnormalised one with blown-up sublayers: iteration runs away."""
     obj = torch.load(tiny_checkpoint, weights_only=True)
@@ -129,6 +143,7 @@ def test_bad_flags_and_an_absent_gpu_give_one_line(tiny_checkpoint):
     _assert_one_line_error(stability("analyze", tiny_checkpoint, "--samples", "0"), "positive integer")
     _assert_one_line_error(stability("analyze", tiny_checkpoint, "--split", "train"), "invalid choice")
     _assert_one_line_error(stability("analyze", tiny_checkpoint, "--eig-precision", "half"), "invalid choice")
+    _assert_one_line_error(stability("analyze", tiny_checkpoint, "--eig-route", "lapack"), "invalid choice")
     proc = stability("analyze", tiny_checkpoint, "--device", "cuda", "--split", "val", *FAST)
     if torch.cuda.is_available():
         assert proc.returncode == 0, proc.stderr

@@ -29,6 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="accuracy is measured at iterations 1..T (500)")
     p.add_argument("--probes", type=positive_int, default=4, metavar="K",
                    help="random probes of the ‖dx*/dx0‖_F estimate (4)")
+    p.add_argument("--eig-route", choices=["arnoldi", "arpack"], default="arnoldi",
+                   help="ρ(J*) and σ_max by the torch Krylov–Schur iteration (arnoldi: batched, GPU-capable) or "
+                        "by scipy's ARPACK per sample (arpack) (arnoldi)")
     p.add_argument("--eig-precision", choices=["mixed", "float64"], default="mixed",
                    help="products of the ρ(J*) eigensolver: mixed (float32, every result certified by a float64 "
                         "residual and re-solved in float64 where it misses) or float64 (mixed)")
@@ -47,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     splits = ("val", "hard") if args.split == "both" else (args.split,)
     options = AnalysisOptions(samples=args.samples, solver=args.solver, tol=args.tol, max_iter=args.max_iter,
                               iterations=args.iterations, device=args.device, probes=args.probes,
-                              eig_precision=args.eig_precision)
+                              eig_route=args.eig_route, eig_precision=args.eig_precision)
     log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     report = analyze_checkpoint(Path(args.checkpoint), splits=splits, options=options, log=log)
     print(text_report(report), end="")
