@@ -83,24 +83,16 @@ ROUTES = {
 }
 
 
-def _route(name, m64, m32, xs, x0s, batch_restrict=True):
+def _route(name, m64, m32, xs, x0s):
     """ρ of every sample of (xs, x0s) at once by one route of ``ROUTES`` (Krylov–Schur on Jᵀ)."""
-    from stability.analysis.operators import BatchedJacobian
-    from stability.analysis.spectra import batched_spectral_radius, certified_spectral_radius
+    from stability.analysis.spectra import jacobian_spectral_radius
 
     dtype, tol, certified = ROUTES[name]
-    exact = BatchedJacobian(m64.step, xs, x0s)
-    shape = tuple(xs.shape)
     if certified:
-        fast = BatchedJacobian(m32.step, xs.float(), x0s.float())
-        return certified_spectral_radius(fast.rapply, exact.rapply, shape, tol=tol, k=3,
-                                         fast_restrict=lambda i: fast.restrict(i).rapply,
-                                         exact_restrict=lambda i: exact.restrict(i).rapply)
+        return jacobian_spectral_radius(m64.step, xs, x0s, fast_f=m32.step, tol=tol, k=3)
     if dtype == torch.float64:
-        return batched_spectral_radius(exact.rapply, shape, tol=tol, k=3, restrict=lambda i: exact.restrict(i).rapply)
-    fast = BatchedJacobian(m32.step, xs.float(), x0s.float())
-    return batched_spectral_radius(fast.rapply, shape, tol=tol, k=3, dtype=torch.float32,
-                                   restrict=lambda i: fast.restrict(i).rapply)
+        return jacobian_spectral_radius(m64.step, xs, x0s, tol=tol, k=3)
+    return jacobian_spectral_radius(m32.step, xs.float(), x0s.float(), tol=tol, k=3)
 
 
 def bench_spectral_radius(samples: int = 8) -> dict:

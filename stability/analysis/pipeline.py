@@ -85,8 +85,7 @@ def analyze_split(model, task, split: str, options: AnalysisOptions, *, log=None
     from stability.analysis.sensitivity import (KrylovError, default_T_grid, fixed_point_distance,
                                                 initial_iterate_sensitivity, input_dependence_frobenius,
                                                 prop5_check)
-    from stability.analysis.spectra import (batched_sigma_max, batched_spectral_radius, certified_spectral_radius,
-                                            sigma_max, spectral_radius)
+    from stability.analysis.spectra import batched_sigma_max, jacobian_spectral_radius, sigma_max, spectral_radius
     from stability.solvers import solve
 
     say = log or (lambda msg: None)
@@ -126,15 +125,8 @@ def analyze_split(model, task, split: str, options: AnalysisOptions, *, log=None
         for i in range(0, N, chunk):
             xs, xb = x_star[i:i + chunk], x0[i:i + chunk]
             bj = BatchedJacobian(f, xs, xb)
-            common = dict(dtype=dtype, device=dev, k=options.eig_k, tol=options.eig_tol, seed=options.seed)
-            if mixed:
-                fj = BatchedJacobian(fast_model.step, xs.float(), xb.float())
-                spec = certified_spectral_radius(fj.rapply, bj.rapply, tuple(xs.shape),
-                                                 fast_restrict=lambda idx, fj=fj: fj.restrict(idx).rapply,
-                                                 exact_restrict=lambda idx, bj=bj: bj.restrict(idx).rapply, **common)
-            else:
-                spec = batched_spectral_radius(bj.rapply, tuple(xs.shape),
-                                               restrict=lambda idx, bj=bj: bj.restrict(idx).rapply, **common)
+            spec = jacobian_spectral_radius(f, xs, xb, fast_f=fast_model.step if mixed else None, k=options.eig_k,
+                                            tol=options.eig_tol, seed=options.seed)
             sig = batched_sigma_max(bj.apply_reuse, bj.rapply, tuple(xs.shape), dtype=dtype, device=dev,
                                     tol=options.eig_tol, seed=options.seed)
             rhos += spec.rho.cpu().tolist()
