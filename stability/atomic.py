@@ -1,5 +1,13 @@
-"""Atomic file writes: every file the toolkit writes goes to a temporary file beside its target, is flushed to
-disk, and is renamed over the target, so a killed or failing writer never leaves a half-written file."""
+"""Atomic file writes and output checks.
+
+Every file the toolkit writes goes to a temporary file beside its target, is flushed to disk, and is renamed over
+the target, so a killed or failing writer never leaves a half-written file. A write that fails (read-only
+location, disk full) raises :class:`~stability.errors.OutputError` — one line, exit status 2 at the command line —
+and removes the folders it had created for the file, so a failed command leaves no empty folder behind.
+
+:func:`check_writable` checks an output location *before* the work starts (every command calls it on each of its
+output paths), so a mistake in a path costs nothing.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +16,95 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Literal
+
+from stability.errors import OutputError
+
+__all__ = ["OutputError", "atomic_path", "check_writable", "write_bytes", "write_json", "write_text"]
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+def _nearest_existing(path: Path) -> Path:
+    p = path
+    while not os.path.lexists(p):
+        if p.parent == p:
+            break
+        p = p.parent
+    return p
+
+
+def check_writable(path: Path | str, kind: Literal["file", "dir"] = "file", what: str | None = None) -> Path:
+    """Refuse, with one line, an output location that cannot be written; create nothing.
+
+    ``kind="file"``: ``path`` must be a file that exists or can be created (not a directory), in a directory that
+    exists or can be created and in which a file can be written. ``kind="dir"``: ``path`` must be a directory that
+    exists or can be created (not a file), in which a file can be written. Writability is tested by creating (and
+    removing) a temporary file in the nearest existing folder, so a read-only file system or a folder the user may
+    not write is caught even where permission bits say otherwise (e.g. for root). ``what`` names the option in the
+    message (e.g. ``"--out"``). Returns ``path`` as a :class:`~pathlib.Path`.
+    """
+    if kind not in ("file", "dir"):
+        raise ValueError(f"kind must be 'file' or 'dir', got {kind!r}")
+    path = Path(path).expanduser()
+    label = f"{what} {path}" if what else str(path)
+    if str(path) in ("", "."):
+        if kind == "file":
+            raise OutputError(f"{label}: expected a file name")
+    if os.path.lexists(path):
+        if kind == "file" and path.is_dir():
+            raise OutputError(f"{label}: is a directory; expected a file name")
+        if kind == "dir" and not path.is_dir():
+            raise OutputError(f"{label}: is a file, expected a directory")
+        if kind == "file" and not path.is_file():
+            raise OutputError(f"{label}: is not a regular file")
+    probe_in = path if (kind == "dir" and path.is_dir()) else path.parent
+    existing = _nearest_existing(probe_in)
+    if not existing.is_dir():
+        raise OutputError(f"{label}: {existing} is a file, not a directory")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".stability-write-check.", dir=existing)
+    except OSError as exc:
+        raise OutputError(f"{label}: cannot write in {existing} ({_reason(exc)})") from None
+    os.close(fd)
+    os.unlink(tmp)
+    return path
+
+
+def _make_parents(directory: Path) -> list[Path]:
+    """``mkdir -p directory``; returns the folders it created, outermost first."""
+    missing = []
+    p = directory
+    while not p.exists() and p.parent != p:
+        missing.append(p)
+        p = p.parent
+    directory.mkdir(parents=True, exist_ok=True)
+    return list(reversed(missing))
+
+
+def _remove_empty(created: list[Path]) -> None:
+    for d in reversed(created):
+        try:
+            d.rmdir()
+        except OSError:
+            break
 
 
 @contextlib.contextmanager
 def atomic_path(path: Path | str) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it is fsynced, given the usual permissions and renamed
-    to ``path``; on any error it is removed and ``path`` is left as it was."""
+    to ``path``; on any error it is removed, ``path`` is left as it was, and the folders created for it are
+    removed again. An :class:`OSError` while writing becomes an :class:`OutputError` naming ``path``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    created: list[Path] = []
+    tmp = None
+    ok = False
     try:
+        created = _make_parents(path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
         yield Path(tmp)
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
@@ -27,9 +112,16 @@ def atomic_path(path: Path | str) -> Iterator[Path]:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600
         os.replace(tmp, path)
+        ok = True
+    except OutputError:
+        raise
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {_reason(exc)}") from exc
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+        if not ok:
+            _remove_empty(created)
 
 
 def write_bytes(path: Path | str, data: bytes) -> Path:

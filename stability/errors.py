@@ -19,3 +19,7 @@ class DataError(StabilityError):
 
 class DivergenceError(StabilityError):
     """Training produced a non-finite loss or gradient."""
+
+
+class OutputError(StabilityError, OSError):
+    """An output location that cannot be written (checked before work starts, or a write that failed)."""
