@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import sys
 
 COMMANDS = {
@@ -43,9 +44,28 @@ def nonneg_int(text: str) -> int:
     return _number(int, text, lambda v: v >= 0, "a non-negative integer")
 
 
+def _finite(v: float) -> bool:
+    return math.isfinite(v)
+
+
+def finite_float(text: str) -> float:
+    """argparse type: a finite number (NaN and ±inf refused)."""
+    return _number(float, text, _finite, "a finite number")
+
+
 def positive_float(text: str) -> float:
     """argparse type: a finite number > 0."""
-    return _number(float, text, lambda v: 0 < v < float("inf"), "a positive number")
+    return _number(float, text, lambda v: _finite(v) and v > 0, "a positive number")
+
+
+def nonneg_float(text: str) -> float:
+    """argparse type: a finite number ≥ 0."""
+    return _number(float, text, lambda v: _finite(v) and v >= 0, "a non-negative number")
+
+
+def unit_float(text: str) -> float:
+    """argparse type: a number in [0, 1] (a fraction, a weight)."""
+    return _number(float, text, lambda v: _finite(v) and 0 <= v <= 1, "a number in [0, 1]")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -9,6 +9,7 @@ Fields typed ``Literal[...]`` are checked against their literals; numeric fields
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
@@ -57,6 +58,8 @@ def _check_value(cls_name: str, name: str, tp: Any, value: Any) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{where}: expected a finite number, got {value!r}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):

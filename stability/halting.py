@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from stability.atomic import write_text
+from stability.cli import positive_float
 from stability.errors import StabilityError
 
 if TYPE_CHECKING:  # torch is imported where it is used, so that the command line starts fast
@@ -149,7 +150,7 @@ def format_report(report: dict) -> str:
 # ---- the command ---------------------------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", metavar="CKPT", help="a checkpoint written by stability train")
-    p.add_argument("--tol", type=float, nargs="+", metavar="TAU",
+    p.add_argument("--tol", type=positive_float, nargs="+", metavar="TAU",
                    help="halting tolerances τ (default: 0.1 0.01 0.001, plus the run's halt_tol)")
     p.add_argument("--split", choices=["train", "val", "hard"], default="val", help="data split (val)")
     p.add_argument("--max-iterations", type=int, metavar="T", help="budget per sample (the run's test_iterations)")

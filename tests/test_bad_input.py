@@ -84,3 +84,78 @@ def test_failed_write_is_one_error_and_removes_the_folders_it_made(tmp_path):
 def test_failed_write_into_unwritable_location_is_an_output_error(unwritable_dir):
     with pytest.raises(OutputError, match="cannot write"):
         atomic.write_text(unwritable_dir / "out.txt", "x")
+
+
+# ---- NaN and ±inf ---------------------------------------------------------------------------------------------
+def _command_parsers():
+    from stability.cli import COMMANDS, build_parser
+
+    for name in COMMANDS:
+        parser = build_parser(only=name)
+        sub = next(a for a in parser._actions if hasattr(a, "choices") and isinstance(a.choices, dict))
+        if name in sub.choices:
+            yield name, sub.choices[name]
+
+
+def _float_options():
+    from stability import cli
+
+    kinds = (cli.finite_float, cli.positive_float, cli.nonneg_float, cli.unit_float)
+    out = []
+    for name, parser in _command_parsers():
+        for action in parser._actions:
+            if action.type in kinds and action.option_strings:
+                out.append((name, action.option_strings[-1]))
+    return out
+
+
+def test_no_option_of_any_command_is_a_plain_float():
+    """``type=float`` accepts 'nan' and 'inf'; every float option uses one of stability.cli's finite types."""
+    plain = [(name, a.option_strings) for name, p in _command_parsers() for a in p._actions if a.type is float]
+    assert plain == []
+    options = _float_options()
+    assert ("train", "--lr") in options and ("train", "--alpha") in options and ("train", "--damping") in options
+    assert ("halt", "--tol") in options and ("data", "--cut") not in options  # --cut belongs to `data make`
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "NaN"])
+def test_every_float_option_refuses_nan_and_infinity(value, capsys):
+    from stability.cli import main
+
+    options = _float_options()
+    assert len(options) >= 12
+    for command, option in options:
+        with pytest.raises(SystemExit) as info:
+            main([command, f"{option}={value}"])
+        assert info.value.code == 2, (command, option)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and option in err[0] and value in err[0], (command, option, err)
+
+
+def test_data_make_cut_refuses_nan(capsys, tmp_path):
+    from stability.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["data", "make", "--task", "sudoku", "--cut=nan", "--out", str(tmp_path / "d")])
+    assert info.value.code == 2 and "--cut" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_configs_from_files_refuse_non_finite_numbers(value):
+    """A TOML/dict config (sweep grids, checkpoints) goes through the same check as the flags."""
+    import dataclasses
+    import typing
+
+    from stability.config import ModelConfig, TaskConfig, TrainConfig, from_dict
+    from stability.errors import ConfigError
+
+    checked = 0
+    for cls in (ModelConfig, TaskConfig, TrainConfig):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if hints[f.name] in (float, typing.Optional[float]):
+                with pytest.raises(ConfigError, match=rf"{cls.__name__}\.{f.name}: expected a finite number"):
+                    from_dict(cls, {f.name: value})
+                checked += 1
+    assert checked >= 15

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import sys
 
+from stability.cli import nonneg_float
+
 HELP = "Build, inspect and calibrate the sudoku and chess datasets (generated offline or read from real files)."
 PAPER_SIZES = (40000, 10000, 10000)
 
@@ -27,7 +29,8 @@ def add_arguments(parser) -> None:
     make.add_argument("--seed", type=int, default=0, metavar="S", help="dataset seed (default 0)")
     make.add_argument("--engine", metavar="PATH",
                       help="chess: UCI engine (default: stockfish on PATH or /usr/games; \"none\": the fallback)")
-    make.add_argument("--cut", type=float, metavar="R", help="sudoku: rating cut between easy and hard (default 38)")
+    make.add_argument("--cut", type=nonneg_float, metavar="R",
+                      help="sudoku: rating cut between easy and hard (default 38)")
     make.add_argument("--quiet", action="store_true", help="no progress bar")
 
     info = sub.add_parser("info", help="show the cached datasets: sizes, difficulty statistics, checksums",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import typing
 
+from stability.cli import nonneg_float, positive_float, unit_float
 from stability.config import NORMS, RECALLS, ImplicitBackward, InitialState, Method
 
 HELP = ("train a looped transformer (progressive loss, deep supervision or equilibrium training) and write a "
@@ -87,9 +88,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--initial-state", choices=typing.get_args(InitialState), help="first iterate e (x0)")
     m.add_argument("--share-norms", action=argparse.BooleanOptionalAction, default=None,
                    help="one Pre/Peri/Post instance for both sublayers, as the release (default on)")
-    m.add_argument("--damping", type=float, metavar="ETA",
+    m.add_argument("--damping", type=positive_float, metavar="ETA",
                    help="damped loop map (1 − η)·x + η·f(x, x0), used in training and at inference (1: off)")
-    m.add_argument("--residual-scale", type=float, metavar="BETA",
+    m.add_argument("--residual-scale", type=positive_float, metavar="BETA",
                    help="sublayer residual (1 − β)·u + β·v, FPRM's pre-norm with residual scaling (off)")
     m.add_argument("--conv", type=int, metavar="K",
                    help="depth-wise convolution of odd kernel K on the latent at the start of each loop (off)")
@@ -97,15 +98,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--method", choices=typing.get_args(Method),
                    help="progressive loss, deep supervision with truncated BPTT (FPRM), or implicit "
                         "(equilibrium, Anderson forward, implicit-function-theorem backward); default progressive")
-    t.add_argument("--lr", type=float, help="peak learning rate (1e-4)")
+    t.add_argument("--lr", type=positive_float, help="peak learning rate (1e-4)")
     t.add_argument("--epochs", type=int, metavar="N", help="epochs (100)")
     t.add_argument("--batch-size", type=int, metavar="N", help="batch size (500)")
     t.add_argument("--iterations", type=int, metavar="T",
                    help="maximum training iterations T of every method (30)")
-    t.add_argument("--alpha", type=float, help="progressive-loss weight α (1.0; progressive only)")
-    t.add_argument("--weight-decay", type=float, help="AdamW weight decay (0.01)")
+    t.add_argument("--alpha", type=unit_float, help="progressive-loss weight α (1.0; progressive only)")
+    t.add_argument("--weight-decay", type=nonneg_float, help="AdamW weight decay (0.01)")
     t.add_argument("--warmup-epochs", type=int, metavar="N", help="epochs of LR warm-up 1 − exp(−(e+1)/10) (9)")
-    t.add_argument("--cooldown-at", type=float, metavar="F", help="fraction of epochs after which LR ×0.1 (0.6)")
+    t.add_argument("--cooldown-at", type=unit_float, metavar="F", help="fraction of epochs after which LR ×0.1 (0.6)")
     t.add_argument("--seed", type=int, metavar="S", help="seed of initialisation and data order (0)")
     t.add_argument("--device", choices=["auto", "cpu", "cuda"], help="auto picks cuda when available")
     t.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help="torch.compile the loop map")
@@ -122,16 +123,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d.add_argument("--bptt-steps", type=int, metavar="K", help="iterations back-propagated per segment (5)")
     d.add_argument("--supervision-interval", type=int, metavar="T",
                    help="iterations per supervised segment, at least K (default K)")
-    d.add_argument("--halt-tol", type=float, metavar="TAU",
+    d.add_argument("--halt-tol", type=positive_float, metavar="TAU",
                    help="a sample stops once its relative L∞ residual is below TAU (0.1)")
     i = p.add_argument_group("implicit (--method implicit)")
-    i.add_argument("--solver-tol", type=float, metavar="TOL", help="Anderson forward-solve tolerance (1e-3)")
+    i.add_argument("--solver-tol", type=positive_float, metavar="TOL", help="Anderson forward-solve tolerance (1e-3)")
     i.add_argument("--anderson-memory", type=int, metavar="M", help="Anderson history length (5)")
     i.add_argument("--implicit-backward", choices=typing.get_args(ImplicitBackward),
                    help="adjoint solve (I − Jᵀ) u = ∂L/∂x*: GMRES, Neumann series, or one-step (krylov)")
-    i.add_argument("--backward-tol", type=float, metavar="TOL", help="adjoint-solve relative tolerance (1e-4)")
+    i.add_argument("--backward-tol", type=positive_float, metavar="TOL", help="adjoint-solve relative tolerance (1e-4)")
     i.add_argument("--backward-iterations", type=int, metavar="N", help="adjoint-solve products with Jᵀ (30)")
-    i.add_argument("--jac-reg", type=float, metavar="W", help="weight of the ‖J‖_F²/n regulariser at x* (0: off)")
+    i.add_argument("--jac-reg", type=nonneg_float, metavar="W", help="weight of the ‖J‖_F²/n regulariser at x* (0: off)")
     i.add_argument("--jac-reg-probes", type=int, metavar="N", help="Hutchinson probes of the regulariser (1)")
     p.add_argument("--out", required=True, metavar="PATH", help="checkpoint file to write (metrics go beside it)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out if it exists")
