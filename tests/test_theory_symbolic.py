@@ -36,7 +36,7 @@ def test_derived_jacobians_evaluated_on_a_toy_model_equal_autograd(placement):
     """The symbolic forms, evaluated with a concrete model's part Jacobians, reproduce torch's Jacobian of f."""
     import torch
 
-    from stability.theory.verifiers import ToyRecall, batched_jacobian
+    from stability.theory.checks.recall import ToyRecall, batched_jacobian
 
     gen = torch.Generator().manual_seed(3)
     n, d = 1, 4

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from stability.theory import verifiers
-from stability.theory.verifiers import VERIFIERS, Check, Verifier, run_checks
+from stability.theory.checks import VERIFIERS, Check, Verifier, run_checks
+from stability.theory.checks.instances import TanhMap, real_matrix_with_spectrum
 
 NAMES = list(VERIFIERS)
 
@@ -67,7 +67,7 @@ def test_constructed_tanh_map_has_the_prescribed_fixed_point_and_jacobian():
     import numpy as np
 
     rng = np.random.default_rng(0)
-    J = verifiers.real_matrix_with_spectrum(rng, [0.9, -0.5 + 0.3j])
+    J = real_matrix_with_spectrum(rng, [0.9, -0.5 + 0.3j])
     assert np.allclose(np.sort_complex(np.linalg.eigvals(J)), np.sort_complex([0.9, -0.5 - 0.3j, -0.5 + 0.3j]))
-    m, x_star = verifiers.TanhMap.around(rng.uniform(-0.5, 0.5, size=3), J)
+    m, x_star = TanhMap.around(rng.uniform(-0.5, 0.5, size=3), J)
     assert np.allclose(m(x_star), x_star, atol=1e-15) and np.allclose(m.jac(x_star), J, atol=1e-12)

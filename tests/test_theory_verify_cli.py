@@ -4,7 +4,7 @@ import json
 import subprocess
 import sys
 
-from stability.theory.verifiers import VERIFIERS
+from stability.theory.checks import VERIFIERS
 
 
 def _verify(*args, cwd=None):

@@ -41,17 +41,17 @@ def format_row(check) -> str:
 
 
 def run(args) -> int:
-    from stability.theory import verifiers
+    from stability.theory.checks import VERIFIERS
 
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="backslashreplace")
     if args.list:
-        for name, v in verifiers.VERIFIERS.items():
+        for name, v in VERIFIERS.items():
             rel = {"<=": "≤", ">=": "≥"}[v.relation]
             print(f"{name:44s} {rel} {_fmt(v.tolerance):<8s} {v.source}: {v.statement}  [wrong variant: {v.wrong}]")
         return 0
-    names = list(dict.fromkeys(args.only)) if args.only else list(verifiers.VERIFIERS)
-    unknown = [n for n in names if n not in verifiers.VERIFIERS]
+    names = list(dict.fromkeys(args.only)) if args.only else list(VERIFIERS)
+    unknown = [n for n in names if n not in VERIFIERS]
     if unknown:
         raise ConfigError(f"unknown check {', '.join(unknown)}; `stability verify --list` names them all")
     json_path = Path(args.json) if args.json else None
@@ -60,7 +60,7 @@ def run(args) -> int:
     start = time.perf_counter()
     checks = []
     for name in names:
-        check = verifiers.VERIFIERS[name].run(seed=args.seed, wrong=args.wrong)
+        check = VERIFIERS[name].run(seed=args.seed, wrong=args.wrong)
         checks.append(check)
         print(format_row(check), flush=True)
     failed = [c.name for c in checks if not c.passed]
