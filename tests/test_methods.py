@@ -64,27 +64,67 @@ def flat_grad(model):
 
 
 # ---- options ---------------------------------------------------------------------------------------------------
-def test_methods_are_registered_and_options_of_another_method_are_refused():
+def test_the_three_methods_are_registered():
     assert set(METHODS) == {"progressive", "deep-supervision", "implicit"}
-    for kw in (dict(bptt_steps=3), dict(jac_reg=0.1), dict(method="implicit", halt_tol=0.2),
-               dict(method="deep-supervision", alpha=0.5), dict(method="deep-supervision", solver_tol=1e-2),
-               dict(method="implicit", implicit_backward="one-step", backward_iterations=10),
-               dict(method="implicit", jac_reg_probes=2),
-               dict(method="deep-supervision", bptt_steps=5, supervision_interval=4),
-               dict(method="implicit", solver_tol=0.0), dict(method="implicit", anderson_memory=0),
-               dict(method="implicit", compile=True)):
-        with pytest.raises(ConfigError):
-            TrainConfig(**kw)
+
+
+#: a bad training option, and the field and reason its one-line error must name
+BAD_TRAIN_OPTIONS = [
+    (dict(bptt_steps=3), r"TrainConfig\.bptt_steps: only the deep-supervision method uses it, not progressive"),
+    (dict(jac_reg=0.1), r"TrainConfig\.jac_reg: only the implicit method uses it, not progressive"),
+    (dict(method="implicit", halt_tol=0.2),
+     r"TrainConfig\.halt_tol: only the deep-supervision method uses it, not implicit"),
+    (dict(method="deep-supervision", alpha=0.5),
+     r"TrainConfig\.alpha: only the progressive method uses it, not deep-supervision"),
+    (dict(method="deep-supervision", solver_tol=1e-2),
+     r"TrainConfig\.solver_tol: only the implicit method uses it, not deep-supervision"),
+    (dict(method="implicit", implicit_backward="one-step", backward_iterations=10),
+     r"TrainConfig\.backward_iterations: the one-step backward solves no linear system"),
+    (dict(method="implicit", jac_reg_probes=2), r"TrainConfig\.jac_reg_probes: Jacobian regularisation is off"),
+    (dict(method="deep-supervision", bptt_steps=5, supervision_interval=4),
+     r"TrainConfig\.supervision_interval: T_sup = 4 must be at least bptt_steps k = 5"),
+    (dict(method="implicit", solver_tol=0.0), r"TrainConfig\.solver_tol: a tolerance must be positive"),
+    (dict(method="implicit", anderson_memory=0), r"TrainConfig\.anderson_memory: 0 is outside \[1, inf\]"),
+    (dict(method="implicit", compile=True), r"TrainConfig\.compile: not with method implicit"),
+]
+#: a bad model option, and the field and reason its one-line error must name
+BAD_MODEL_OPTIONS = [
+    (dict(damping=0.0), r"ModelConfig\.damping: η must be in \(0, 1\]"),
+    (dict(damping=1.5), r"ModelConfig\.damping: 1\.5 is outside \[0\.0, 1\.0\]"),
+    (dict(residual_scale=0.5, norm="gru"), r"ModelConfig\.residual_scale: the GRU residual has no additive residual"),
+    (dict(conv=4), r"ModelConfig\.conv: the kernel size must be odd"),
+    (dict(recall="fixed", residual_scale=0.5),
+     r"ModelConfig: residual_scale: options of the loop map; the fixed-depth baseline \(recall fixed\) has none"),
+]
+
+
+def _option_id(value):
+    return ",".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict) else "message"
+
+
+@pytest.mark.parametrize("kw, message", BAD_TRAIN_OPTIONS, ids=_option_id)
+def test_a_bad_training_option_is_refused_naming_the_field_and_the_reason(kw, message):
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(**kw)
+
+
+@pytest.mark.parametrize("kw, message", BAD_MODEL_OPTIONS, ids=_option_id)
+def test_a_bad_model_option_is_refused_naming_the_field_and_the_reason(kw, message):
+    with pytest.raises(ConfigError, match=message):
+        ModelConfig(**kw)
+
+
+def test_a_method_that_needs_a_loop_is_refused_for_the_fixed_depth_baseline():
     with pytest.raises(ConfigError, match="fixed-depth"):
         RunConfig(model=ModelConfig(recall="fixed"), train=TrainConfig(method="deep-supervision"))
-    for kw in (dict(damping=0.0), dict(damping=1.5), dict(residual_scale=0.5, norm="gru"), dict(conv=4),
-               dict(recall="fixed", residual_scale=0.5)):
-        with pytest.raises(ConfigError):
-            ModelConfig(**kw)
-    # the defaults of a method are accepted with it, and explicit values of its own options too
-    TrainConfig(method="deep-supervision", bptt_steps=3, supervision_interval=6, halt_tol=0.05)
-    TrainConfig(method="implicit", implicit_backward="neumann", backward_iterations=50, jac_reg=1.0,
-                jac_reg_probes=2)
+
+
+def test_a_method_accepts_its_defaults_and_explicit_values_of_its_own_options():
+    ds = TrainConfig(method="deep-supervision", bptt_steps=3, supervision_interval=6, halt_tol=0.05)
+    assert (ds.bptt_steps, ds.supervision_interval, ds.halt_tol) == (3, 6, 0.05)
+    imp = TrainConfig(method="implicit", implicit_backward="neumann", backward_iterations=50, jac_reg=1.0,
+                      jac_reg_probes=2)
+    assert (imp.implicit_backward, imp.backward_iterations, imp.jac_reg, imp.jac_reg_probes) == ("neumann", 50, 1.0, 2)
 
 
 def test_segments_cover_the_iteration_cap_with_the_last_k_iterations_differentiated():

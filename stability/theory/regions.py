@@ -32,7 +32,7 @@ INTERNAL_LO, INTERNAL_HI = -2.0, 0.0
 #: The closed external region is EXTERNAL_LO ≤ λ_g (1 + λ_h) ≤ EXTERNAL_HI (|s| ≤ 1 ⟺ s ∈ [-1, 1]).
 EXTERNAL_LO, EXTERNAL_HI = -1.0, 1.0
 
-#: App. B.2 / facts file: the variances, the number of draws per σ, the ε of both metrics.
+#: App. B.2 as the paper's release runs it (docs/theory.md, Table 3): the σ values, draws per σ, ε of both metrics.
 SIGMAS = (0.5, 1.0, 2.0, 4.0)
 N_DRAWS = 10_000
 EPSILON = 1e-8
@@ -153,7 +153,7 @@ def balance(x, y, eps: float = EPSILON) -> np.ndarray:
 
 
 def draw(sigma: float, n: int = N_DRAWS, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """n points of N(0, σ² I₂) from a fresh ``default_rng(seed)`` (facts file): x = λ_g, y = λ_h.
+    """n points of N(0, σ² I₂) from a fresh ``default_rng(seed)`` (docs/theory.md, Table 3): x = λ_g, y = λ_h.
 
     Drawn as ``rng.normal(0, σ, size=(n, 2))``, one row per point, so every σ scales the same standard draws.
     """

@@ -23,6 +23,6 @@ Instances are small (d ≤ 16) and float64. The modules, in the order of the tab
 from .registry import RELATIONS, VERIFIERS, Check, Verifier, run_checks, verifier
 
 # Importing a check module registers its checks; this order is the order of the table.
-from . import autonomous, recall, input_gradient, fprm, attractor, symbolic_rows  # noqa: E402,F401,I001
+from . import autonomous, recall, input_gradient, fprm, attractor, symbolic_rows  # noqa: F401,I001
 
 __all__ = ["RELATIONS", "VERIFIERS", "Check", "Verifier", "run_checks", "verifier"]
