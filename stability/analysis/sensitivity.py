@@ -245,3 +245,349 @@ def fixed_point_distance(xs: Sequence[torch.Tensor], eps: float = 1e-8) -> torch
             d = (a - b).abs().amax(1) / (torch.maximum(a.abs().amax(1), b.abs().amax(1)) + eps)
             out = torch.maximum(out, d)
     return out
+
+
+# ==== Batched: every sample of a batch at once ======================================================================
+#
+# The functions below take a batch (B, *S) of independent samples (``step`` keeps samples independent) and return
+# per-sample arrays shaped (B, …). The linear solves go through :func:`stability.linalg.solve_I_minus_J` (torch,
+# batched GMRES, per-sample convergence and residual); the unrolled reference is one pass over the T grid for the
+# whole batch, shared by Prop. 5 and App. A.8 (:func:`unroll_tangents_batched`). Each sample's result equals the
+# per-sample function's above (same seeded directions) to the solver's tolerance.
+
+
+class Linearisation:
+    """J = ∂f/∂x and K = ∂f/∂x0 at a batch of points (x, x0), from one reverse-mode forward pass.
+
+    ``JT(u)``, ``KT(u)`` are the vjps; ``J(v)`` and ``JK(v, w)`` = J v + K w are the transposes of that cached vjp
+    map (the map u ↦ (Jᵀu, Kᵀu) is linear, so its own vjp is (v, w) ↦ Jv + Kw): forward-mode numbers without a
+    new forward pass, and on the CPU several times cheaper than a jvp. Built once at x*, it serves the Prop. 5
+    solve, the Hutchinson probes and any other product at the same points.
+    """
+
+    def __init__(self, f: Callable, x: torch.Tensor, x0: torch.Tensor):
+        self.x, self.x0 = x.detach(), x0.detach()
+        self.fx, self._vjp = torch.func.vjp(f, self.x, self.x0)
+        self._tJ = self._tJK = None
+
+    def JT(self, u: torch.Tensor) -> torch.Tensor:
+        return self._vjp(u.to(self.x.dtype))[0]
+
+    def KT(self, u: torch.Tensor) -> torch.Tensor:
+        return self._vjp(u.to(self.x.dtype))[1]
+
+    def J(self, v: torch.Tensor) -> torch.Tensor:
+        if self._tJ is None:
+            _, self._tJ = torch.func.vjp(lambda u: self._vjp(u)[0], torch.zeros_like(self.fx))
+        return self._tJ(v.to(self.x.dtype))[0]
+
+    def JK(self, v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if self._tJK is None:
+            _, self._tJK = torch.func.vjp(lambda u: self._vjp(u), torch.zeros_like(self.fx))
+        return self._tJK((v.to(self.x.dtype), w.to(self.x0.dtype)))[0]
+
+    def K(self, w: torch.Tensor) -> torch.Tensor:
+        return self.JK(torch.zeros_like(self.x), w)
+
+
+def _tangent_step(f: Callable, x: torch.Tensor, X0: torch.Tensor, dx: torch.Tensor, U: torch.Tensor):
+    """(f(x, x0), J dx + K U) at the current point, by reverse mode twice (forward-mode products without the
+    slow forward-mode kernels: on the CPU about a third of a ``torch.func.jvp``)."""
+    with torch.enable_grad():
+        a = x.detach().requires_grad_(True)
+        c = X0.detach().requires_grad_(True)
+        y = f(a, c)
+        v = torch.zeros_like(y, requires_grad=True)
+        ga, gc = torch.autograd.grad(y, (a, c), v, create_graph=True)
+        (jv,) = torch.autograd.grad((ga * dx).sum() + (gc * U).sum(), v)
+    return y.detach(), jv.detach()
+
+
+@dataclass
+class Unroll:
+    """The unrolled iteration x_{t+1} = f(x_t, x0) from e and its tangents, at the T of a grid (one batch).
+
+    x: (nT, B, *S) the iterates x_T; input_tangent: (nT, B, *S) dx_T/dx0 · u (None when not asked);
+    initial_tangent: (nT, B, *S) dx_T/de · u_e (None when not asked); frozen_at: (B,) the step after which the
+    linearisation was held (0: never, exact to the end).
+    """
+
+    T: list
+    x: torch.Tensor
+    input_tangent: Optional[torch.Tensor]
+    initial_tangent: Optional[torch.Tensor]
+    frozen_at: torch.Tensor
+    freeze_tol: Optional[float]
+
+
+def unroll_tangents_batched(f: Callable, e: torch.Tensor, x0: torch.Tensor, Ts: Sequence[int], *,
+                            input_dir: Optional[torch.Tensor] = None, e_tangent: Optional[torch.Tensor] = None,
+                            initial_dir: Optional[torch.Tensor] = None,
+                            freeze_tol: Optional[float] = 1e-14) -> Unroll:
+    """dx_T/dx0 · u (Prop. 5) and dx_T/de · u_e (App. A.8) along one unrolled iteration from e, for every T in Ts
+    and every sample of the batch, in one pass (the two tangents share the trajectory: their rows ride in one
+    batch).
+
+    e, x0: (B, *S), (B, *S0). input_dir: (B, *S0) directions u of x0 (with e_tangent = de/dx0 · u, default 0: e held
+    fixed, as Prop. 5 states it). initial_dir: (B, *S) directions of e. Each step is a double reverse-mode product
+    (:func:`_tangent_step`). freeze_tol: once a sample's step ‖x_{t+1} − x_t‖∞ / ‖x_{t+1}‖∞ is ≤ freeze_tol, its
+    iterate has reached x* to rounding (the trajectory only wanders in the last bits) and the remaining steps use
+    the linearisation at that iterate, cached (:class:`Linearisation`, about a quarter of a step's cost); x_T is
+    then held at that iterate. The change to dx_T is of the order freeze_tol · ‖∂²f‖ / (1 − ρ);
+    benchmarks/RESULTS.md records it on the demo. ``freeze_tol=None``: every step exact. The test is per sample,
+    so a sample's result does not depend on its batch mates.
+    """
+    Ts = sorted(set(int(t) for t in Ts))
+    if not Ts or Ts[0] < 1:
+        raise ValueError("Ts must be positive iteration counts")
+    e, x0 = e.detach(), x0.detach()
+    B = e.shape[0]
+    rows_x, rows_x0, rows_dx, rows_U, kinds = [], [], [], [], []
+    if input_dir is not None:
+        rows_x.append(e)
+        rows_x0.append(x0)
+        rows_dx.append(torch.zeros_like(e) if e_tangent is None else e_tangent.detach().to(e.dtype))
+        rows_U.append(input_dir.detach().to(x0.dtype))
+        kinds.append("input")
+    if initial_dir is not None:
+        rows_x.append(e)
+        rows_x0.append(x0)
+        rows_dx.append(initial_dir.detach().to(e.dtype))
+        rows_U.append(torch.zeros_like(x0))
+        kinds.append("initial")
+    if not kinds:
+        raise ValueError("ask for input_dir, initial_dir or both")
+    x, X0, dx, U = (torch.cat(r) for r in (rows_x, rows_x0, rows_dx, rows_U))
+    R = x.shape[0]
+    moving = torch.ones(R, dtype=torch.bool, device=x.device)
+    frozen_at = torch.zeros(R, dtype=torch.int64)
+    lin, lin_idx = None, None
+    rec_x, rec_dx = [], []
+    for t in range(1, Ts[-1] + 1):
+        idx = moving.nonzero().flatten()
+        new_x, new_dx = x.clone(), dx.clone()
+        if idx.numel():
+            y, dy = _tangent_step(f, x[idx], X0[idx], dx[idx], U[idx])
+            new_x[idx], new_dx[idx] = y, dy
+        if lin_idx is not None and lin_idx.numel():
+            new_dx[lin_idx] = lin.JK(dx[lin_idx], U[lin_idx])
+        if freeze_tol is not None and idx.numel():
+            yf, xf = new_x[idx].flatten(1), x[idx].flatten(1)
+            step = (yf - xf).abs().amax(1) / yf.abs().amax(1).clamp_min(1e-300)
+            fr = idx[step <= freeze_tol]
+            if fr.numel():
+                moving[fr] = False
+                frozen_at[fr.cpu()] = t
+                lin_idx = (~moving).nonzero().flatten()
+                lin = Linearisation(f, new_x[lin_idx], X0[lin_idx])
+        x, dx = new_x, new_dx
+        if t in Ts:
+            rec_x.append(x)
+            rec_dx.append(dx)
+    Xs, DX = torch.stack(rec_x), torch.stack(rec_dx)
+    parts = {k: DX[:, i * B:(i + 1) * B] for i, k in enumerate(kinds)}
+    return Unroll(T=Ts, x=Xs[:, :B], input_tangent=parts.get("input"), initial_tangent=parts.get("initial"),
+                  frozen_at=frozen_at[:B], freeze_tol=freeze_tol)
+
+
+def _seeded_direction(shape, seed: int, like: torch.Tensor, B: int) -> torch.Tensor:
+    """The per-sample functions' seeded unit direction (one sample's shape), the same for every sample."""
+    gen = torch.Generator().manual_seed(seed)
+    u = torch.randn(tuple(shape), generator=gen, dtype=torch.float64).to(like)
+    u = u / u.norm()
+    return u.unsqueeze(0).expand(B, *u.shape).contiguous()
+
+
+def _krylov_message(res: float, its: int, tol: float) -> str:
+    return (f"GMRES did not converge: relative residual {res:.3g} > tol {tol:.3g} after {its} products with "
+            f"I − J (is x* attracting, ρ(J) < 1?)")
+
+
+@dataclass
+class Prop5Batched:
+    """Prop. 5 on a batch: rel_error[b, i] = ‖dx_T/dx0·u − dx*/dx0·u‖ / ‖dx*/dx0·u‖ at T = T[i] for sample b,
+    fixed_point_distance[b, i] = ‖x_T − x*‖∞ / ‖x*‖∞, and each sample's GMRES record (residual recomputed from
+    the returned w; ``converged``: residual ≤ 10·tol, the per-sample function's acceptance)."""
+
+    T: list
+    rel_error: np.ndarray  # (B, nT)
+    fixed_point_distance: np.ndarray  # (B, nT)
+    gmres_residual: np.ndarray  # (B,)
+    gmres_iterations: np.ndarray  # (B,)
+    gmres_tol: float
+    converged: np.ndarray  # (B,) bool
+    w: torch.Tensor  # (B, *S) dx*/dx0 · u
+    frozen_at: np.ndarray  # (B,) see Unroll
+
+    def sample(self, b: int) -> Prop5Check:
+        """Sample b as the per-sample record (:class:`Prop5Check`); raises KrylovError if its GMRES failed."""
+        if not self.converged[b]:
+            raise KrylovError(_krylov_message(float(self.gmres_residual[b]), int(self.gmres_iterations[b]),
+                                              self.gmres_tol))
+        return Prop5Check(T=list(self.T), rel_error=self.rel_error[b].tolist(),
+                          gmres_residual=float(self.gmres_residual[b]),
+                          gmres_iterations=int(self.gmres_iterations[b]), gmres_tol=self.gmres_tol,
+                          fixed_point_distance=self.fixed_point_distance[b].tolist())
+
+
+def implicit_input_jvp_batched(f: Callable, x_star: torch.Tensor, x0: torch.Tensor, u: torch.Tensor, *,
+                               tol: float = 1e-10, max_iter: Optional[int] = None, restart: int = 60,
+                               method: str = "gmres", linearisation: Optional[Linearisation] = None):
+    """Prop. 5 on a batch: w_b = (I − J_b)⁻¹ K_b u_b for every sample (J, K = ∂f/∂x, ∂f/∂x0 at (x*_b, x0_b)),
+    by one batched solve. Returns :class:`stability.linalg.IJSolve` (w, residual per sample, products)."""
+    from stability.linalg import solve_I_minus_J
+
+    lin = linearisation or Linearisation(f, x_star, x0)
+    return solve_I_minus_J(lin.J, lin.K(u), method=method, tol=tol, max_iter=max_iter, restart=restart)
+
+
+def prop5_check_batched(f: Callable, x_star: torch.Tensor, x0: torch.Tensor, e: torch.Tensor, Ts: Sequence[int], *,
+                        u: Optional[torch.Tensor] = None, e_tangent: Optional[torch.Tensor] = None,
+                        tol: float = 1e-10, seed: int = 0, max_iter: Optional[int] = None, restart: int = 60,
+                        unroll: Optional[Unroll] = None, linearisation: Optional[Linearisation] = None,
+                        freeze_tol: Optional[float] = 1e-14) -> Prop5Batched:
+    """:func:`prop5_check` for every sample of a batch at once: the implicit w by one batched GMRES, the
+    unrolled dx_T/dx0·u by one pass over the T grid (:func:`unroll_tangents_batched`).
+
+    x_star, e: (B, *S); x0: (B, *S0). u: (B, *S0), default the per-sample function's seeded unit direction for
+    every sample. unroll: a precomputed :class:`Unroll` with input_tangent for the same u (see
+    :func:`prop5_and_initial_iterate_batched`); linearisation: a :class:`Linearisation` at (x_star, x0).
+    """
+    B = x_star.shape[0]
+    if u is None:
+        u = _seeded_direction(x0.shape[1:], seed, x0, B)
+    sol = implicit_input_jvp_batched(f, x_star, x0, u, tol=tol, max_iter=max_iter, restart=restart,
+                                     linearisation=linearisation)
+    if unroll is None:
+        unroll = unroll_tangents_batched(f, e, x0, Ts, input_dir=u, e_tangent=e_tangent, freeze_tol=freeze_tol)
+    elif unroll.input_tangent is None:
+        raise ValueError("the unroll passed has no input tangent")
+    w = sol.x
+    wn = w.flatten(1).norm(dim=1).clamp_min(1e-300)
+    err = (unroll.input_tangent - w.unsqueeze(0)).flatten(2).norm(dim=2) / wn  # (nT, B)
+    xs_scale = x_star.flatten(1).abs().amax(1).clamp_min(1e-300)
+    dist = (unroll.x - x_star.unsqueeze(0)).flatten(2).abs().amax(2) / xs_scale
+    res = sol.residual.cpu().numpy()
+    return Prop5Batched(T=list(unroll.T), rel_error=err.T.double().cpu().numpy(),
+                        fixed_point_distance=dist.T.double().cpu().numpy(), gmres_residual=res,
+                        gmres_iterations=sol.iterations.cpu().numpy(), gmres_tol=tol,
+                        converged=np.isfinite(res) & (res <= 10 * tol), w=w, frozen_at=unroll.frozen_at.numpy())
+
+
+@dataclass
+class InitialIterateBatched:
+    """App. A.8 on a batch: norm[b, i] = ‖dx_T/de · u‖ at T = T[i] for sample b (u a unit direction of e)."""
+
+    T: list
+    norm: np.ndarray  # (B, nT)
+    frozen_at: np.ndarray
+
+    def sample(self, b: int) -> dict:
+        """Sample b as :func:`initial_iterate_sensitivity` returns it."""
+        return {"T": list(self.T), "norm": self.norm[b].tolist()}
+
+
+def initial_iterate_sensitivity_batched(f: Callable, e: torch.Tensor, x0: torch.Tensor, Ts: Sequence[int], *,
+                                        u: Optional[torch.Tensor] = None, seed: int = 0,
+                                        unroll: Optional[Unroll] = None,
+                                        freeze_tol: Optional[float] = 1e-14) -> InitialIterateBatched:
+    """:func:`initial_iterate_sensitivity` for every sample of a batch in one pass over the T grid.
+
+    e: (B, *S), x0: (B, *S0). u: (B, *S), default the per-sample function's seeded unit direction (seed + 1) for
+    every sample. unroll: a precomputed :class:`Unroll` with initial_tangent for the same u.
+    """
+    B = e.shape[0]
+    if unroll is None:
+        if u is None:
+            u = _seeded_direction(e.shape[1:], seed + 1, e, B)
+        unroll = unroll_tangents_batched(f, e, x0, Ts, initial_dir=u, freeze_tol=freeze_tol)
+    elif unroll.initial_tangent is None:
+        raise ValueError("the unroll passed has no initial-iterate tangent")
+    norms = unroll.initial_tangent.flatten(2).norm(dim=2).T  # (B, nT)
+    return InitialIterateBatched(T=list(unroll.T), norm=norms.double().cpu().numpy(),
+                                 frozen_at=unroll.frozen_at.numpy())
+
+
+def prop5_and_initial_iterate_batched(f: Callable, x_star: torch.Tensor, x0: torch.Tensor, e: torch.Tensor,
+                                      Ts: Sequence[int], *, e_tangent: Optional[torch.Tensor] = None,
+                                      tol: float = 1e-10, seed: int = 0, max_iter: Optional[int] = None,
+                                      restart: int = 60, linearisation: Optional[Linearisation] = None,
+                                      freeze_tol: Optional[float] = 1e-14) -> tuple:
+    """Prop. 5 and App. A.8 on a batch from ONE unrolled pass: both tangents (dx_T/dx0·u and dx_T/de·u_e) follow
+    the same trajectory from e. Returns (:class:`Prop5Batched`, :class:`InitialIterateBatched`), each equal to
+    what :func:`prop5_check_batched` and :func:`initial_iterate_sensitivity_batched` return with the same seed."""
+    B = x_star.shape[0]
+    u = _seeded_direction(x0.shape[1:], seed, x0, B)
+    u_e = _seeded_direction(e.shape[1:], seed + 1, e, B)
+    unroll = unroll_tangents_batched(f, e, x0, Ts, input_dir=u, e_tangent=e_tangent, initial_dir=u_e,
+                                     freeze_tol=freeze_tol)
+    p5 = prop5_check_batched(f, x_star, x0, e, Ts, u=u, tol=tol, max_iter=max_iter, restart=restart,
+                             unroll=unroll, linearisation=linearisation)
+    a8 = initial_iterate_sensitivity_batched(f, e, x0, Ts, unroll=unroll)
+    return p5, a8
+
+
+@dataclass
+class FrobeniusBatched:
+    """‖dx*/dx0‖_F per sample by Hutchinson's estimator (see :class:`FrobeniusEstimate`); residual_max: the
+    largest recomputed GMRES residual over the sample's probes; converged: residual_max ≤ 10·tol."""
+
+    value: np.ndarray  # (B,)
+    stderr: np.ndarray  # (B,)
+    probes: int
+    gmres_residual_max: np.ndarray  # (B,)
+    gmres_iterations: np.ndarray  # (B, probes)
+    tol: float
+    converged: np.ndarray  # (B,) bool
+
+    def sample(self, b: int) -> FrobeniusEstimate:
+        """Sample b as :func:`input_dependence_frobenius` returns it; raises KrylovError if a probe's GMRES
+        failed."""
+        if not self.converged[b]:
+            raise KrylovError(_krylov_message(float(self.gmres_residual_max[b]),
+                                              int(self.gmres_iterations[b].max()), self.tol))
+        return FrobeniusEstimate(value=float(self.value[b]), stderr=float(self.stderr[b]), probes=self.probes,
+                                 gmres_residual_max=float(self.gmres_residual_max[b]))
+
+
+def input_dependence_frobenius_batched(f: Callable, x_star: torch.Tensor, x0: torch.Tensor, *, probes: int = 8,
+                                       tol: float = 1e-8, seed: int = 0, max_iter: Optional[int] = None,
+                                       restart: int = 60, batch: Optional[int] = None) -> FrobeniusBatched:
+    """:func:`input_dependence_frobenius` for every sample of a batch: all B × probes systems (I − J_b) w = K_b u_p
+    in one batched GMRES (``batch``: at most that many systems per solve, to bound memory; default all).
+
+    The probes u_1 … u_P are the per-sample function's (seeded, the same for every sample), so sample b's value
+    equals ``input_dependence_frobenius(f, x_star[b], x0[b], probes=P, seed=seed)`` to the GMRES tolerance.
+    """
+    from stability.linalg import solve_I_minus_J
+
+    if probes < 1:
+        raise ValueError("probes must be ≥ 1")
+    B = x_star.shape[0]
+    gen = torch.Generator().manual_seed(seed)
+    U = torch.stack([torch.randn(tuple(x0.shape[1:]), generator=gen, dtype=torch.float64) for _ in range(probes)])
+    U = U.to(x0)
+    # systems in sample-major order: row b·P + p is sample b, probe p
+    Xs = x_star.detach().repeat_interleave(probes, 0)
+    X0s = x0.detach().repeat_interleave(probes, 0)
+    Us = U.repeat(B, *([1] * (U.dim() - 1)))
+    n_sys = B * probes
+    step = n_sys if batch is None else max(1, int(batch))
+    sq, res, its = [], [], []
+    for i in range(0, n_sys, step):
+        lin = Linearisation(f, Xs[i:i + step], X0s[i:i + step])
+        sol = solve_I_minus_J(lin.J, lin.K(Us[i:i + step]), tol=tol, max_iter=max_iter, restart=restart)
+        sq.append(sol.x.double().flatten(1).pow(2).sum(1))
+        res.append(sol.residual)
+        its.append(sol.iterations)
+    sq = torch.cat(sq).reshape(B, probes).cpu().numpy()
+    res = torch.cat(res).reshape(B, probes).cpu().numpy()
+    its = torch.cat(its).reshape(B, probes).cpu().numpy()
+    mean = sq.mean(1)
+    value = np.sqrt(mean)
+    se_sq = sq.std(1, ddof=1) / np.sqrt(probes) if probes > 1 else np.full(B, np.nan)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        stderr = np.where(value > 0, se_sq / (2 * value), 0.0)
+    rmax = res.max(1)
+    return FrobeniusBatched(value=value, stderr=stderr, probes=probes, gmres_residual_max=rmax,
+                            gmres_iterations=its, tol=tol, converged=np.isfinite(rmax) & (rmax <= 10 * tol))
