@@ -95,11 +95,11 @@ def _gmres(A, b, bnorm, x, have_guess, tol, budget, m):
     res = _rel(torch.linalg.vector_norm(r, dim=1), bnorm)
     active = (res > tol) & torch.isfinite(res)
     eps = torch.finfo(dt).eps
-    V = torch.zeros(m + 1, B, n, dtype=dt, device=dev)
+    V = torch.zeros(B, m + 1, n, dtype=dt, device=dev)  # the Krylov basis, sample-major for bmm
     while bool(active.any()):
         beta = torch.linalg.vector_norm(r, dim=1)
         V.zero_()
-        V[0] = torch.where(active[:, None], r / beta.clamp_min(torch.finfo(dt).tiny)[:, None], 0)
+        V[:, 0] = torch.where(active[:, None], r / beta.clamp_min(torch.finfo(dt).tiny)[:, None], 0)
         H = torch.zeros(B, m + 1, m, dtype=dt, device=dev)
         cs = torch.zeros(B, m, dtype=dt, device=dev)
         sn = torch.zeros(B, m, dtype=dt, device=dev)
@@ -110,13 +110,13 @@ def _gmres(A, b, bnorm, x, have_guess, tol, budget, m):
         for j in range(m):
             if not bool(live.any()):
                 break
-            w = A(V[j])
+            w = A(V[:, j])
             its += live.long()
-            Vj = V[:j + 1]
-            h = torch.einsum("kbn,bn->bk", Vj, w)
-            w = w - torch.einsum("kbn,bk->bn", Vj, h)
-            h2 = torch.einsum("kbn,bn->bk", Vj, w)  # second Gram–Schmidt pass
-            w = w - torch.einsum("kbn,bk->bn", Vj, h2)
+            Vj = V[:, :j + 1]  # (B, j + 1, n)
+            h = torch.bmm(Vj, w[:, :, None])[:, :, 0]
+            w = w - torch.bmm(h[:, None, :], Vj)[:, 0]
+            h2 = torch.bmm(Vj, w[:, :, None])[:, :, 0]  # second Gram–Schmidt pass
+            w = w - torch.bmm(h2[:, None, :], Vj)[:, 0]
             h = h + h2
             hn = torch.linalg.vector_norm(w, dim=1)
             col = torch.cat([h, hn[:, None]], 1)  # (B, j + 2)
@@ -138,14 +138,14 @@ def _gmres(A, b, bnorm, x, have_guess, tol, budget, m):
             breakdown = hn <= 10 * eps * torch.linalg.vector_norm(col, dim=1).clamp_min(torch.finfo(dt).tiny)
             done = live & ((est <= tol) | breakdown | ~torch.isfinite(est) | (its >= budget))
             live = live & ~done
-            V[j + 1] = torch.where(live[:, None], w / hn.clamp_min(torch.finfo(dt).tiny)[:, None], 0)
+            V[:, j + 1] = torch.where(live[:, None], w / hn.clamp_min(torch.finfo(dt).tiny)[:, None], 0)
         # y = R⁻¹ g on each sample's first k_used columns (identity padding beyond them gives y = 0 there)
         idx = torch.arange(m, device=dev)
         used = idx[None, :] < k_used[:, None]  # (B, m)
         R = H[:, :m, :m] * (used[:, :, None] & used[:, None, :])
         R = R + torch.diag_embed((~used).to(dt))
         y = torch.linalg.solve_triangular(R, torch.where(used, g[:, :m], 0)[:, :, None], upper=True)[:, :, 0]
-        x = x + torch.where(active[:, None], torch.einsum("kbn,bk->bn", V[:m], y), 0)
+        x = x + torch.where(active[:, None], torch.bmm(y[:, None, :], V[:, :m])[:, 0], 0)
         r = b - A(x)
         its += active.long()
         new = _rel(torch.linalg.vector_norm(r, dim=1), bnorm)

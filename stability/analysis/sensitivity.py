@@ -554,7 +554,8 @@ def input_dependence_frobenius_batched(f: Callable, x_star: torch.Tensor, x0: to
                                        tol: float = 1e-8, seed: int = 0, max_iter: Optional[int] = None,
                                        restart: int = 60, batch: Optional[int] = None) -> FrobeniusBatched:
     """:func:`input_dependence_frobenius` for every sample of a batch: all B × probes systems (I − J_b) w = K_b u_p
-    in one batched GMRES (``batch``: at most that many systems per solve, to bound memory; default all).
+    in one batched GMRES (``batch``: at most that many systems per solve; default: as many as keep the Krylov
+    bases within about 512 MiB, all of them for the demo's states).
 
     The probes u_1 … u_P are the per-sample function's (seeded, the same for every sample), so sample b's value
     equals ``input_dependence_frobenius(f, x_star[b], x0[b], probes=P, seed=seed)`` to the GMRES tolerance.
@@ -572,7 +573,10 @@ def input_dependence_frobenius_batched(f: Callable, x_star: torch.Tensor, x0: to
     X0s = x0.detach().repeat_interleave(probes, 0)
     Us = U.repeat(B, *([1] * (U.dim() - 1)))
     n_sys = B * probes
-    step = n_sys if batch is None else max(1, int(batch))
+    if batch is None:  # bound the Krylov basis, (restart + 1) vectors per system, to about 512 MiB
+        n = max(1, x_star[0].numel())
+        batch = max(1, (512 << 20) // ((restart + 2) * n * x_star.element_size()))
+    step = max(1, int(batch))
     sq, res, its = [], [], []
     for i in range(0, n_sys, step):
         lin = Linearisation(f, Xs[i:i + step], X0s[i:i + step])

@@ -1,0 +1,218 @@
+"""Analysis speed on the demo checkpoint (issue 12): the per-sample sensitivity routes against the batched ones,
+side by side in one run, with the numbers each prints compared.
+
+    python benchmarks/analyze_speed.py [--checkpoint runs/demo/prefix-sums.pt] [--samples 32] [--full]
+
+Per split (val, hard; the first ``--samples`` samples, as ``stability analyze`` takes them):
+
+* Prop. 5 on the first converged sample (x* polished, T grid up to 500): ``prop5_check`` (scipy GMRES, one
+  forward-mode jvp per unrolled step) against ``prop5_check_batched`` (torch GMRES, double-reverse-mode steps);
+* App. A.8 ‖dx_T/de‖ on the same sample: ``initial_iterate_sensitivity`` against the batched function, and both
+  tangents from ONE shared unroll (``prop5_and_initial_iterate_batched``);
+* ‖dx*/dx0‖_F on every converged sample (4 probes): the per-sample loop of ``input_dependence_frobenius`` against
+  ``input_dependence_frobenius_batched`` (all samples × probes in one batched GMRES);
+* the App. A.8 solves from zeros and noise (the pipeline's, not changed here) for scale.
+
+``--full`` also runs the whole ``analyze_checkpoint`` (both splits) as the pipeline stands and records its
+per-stage ``timings_s``. Results go to benchmarks/results-analyze-speed.json and are printed as markdown
+(benchmarks/RESULTS.md, section "Analysis speed"). Read the ratios: the machine is shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+HERE = Path(__file__).resolve().parent
+
+
+def _timed(fn):
+    t = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t
+
+
+def _rel_diff(a, b) -> float:
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-300)))
+
+
+def ensure_checkpoint(path: Path) -> Path:
+    """The demo checkpoint: trained here with ``stability demo``'s arguments when absent."""
+    if path.exists():
+        return path
+    from stability.cli import main
+    from stability.demo import DEMO_ARGS
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    print(f"training the demo checkpoint into {path} …", flush=True)
+    code = main(["train", *DEMO_ARGS, "--out", str(path), "--quiet"])
+    if code:
+        raise SystemExit(f"training failed ({code})")
+    return path
+
+
+def bench_split(model, task, split: str, samples: int, seed: int = 0, max_iter: int = 500, probes: int = 4,
+                gmres_tol: float = 1e-10) -> dict:
+    from stability.analysis.sensitivity import (default_T_grid, initial_iterate_sensitivity,
+                                                initial_iterate_sensitivity_batched, input_dependence_frobenius,
+                                                input_dependence_frobenius_batched, prop5_and_initial_iterate_batched,
+                                                prop5_check, prop5_check_batched)
+    from stability.solvers import solve
+
+    f = model.step
+    inputs, _ = task.dataset(split)
+    N = min(samples, inputs.shape[0])
+    with torch.no_grad():
+        x0 = model.embed(inputs[:N].double())
+        e = model.initial_state(x0, generator=torch.Generator().manual_seed(seed))
+    res = solve(f, e, x0, tol=1e-5, max_iter=max_iter)
+    conv = res.converged
+    idx = conv.nonzero().flatten()
+    first = int(idx[0])
+    sl = slice(first, first + 1)
+    polish = solve(f, res.x_best[sl], x0[sl], tol=1e-13, max_iter=max_iter, max_period=0)
+    xp = polish.x_best
+    Ts = default_T_grid(max_iter)
+    out = {"split": split, "samples": N, "converged": int(conv.sum()), "state_shape": list(x0.shape[1:]),
+           "prop5_sample": first}
+
+    old_p5, t_old_p5 = _timed(lambda: prop5_check(f, xp[0], x0[first], e[first], Ts, tol=gmres_tol, seed=seed))
+    new_p5, t_new_p5 = _timed(lambda: prop5_check_batched(f, xp, x0[sl], e[sl], Ts, tol=gmres_tol, seed=seed))
+    old_a8, t_old_a8 = _timed(lambda: initial_iterate_sensitivity(f, e[first], x0[first], Ts, seed=seed))
+    new_a8, t_new_a8 = _timed(lambda: initial_iterate_sensitivity_batched(f, e[sl], x0[sl], Ts, seed=seed))
+    (sh_p5, sh_a8), t_shared = _timed(lambda: prop5_and_initial_iterate_batched(f, xp, x0[sl], e[sl], Ts,
+                                                                                tol=gmres_tol, seed=seed))
+    exact_p5, t_exact = _timed(lambda: prop5_check_batched(f, xp, x0[sl], e[sl], Ts, tol=gmres_tol, seed=seed,
+                                                           freeze_tol=None))
+    ftol = max(gmres_tol, 1e-8)
+
+    def old_frob():
+        return [input_dependence_frobenius(f, res.x_best[b], x0[b], probes=probes, tol=ftol, seed=seed).value
+                for b in idx.tolist()]
+
+    old_fr, t_old_fr = _timed(old_frob)
+    new_fr, t_new_fr = _timed(lambda: input_dependence_frobenius_batched(f, res.x_best[idx], x0[idx], probes=probes,
+                                                                         tol=ftol, seed=seed))
+
+    def a8_solves():
+        gen = torch.Generator().manual_seed(seed)
+        noise = torch.randn(e.shape, generator=gen, dtype=torch.float64).to(e)
+        for start in (torch.zeros_like(e), noise):
+            solve(f, start, x0, tol=1e-5, max_iter=max_iter)
+
+    _, t_a8_solves = _timed(a8_solves)
+    p5s, sh = new_p5.sample(0), sh_p5.sample(0)
+    out["times_s"] = {
+        "prop5_old": t_old_p5, "prop5_new": t_new_p5, "prop5_new_exact": t_exact,
+        "a8_sensitivity_old": t_old_a8, "a8_sensitivity_new": t_new_a8,
+        "prop5_plus_a8_old": t_old_p5 + t_old_a8, "prop5_plus_a8_shared": t_shared,
+        "frobenius_old": t_old_fr, "frobenius_new": t_new_fr, "a8_solves_unchanged": t_a8_solves,
+    }
+    out["agreement"] = {
+        "prop5_rel_error_old": old_p5.rel_error, "prop5_rel_error_new": p5s.rel_error,
+        "prop5_rel_error_new_exact": exact_p5.sample(0).rel_error,
+        "prop5_rel_error_max_rel_diff": _rel_diff(p5s.rel_error, old_p5.rel_error),
+        "prop5_rel_error_exact_vs_old_max_rel_diff": _rel_diff(exact_p5.sample(0).rel_error, old_p5.rel_error),
+        "prop5_shared_vs_separate_max_rel_diff": _rel_diff(sh.rel_error, p5s.rel_error),
+        "frozen_at": int(new_p5.frozen_at[0]),
+        "gmres_residual_old": old_p5.gmres_residual, "gmres_residual_new": p5s.gmres_residual,
+        "gmres_iterations_old": old_p5.gmres_iterations, "gmres_iterations_new": p5s.gmres_iterations,
+        "a8_norm_max_rel_diff": _rel_diff(new_a8.sample(0)["norm"], old_a8["norm"]),
+        "a8_shared_max_rel_diff": _rel_diff(sh_a8.sample(0)["norm"], old_a8["norm"]),
+        "frobenius_median_old": float(np.median(old_fr)), "frobenius_median_new": float(np.median(new_fr.value)),
+        "frobenius_max_rel_diff": _rel_diff(new_fr.value, old_fr),
+        "frobenius_gmres_iterations_max": int(new_fr.gmres_iterations.max()),
+        "frobenius_residual_max": float(new_fr.gmres_residual_max.max()),
+    }
+    return out
+
+
+def full_analysis(ckpt: Path, samples: int) -> dict:
+    from stability.analysis.pipeline import AnalysisOptions, analyze_checkpoint
+
+    rep, wall = _timed(lambda: analyze_checkpoint(ckpt, options=AnalysisOptions(samples=samples)))
+    blocks = rep if isinstance(rep, dict) else rep.to_json()
+    out = {"wall_s": wall}
+    for split in ("val", "hard"):
+        block = blocks.get(split) or {}
+        out[split] = block.get("timings_s") or block.get("timings")
+    return out
+
+
+def markdown(results: dict) -> str:
+    rows = [("Prop. 5 check, 1 sample, T ≤ 500", "prop5_old", "prop5_new"),
+            ("A.8 ‖dx_T/de‖, 1 sample, T ≤ 500", "a8_sensitivity_old", "a8_sensitivity_new"),
+            ("Prop. 5 + A.8 from one shared unroll", "prop5_plus_a8_old", "prop5_plus_a8_shared"),
+            ("‖dx*/dx0‖_F, converged samples × 4 probes", "frobenius_old", "frobenius_new")]
+    lines = ["| stage | split | per-sample (s) | batched (s) | speed-up |", "|---|---|---|---|---|"]
+    for label, old, new in rows:
+        for s in results["splits"]:
+            t = s["times_s"]
+            lines.append(f"| {label} | {s['split']} | {t[old]:.2f} | {t[new]:.2f} | {t[old] / t[new]:.1f}× |")
+    for s in results["splits"]:
+        lines.append(f"| A.8 solves from zeros, noise (unchanged) | {s['split']} | {s['times_s']['a8_solves_unchanged']:.2f}"
+                     f" | — | — |")
+    lines.append("")
+    lines.append("| agreement | split | per-sample | batched |")
+    lines.append("|---|---|---|---|")
+    for s in results["splits"]:
+        a = s["agreement"]
+        lines.append(f"| Prop. 5 error T=1 → T=500 | {s['split']} | {a['prop5_rel_error_old'][0]:.4g} → "
+                     f"{a['prop5_rel_error_old'][-1]:.4g} | {a['prop5_rel_error_new'][0]:.4g} → "
+                     f"{a['prop5_rel_error_new'][-1]:.4g} (max rel. diff over T {a['prop5_rel_error_max_rel_diff']:.1e};"
+                     f" frozen after step {a['frozen_at']}; exact steps: {a['prop5_rel_error_exact_vs_old_max_rel_diff']:.1e}) |")
+        lines.append(f"| GMRES residual / products | {s['split']} | {a['gmres_residual_old']:.3g} / "
+                     f"{a['gmres_iterations_old']} | {a['gmres_residual_new']:.3g} / {a['gmres_iterations_new']} |")
+        lines.append(f"| ‖dx_T/de‖ over T | {s['split']} | — | max rel. diff {a['a8_norm_max_rel_diff']:.1e} "
+                     f"(shared unroll {a['a8_shared_max_rel_diff']:.1e}) |")
+        lines.append(f"| ‖dx*/dx0‖_F median | {s['split']} | {a['frobenius_median_old']:.6g} | "
+                     f"{a['frobenius_median_new']:.6g} (max rel. diff {a['frobenius_max_rel_diff']:.1e}) |")
+    full = results.get("full_analysis")
+    if full:
+        lines += ["", f"Whole `analyze_checkpoint` (both splits, pipeline as it stands): {full['wall_s']:.1f} s wall; "
+                  "per-stage timings_s: " + "; ".join(
+                      f"{s}: " + ", ".join(f"{k} {v:.2f}" for k, v in (full.get(s) or {}).items())
+                      for s in ("val", "hard"))]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--checkpoint", default="runs/demo/prefix-sums.pt")
+    p.add_argument("--samples", type=int, default=32)
+    p.add_argument("--full", action="store_true", help="also time the whole analyze_checkpoint")
+    p.add_argument("--json", default=str(HERE / "results-analyze-speed.json"))
+    args = p.parse_args(argv)
+
+    import stability
+    from stability.analysis.pipeline import analysis_model
+    from stability.atomic import write_text
+
+    ckpt = ensure_checkpoint(Path(args.checkpoint))
+    loaded = stability.load(ckpt)
+    model = analysis_model(loaded.model)
+    # pay torch.func's one-time imports before any timing
+    torch.func.vjp(lambda a: a * 2, torch.ones(1, dtype=torch.float64))
+    results = {"checkpoint": str(ckpt), "torch": torch.__version__, "threads": torch.get_num_threads(),
+               "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "load_avg_start": os.getloadavg(),
+               "splits": [bench_split(model, loaded.task, s, args.samples) for s in ("val", "hard")]}
+    if args.full:
+        results["full_analysis"] = full_analysis(ckpt, args.samples)
+    results["load_avg_end"] = os.getloadavg()
+    write_text(args.json, json.dumps(results, indent=1))
+    print(markdown(results))
+    print(f"\nload average at start / end: {results['load_avg_start']} / {results['load_avg_end']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
