@@ -21,6 +21,7 @@ COMMANDS = {
     "sweep": "stability.sweep.command",
     "tables": "stability.sweep.tables_command",
     "halt": "stability.halting",
+    "import": "stability.release_command",
 }
 
 

@@ -20,6 +20,9 @@ Recall = Literal["none", "external", "internal", "fixed"]
 Norm = Literal["none", "pre", "post", "peri", "gru"]
 InitialState = Literal["x0", "zeros", "noise"]
 Device = Literal["auto", "cpu", "cuda"]
+WindowEdges = Literal["shift", "cut"]
+RopePrecision = Literal["float32", "float64"]
+DecayExempt = Literal["release", "norms"]
 Method = Literal["progressive", "deep-supervision", "implicit"]
 ImplicitBackward = Literal["krylov", "neumann", "one-step"]
 
@@ -130,10 +133,25 @@ class ModelConfig(_Config):
     """The looped transformer of Section 5 / App. B.1.2 (the map f) and the fixed-depth baseline.
 
     ``recall``: none (autonomous, Def. 3.2), external (Def. 5.1), internal (Def. 5.2), or fixed (the
-    fixed-depth baseline of ``depth`` distinct blocks). ``norm``: where RMSNorm sits (facts file table).
+    fixed-depth baseline of ``depth`` distinct blocks). ``norm``: where RMSNorm sits (docs/release-differences.md).
     ``share_norms``: the release shares one Pre/Peri/Post instance between the two sublayers; the paper
     writes φ1, φ2 as two functions. We follow the release by default; set False for two.
     ``in_channels``, ``out_channels``, ``spatial_ndim`` and ``attention_window`` come from the task.
+
+    Release semantics (docs/release-differences.md; the defaults are the paper's release, so that an imported
+    release checkpoint is the same function; a checkpoint written before these fields existed loads with the
+    legacy values in ``LEGACY_MODEL_VALUES``, and behaves as it did):
+    ``window_edges``: the local window at the ends of a sequence. shift (release): every query sees exactly
+    ``attention_window`` keys, the window shifted inward at the ends, per spatial axis on boards; cut (legacy):
+    the band |i − j| ≤ window//2 over the flattened positions, cut at the ends.
+    ``norm_eps``: ε of every RMSNorm (norm sites, QK-norm, head). None (release): the machine epsilon of the
+    input's dtype (1.19e-7 in float32, 2.2e-16 in float64); a number (legacy 1e-6): that constant.
+    ``rope_precision``: RoPE angles and their cos/sin computed in float32 (release) or float64 (legacy), then
+    cast to the activations' dtype.
+    ``flip_rows``: the model's own board layout has the first spatial axis reversed relative to the task's (an
+    imported release chess checkpoint: the release's row 0 is rank 8, this toolkit's rank 1); ``embed`` flips the
+    inputs and ``readout`` flips the logits back on that axis, so the model reads and answers in the task's
+    layout. False for every model trained here.
 
     Fixed-Point Reasoner options (all off by default, so the paper's map is unchanged):
     ``damping`` η: the loop map is the damped z ← (1 − η) z + η f(z, x0) (FPRM App. A.3; same fixed points,
@@ -159,7 +177,10 @@ class ModelConfig(_Config):
     share_norms: bool = True
     initial_state: InitialState = "x0"
     noise_std: float = 1.0
-    norm_eps: float = 1e-6
+    norm_eps: Optional[float] = None
+    window_edges: WindowEdges = "shift"
+    rope_precision: RopePrecision = "float32"
+    flip_rows: bool = False
     damping: float = 1.0
     residual_scale: Optional[float] = None
     conv: Optional[int] = None
@@ -174,13 +195,21 @@ class ModelConfig(_Config):
         "spatial_ndim": (1, 3),
         "attention_window": (1, None),
         "noise_std": (0.0, None),
-        "norm_eps": (0.0, None),
+        "norm_eps": (0.0, 1.0),
         "damping": (0.0, 1.0),
         "residual_scale": (0.0, 1.0),
         "conv": (1, 31),
     }
 
+    #: values of the release-semantics fields for a config written before they existed (run_config fills them in)
+    LEGACY_MODEL_VALUES: typing.ClassVar[dict[str, Any]] = {
+        "norm_eps": 1e-6, "window_edges": "cut", "rope_precision": "float64"}
+
     def validate(self) -> None:
+        if self.flip_rows and self.spatial_ndim < 2:
+            raise ConfigError("ModelConfig.flip_rows: only for boards (spatial_ndim >= 2)")
+        if self.norm_eps == 0.0:
+            raise ConfigError("ModelConfig.norm_eps: must be positive, or None for the dtype's machine epsilon")
         if self.width % self.heads:
             raise ConfigError(f"ModelConfig.width: {self.width} must be divisible by heads={self.heads}")
         head_dim = self.width // self.heads
@@ -257,9 +286,12 @@ class TaskConfig(_Config):
 
 @dataclass(frozen=True)
 class TrainConfig(_Config):
-    """Training as in App. B.1.2 and the facts file: progressive loss (α, T), AdamW, warm-up, cool-down.
+    """Training as in App. B.1.2 and docs/release-differences.md: progressive loss (α, T), AdamW, warm-up, cool-down.
 
     ``warmup_epochs``: the LR factor is 1 − exp(−(e+1)/10) for epochs e < warmup_epochs, then 1.
+    ``decay_exempt``: which parameters escape AdamW's weight decay: release (biases and norm gains except the
+    output head's RMSNorm gain, which the release decays) or norms (all biases and norm gains; the legacy value
+    of checkpoints written before the option existed; docs/release-differences.md).
     ``cooldown_at``: fraction of the epochs after which the LR is multiplied by ``cooldown_factor``.
     ``eval_every``: evaluate on val/hard every this many epochs (0 = only at the end), at iterations
     1..``eval_iterations``; the final evaluation runs to ``test_iterations``. ``monitor_every``: every this
@@ -286,6 +318,7 @@ class TrainConfig(_Config):
     weight_decay: float = 0.01
     adam_eps: float = 1e-8
     betas: tuple[float, ...] = (0.9, 0.999)
+    decay_exempt: DecayExempt = "release"
     warmup_epochs: int = 9
     cooldown_at: float = 0.6
     cooldown_factor: float = 0.1

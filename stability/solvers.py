@@ -1,4 +1,4 @@
-"""Finding x*: one signature for Picard iteration, damped iteration and Anderson acceleration.
+"""Finding x*: one signature for Picard, damped, Anderson and limited-memory Broyden iteration.
 
 ``solve(f, x_init, x0, method=...)`` iterates the loop map ``f(x, x0)`` (Def. 3.3; ``x0`` is passed through
 unchanged, so an autonomous map simply ignores it) from ``x_init`` until each sample's fixed-point residual
@@ -6,29 +6,46 @@ unchanged, so an autonomous map simply ignores it) from ``x_init`` until each sa
     r(x) = ‖f(x, x0) − x‖∞ / (‖f(x, x0)‖∞ + ε)
 
 falls below ``tol``. For Picard iteration x_{t+1} = f(x_t) this is exactly the FPRM criterion
-‖x_{t+1} − x_t‖∞ / (‖x_{t+1}‖∞ + ε) < τ on consecutive iterates; damped and Anderson iterations are judged by the
-same residual of f, so the three methods stop at comparable points. Everything is per sample (the batch is a
-set of independent problems, as ``step`` guarantees): a sample that converges, diverges or turns non-finite
-is frozen (no further evaluations of f are spent on it) and the others continue, so a batch never stops, or
-fails, on the account of one sample.
+‖x_{t+1} − x_t‖∞ / (‖x_{t+1}‖∞ + ε) < τ on consecutive iterates; damped, Anderson and Broyden iterations are
+judged by the same residual of f, so every method stops at comparable points. Everything is per sample (the
+batch is a set of independent problems, as ``step`` guarantees): a sample that converges, diverges or turns
+non-finite is frozen (no further evaluations of f are spent on it) and the others continue, so a batch never
+stops, or fails, on the account of one sample, and a sample's iterates do not depend on its batch mates.
+
+Methods (the registry :data:`SOLVERS`; ``auto`` is :data:`AUTO`, chosen by ``benchmarks/solver_benchmarks.py``):
+
+* ``picard`` x ← f(x) — the model's own iteration, the reachability the paper means;
+* ``damped`` x ← (1 − η) x + η f(x);
+* ``anderson`` type-II Anderson acceleration (memory m, Tikhonov λ relative to the Gram matrix, mixing η);
+* ``broyden`` Broyden's "good" method on g(x) = f(x) − x with the inverse Jacobian kept as −I + Σ uᵢvᵢᵀ over
+  at most ``memory`` pairs (limited memory: 2·m·n numbers per sample, whatever ``max_iter`` is; the oldest
+  pair is dropped when the memory is full).
+
+Anderson and Broyden are root-finders: they can converge to a fixed point that f's own iteration cannot reach
+(ρ(J*) > 1, Props. 3–4). For them ``solve`` reports ρ(J*) of every converged sample (:func:`classify`, the
+batched Krylov–Schur route of :mod:`stability.analysis.spectra`) and marks those with ρ(J*) > 1 ``repelling``.
 
 Shapes (torchdeq-style; B = batch, S = the state's trailing shape, e.g. (L, d) or (9, 9, d), N = iterations):
 
 =================  =============  ==================================================================================
-``x_last``         (B, *S)        f of the last evaluated iterate (for a converged sample: the accepted x*)
-``x_best``         (B, *S)        f of the iterate with the lowest residual
-``residuals``      (B, N)         r at every evaluation; NaN after the sample stopped
-``best_residual``  (B,)           the lowest residual (the one of ``x_best``'s pre-image)
-``nfe``            (B,)           evaluations of f spent on the sample by the solve (cycle checks excluded)
-``status``         (B,) of str    converged | max-iterations | stalled | diverged | non-finite
+``x_best``         (B, *S)        the iterate with the lowest residual: for a converged sample the certified x*,
+                                  the very point whose r(x) < τ was measured
+``x_last``         (B, *S)        f of the last evaluated iterate (the last finite image for a non-finite sample)
+``residuals``      (B, N)         r at every solver evaluation; NaN after the sample stopped
+``best_residual``  (B,)           the lowest residual, r(x_best)
+``nfe``            (B,)           every evaluation of f spent on the sample, the cycle check's included
+``status``         (B,) of str    converged | repelling | max-iterations | stalled | diverged | non-finite
 ``period``         (B,)           1: converged to a fixed point; k ≥ 2: a period-k orbit was found; 0: neither
+``rho``            (B,) or None   ρ(J*) at x_best of converged samples (NaN elsewhere); None when not computed
 =================  =============  ==================================================================================
 
-Statuses: *converged* r < τ; *diverged* ‖f(x)‖∞ grew past ``diverge_ratio`` times the scale of the start;
-*non-finite* f returned NaN/Inf (``x_last`` then keeps the last finite image); *stalled* the best residual did
-not improve by 1 % over the last ``stall_patience`` evaluations, or a period-k orbit was detected; otherwise
-*max-iterations* (still improving when the budget ran out). Stalled samples are not frozen early: a residual can
-plateau for a while (information crossing a long prefix-sum string) and then collapse.
+Statuses: *converged* r < τ (and, where ρ(J*) was computed, ρ(J*) ≤ 1); *repelling* r < τ at a fixed point with
+ρ(J*) > 1 — a fixed point, but not one the model's iteration reaches (``converged`` is true for both: the
+root was found and certified); *diverged* ‖f(x)‖∞ or ‖x‖∞ grew past ``diverge_ratio`` times the scale of the
+start; *non-finite* f returned NaN/Inf; *stalled* the best residual did not improve by 1 % over the last
+``stall_patience`` evaluations, or a period-k orbit was detected (``period`` k ≥ 2); otherwise *max-iterations*
+(still improving when the budget ran out). Stalled samples are not frozen early: a residual can plateau for a
+while (information crossing a long prefix-sum string) and then collapse.
 """
 
 from __future__ import annotations
@@ -39,9 +56,8 @@ from typing import Callable, Optional
 
 import torch
 
-STATUSES = ("converged", "max-iterations", "stalled", "diverged", "non-finite")
-METHODS = ("picard", "damped", "anderson")
-_DEFAULT_DAMPING = {"picard": 1.0, "damped": 0.5, "anderson": 1.0}
+STATUSES = ("converged", "max-iterations", "stalled", "diverged", "non-finite", "repelling")
+_CONV, _MAXIT, _STALL, _DIV, _NONFIN, _REPEL = range(6)
 
 
 @dataclass
@@ -58,11 +74,17 @@ class SolveResult:
     method: str = "picard"
     tol: float = 1e-4
     info: dict = field(default_factory=dict)
+    rho: Optional[torch.Tensor] = None
 
     @property
     def converged(self) -> torch.Tensor:
-        """(B,) bool: status == converged."""
-        return torch.tensor([s == "converged" for s in self.status], dtype=torch.bool)
+        """(B,) bool: a fixed point was found and certified (status converged or repelling)."""
+        return torch.tensor([s in ("converged", "repelling") for s in self.status], dtype=torch.bool)
+
+    @property
+    def repelling(self) -> torch.Tensor:
+        """(B,) bool: status repelling (a certified fixed point with ρ(J*) > 1)."""
+        return torch.tensor([s == "repelling" for s in self.status], dtype=torch.bool)
 
     def status_counts(self) -> dict[str, int]:
         return {s: sum(1 for t in self.status if t == s) for s in STATUSES}
@@ -71,7 +93,7 @@ class SolveResult:
         """JSON-ready per-batch summary: converged fraction, status counts, medians of nfe and residual."""
         best = self.best_residual.double()
         finite = best[torch.isfinite(best)]
-        return {
+        out = {
             "method": self.method,
             "tol": self.tol,
             "samples": len(self.status),
@@ -81,6 +103,9 @@ class SolveResult:
             "residual_median": float(finite.median()) if finite.numel() else None,
             "periods": [int(p) for p in self.period],
         }
+        if self.rho is not None:
+            out["rho"] = [None if not math.isfinite(v) else float(v) for v in self.rho.tolist()]
+        return out
 
 
 def residual(fx: torch.Tensor, x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
@@ -126,12 +151,169 @@ def _anderson_mix(X: torch.Tensor, F: torch.Tensor, filled: torch.Tensor, beta: 
     return mixed, ok
 
 
+# ---- the per-method proposals ---------------------------------------------------------------------------------
+# Each method keeps its own per-sample state for the whole batch (B rows) and proposes the next iterate of the
+# running samples ``idx`` from their iterates x, images fx and residuals r; it returns (next (A, n), reset (A,))
+# where ``reset`` marks samples whose proposal was refused by a safeguard (the loop then restarts them from
+# the image of their best iterate, a Picard step from the lowest-residual point, and the method forgets their
+# history through ``forget``).
+
+class _Picard:
+    name = "picard"
+
+    def __init__(self, B, n, dtype, device, *, damping=1.0, **_):
+        self.eta = damping
+
+    def propose(self, idx, x, fx, r, best_r):
+        nxt = fx if self.eta == 1.0 else (1 - self.eta) * x + self.eta * fx
+        return nxt, torch.zeros(idx.numel(), dtype=torch.bool, device=x.device)
+
+    def forget(self, idx):
+        pass
+
+    def info(self):
+        return {"damping": self.eta}
+
+
+class _Anderson:
+    name = "anderson"
+
+    def __init__(self, B, n, dtype, device, *, memory=5, damping=1.0, reg=1e-8, restart_factor=1e2, **_):
+        self.m, self.eta, self.reg, self.restart_factor = memory, damping, reg, restart_factor
+        self.X = torch.zeros(B, memory, n, dtype=dtype, device=device)
+        self.F = torch.zeros(B, memory, n, dtype=dtype, device=device)
+        self.filled = torch.zeros(B, memory, dtype=torch.bool, device=device)
+        self.slot = torch.zeros(B, dtype=torch.long, device=device)
+
+    def propose(self, idx, x, fx, r, best_r):
+        Xa, Fa, fl, sl = self.X[idx], self.F[idx], self.filled[idx], self.slot[idx]
+        rows = torch.arange(idx.numel(), device=x.device)
+        Xa[rows, sl] = x
+        Fa[rows, sl] = fx
+        fl[rows, sl] = True
+        mixed, good = _anderson_mix(Xa, Fa, fl, self.eta, self.reg)
+        self.X[idx], self.F[idx], self.filled[idx] = Xa, Fa, fl
+        self.slot[idx] = (sl + 1) % self.m
+        return mixed, (~good) | (r > self.restart_factor * best_r)
+
+    def forget(self, idx):
+        self.filled[idx] = False
+        self.slot[idx] = 0
+
+    def info(self):
+        return {"damping": self.eta, "memory": self.m, "reg": self.reg}
+
+
+class _Broyden:
+    """Limited-memory "good" Broyden on g(x) = f(x) − x (Broyden 1965, the inverse-Jacobian update DEQ solvers
+    use): H ≈ (∂g/∂x)⁻¹ = −I + Σ uᵢ vᵢᵀ, step x ← x − η H g (the first step, H = −I, is a Picard step). With
+    Δx, Δg the last differences: v = Hᵀ Δx, u = (Δx − H Δg) / (vᵀ Δg). When the ``memory`` m pairs are full, the
+    correction Σ uᵢvᵢᵀ is compressed to its best rank-⌊m/2⌋ approximation (Broyden rank reduction, van de Rotten
+    & Verduyn Lunel 2003: thin QR of U and V, SVD of the m × m core) instead of dropping the oldest pair, which
+    measured far worse (``benchmarks/RESULTS.md``)."""
+
+    name = "broyden"
+
+    def __init__(self, B, n, dtype, device, *, memory=20, damping=1.0, restart_factor=1e2, **_):
+        self.m, self.eta, self.restart_factor = memory, damping, restart_factor
+        self.keep = max(1, memory // 2) if memory > 1 else 0
+        self.U = torch.zeros(B, memory, n, dtype=dtype, device=device)
+        self.V = torch.zeros(B, memory, n, dtype=dtype, device=device)
+        self.px = torch.zeros(B, n, dtype=dtype, device=device)
+        self.pg = torch.zeros(B, n, dtype=dtype, device=device)
+        self.has_prev = torch.zeros(B, dtype=torch.bool, device=device)
+        self.count = torch.zeros(B, dtype=torch.long, device=device)
+        self.compressions = 0
+
+    @staticmethod
+    def _H(U, V, w):  # H w = −w + Σ u_i (v_i · w)
+        return -w + torch.einsum("am,amn->an", torch.einsum("amn,an->am", V, w), U)
+
+    @staticmethod
+    def _HT(U, V, w):  # Hᵀ w = −w + Σ v_i (u_i · w)
+        return -w + torch.einsum("am,amn->an", torch.einsum("amn,an->am", U, w), V)
+
+    def _compress(self, U, V):
+        """Best rank-``keep`` approximation of Σ uᵢvᵢᵀ (rows (A, m, n)), returned as (A, m, n) with zero tails."""
+        q = self.keep
+        Qu, Ru = torch.linalg.qr(U.transpose(1, 2).double())  # (A, n, m), (A, m, m)
+        Qv, Rv = torch.linalg.qr(V.transpose(1, 2).double())
+        W, sig, Zh = torch.linalg.svd(Ru @ Rv.transpose(1, 2))
+        Un = (Qu @ (W[:, :, :q] * sig[:, None, :q])).transpose(1, 2)
+        Vn = (Qv @ Zh[:, :q, :].transpose(1, 2)).transpose(1, 2)
+        U2, V2 = torch.zeros_like(U), torch.zeros_like(V)
+        U2[:, :q], V2[:, :q] = Un.to(U.dtype), Vn.to(V.dtype)
+        return U2, V2
+
+    def propose(self, idx, x, fx, r, best_r):
+        g = fx - x
+        U, V, hp = self.U[idx], self.V[idx], self.has_prev[idx]
+        if bool(hp.any()):
+            dx = x - self.px[idx]
+            dg = g - self.pg[idx]
+            v = self._HT(U, V, dx)
+            den = (v * dg).sum(1)
+            ok = hp & torch.isfinite(den) & (den.abs() > 1e-30 * v.norm(dim=1) * dg.norm(dim=1))
+            u = (dx - self._H(U, V, dg)) / torch.where(ok, den, torch.ones_like(den))[:, None]
+            ok &= _finite(u) & _finite(v)
+            if bool(ok.any()):
+                cnt = self.count[idx]
+                full = ok & (cnt >= self.m)
+                if bool(full.any()):
+                    rows = full.nonzero().flatten()
+                    if self.keep:
+                        U[rows], V[rows] = self._compress(U[rows], V[rows])
+                    else:
+                        U[rows], V[rows] = 0, 0
+                    cnt = torch.where(full, torch.full_like(cnt, self.keep), cnt)
+                    self.compressions += int(rows.numel())
+                rows = ok.nonzero().flatten()
+                sl = cnt[rows]
+                U[rows, sl] = u[rows]
+                V[rows, sl] = v[rows]
+                cnt = torch.where(ok, cnt + 1, cnt)
+                self.count[idx] = cnt
+                self.U[idx], self.V[idx] = U, V
+        nxt = x - self.eta * self._H(U, V, g)
+        self.px[idx], self.pg[idx] = x, g
+        self.has_prev[idx] = True
+        return nxt, (~_finite(nxt)) | (r > self.restart_factor * best_r)
+
+    def forget(self, idx):
+        self.U[idx] = 0
+        self.V[idx] = 0
+        self.has_prev[idx] = False
+        self.count[idx] = 0
+
+    def info(self):
+        return {"damping": self.eta, "memory": self.m, "compressions": self.compressions}
+
+
+SOLVERS: dict[str, type] = {"picard": _Picard, "damped": _Picard, "anderson": _Anderson, "broyden": _Broyden}
+#: what ``method="auto"`` runs (chosen by benchmarks/solver_benchmarks.py; the README states the measurement)
+AUTO = "broyden"
+METHODS = (*SOLVERS, "auto")
+ROOT_FINDERS = ("anderson", "broyden")
+_DEFAULT_DAMPING = {"picard": 1.0, "damped": 0.5, "anderson": 1.0, "broyden": 1.0}
+_DEFAULT_MEMORY = {"anderson": 5, "broyden": 20}
+
+
+def register_solver(name: str, cls: type) -> None:
+    """Add a method to :data:`SOLVERS` (a class with ``__init__(B, n, dtype, device, **options)``, ``propose``,
+    ``forget`` and ``info`` as the built-in ones)."""
+    global METHODS
+    SOLVERS[name] = cls
+    _DEFAULT_DAMPING.setdefault(name, 1.0)
+    METHODS = (*SOLVERS, "auto")
+
+
 def detect_period(f: Callable, x: torch.Tensor, x0: Optional[torch.Tensor], *, max_period: int = 8,
                   tol: float = 1e-4, eps: float = 1e-8) -> torch.Tensor:
     """Smallest period k ∈ [1, max_period] of an orbit through ``x`` (B, *S); 0 where none is found.
 
-    Iterates y_{j+1} = f(y_j) for 2·max_period steps from y_0 = x and returns, per sample, the smallest k with
-    ‖y_{s+k} − y_s‖∞ / (‖y_{s+k}‖∞ + ε) < tol for every s ∈ [0, max_period] (k = 1: a fixed point).
+    Iterates y_{j+1} = f(y_j) for 2·max_period steps from y_0 = x (2·max_period evaluations of f per sample)
+    and returns, per sample, the smallest k with ‖y_{s+k} − y_s‖∞ / (‖y_{s+k}‖∞ + ε) < tol for every
+    s ∈ [0, max_period] (k = 1: a fixed point).
     """
     with torch.no_grad():
         ys = [x]
@@ -148,29 +330,65 @@ def detect_period(f: Callable, x: torch.Tensor, x0: Optional[torch.Tensor], *, m
     return period
 
 
+def classify(result: SolveResult, f: Callable, x0: Optional[torch.Tensor], *, tol: float = 1e-6,
+             fast_f: Optional[Callable] = None, **kwargs) -> SolveResult:
+    """ρ(J*) at ``x_best`` of every converged sample, by :func:`stability.analysis.spectra.jacobian_spectral_radius`
+    (Krylov–Schur on Jᵀ, Ritz residual ``tol``); sets ``result.rho`` (NaN for the others) and marks a converged
+    sample with ρ(J*) > 1 ``repelling`` (Props. 3–4: plain iteration of f cannot reach it). In place; returns
+    ``result``. The products with Jᵀ are counted in ``result.info["rho_products"]`` (they are not evaluations of
+    f, so not in ``nfe``)."""
+    from stability.analysis.spectra import jacobian_spectral_radius
+
+    B = len(result.status)
+    rho = torch.full((B,), math.nan, dtype=torch.float64)
+    idx = result.converged.nonzero().flatten()
+    products = 0
+    if idx.numel():
+        dev = result.x_best.device
+        xs = result.x_best[idx.to(dev)]
+        xb = None if x0 is None else x0[idx.to(x0.device)]
+        spec = jacobian_spectral_radius(f, xs, xb, fast_f=fast_f, tol=tol, **kwargs)
+        rho[idx] = spec.rho.detach().double().cpu()
+        products = int(spec.matvecs)
+        for i, b in enumerate(idx.tolist()):
+            result.status[b] = "repelling" if float(rho[b]) > 1.0 else "converged"
+    result.rho = rho
+    result.info["rho_products"] = products
+    result.info["rho_tol"] = tol
+    return result
+
+
 def solve(f: Callable, x_init: torch.Tensor, x0: Optional[torch.Tensor] = None, *, method: str = "picard",
-          tol: float = 1e-4, max_iter: int = 500, damping: Optional[float] = None, memory: int = 5,
+          tol: float = 1e-4, max_iter: int = 500, damping: Optional[float] = None, memory: Optional[int] = None,
           reg: float = 1e-8, eps: float = 1e-8, stall_patience: int = 50, diverge_ratio: float = 1e6,
-          restart_factor: float = 1e2, max_period: int = 8, cycle_tol: Optional[float] = None) -> SolveResult:
-    """Find x* = f(x*, x0) per sample by Picard, damped or (safeguarded) Anderson iteration.
+          restart_factor: float = 1e2, max_period: int = 8, cycle_tol: Optional[float] = None,
+          certify_rho: Optional[bool] = None, rho_tol: float = 1e-6) -> SolveResult:
+    """Find x* = f(x*, x0) per sample by Picard, damped, Anderson or limited-memory Broyden iteration.
 
     Args:
         f: the loop map, ``f(x, x0) -> x'`` batch-first with independent samples (``model.step``).
         x_init: (B, *S) the first iterate e (Def. 3.1). x0: (B, *S') or None, passed through to f.
-        method: ``picard`` x ← f(x); ``damped`` x ← (1−η)x + η f(x); ``anderson`` type-II Anderson acceleration
-            with ``memory`` m past iterates, Tikhonov ``reg`` λ (relative to the Gram matrix) and mixing η.
-        tol: τ of the relative L∞ residual. damping: η (default 1 for picard and anderson, 0.5 for damped).
+        method: one of :data:`METHODS` (module docstring); ``auto`` runs :data:`AUTO`.
+        tol: τ of the relative L∞ residual. damping: η (default 1, 0.5 for damped; Anderson's mixing, Broyden's
+            step length). memory: Anderson's m past iterates (5) or Broyden's stored update pairs (20).
+        reg: Anderson's Tikhonov λ, relative to the largest diagonal entry of the Gram matrix.
         stall_patience: evaluations without a 1 % improvement of the best residual after which an unconverged
-            sample is reported stalled. diverge_ratio: ‖f(x)‖∞ above this times max(1, ‖x_init‖∞, ‖f(x_init)‖∞)
-            means diverged. restart_factor: Anderson safeguard: when a step's residual exceeds this times the
-            best so far, or the mixing coefficients are not finite, the sample's history is cleared and it
-            restarts from ``x_best``. max_period / cycle_tol: unconverged finite samples are checked for period-k
-            orbits, k ≤ max_period, at tolerance cycle_tol (default 10·tol); 0 disables the check.
+            sample is reported stalled. diverge_ratio: ‖f(x)‖∞ or ‖x‖∞ above this times
+            max(1, ‖x_init‖∞, ‖f(x_init)‖∞) means diverged. restart_factor: root-finder safeguard: when a step's
+            residual exceeds this times the best so far, or the proposal is not finite, the sample's history is
+            cleared and it restarts with a Picard step from its best iterate. max_period / cycle_tol: unconverged
+            finite samples are checked for period-k orbits, k ≤ max_period, at tolerance cycle_tol (default
+            10·tol); 0 disables the check (its 2·max_period evaluations per checked sample count in ``nfe``).
+        certify_rho: compute ρ(J*) of the converged samples and mark ρ > 1 ``repelling`` (:func:`classify`, to
+            Ritz residual ``rho_tol``); default: for the root-finders (anderson, broyden), not for picard/damped.
 
     Returns: :class:`SolveResult` (shapes in the module docstring). No autograd graph is built.
     """
-    if method not in METHODS:
-        raise ValueError(f"unknown solver method {method!r}; allowed: {', '.join(METHODS)}")
+    requested = method
+    if method == "auto":
+        method = AUTO
+    if method not in SOLVERS:
+        raise ValueError(f"unknown solver method {requested!r}; allowed: {', '.join(METHODS)}")
     if max_iter < 1:
         raise ValueError("max_iter must be at least 1")
     eta = _DEFAULT_DAMPING[method] if damping is None else float(damping)
@@ -178,14 +396,21 @@ def solve(f: Callable, x_init: torch.Tensor, x0: Optional[torch.Tensor] = None, 
         raise ValueError(f"damping must be in (0, 1], got {eta}")
     if method == "picard":
         eta = 1.0
+    mem = _DEFAULT_MEMORY.get(method, 5) if memory is None else int(memory)
+    if mem < 1:
+        raise ValueError("memory must be at least 1")
     cycle_tol = 10 * tol if cycle_tol is None else cycle_tol
 
     with torch.no_grad():
         x = x_init.detach().clone()
         B, dev = x.shape[0], x.device
+        S = x.shape[1:]
         n = x[0].numel()
+        solver = SOLVERS[method](B, n, x.dtype, dev, memory=mem, damping=eta, reg=reg,
+                                 restart_factor=restart_factor)
         x_last = x.clone()
         x_best = x.clone()
+        fx_best = x.clone()  # the image of x_best: a restart's Picard step
         best_r = torch.full((B,), math.inf, dtype=torch.float64, device=dev)
         ref_r = torch.full((B,), math.inf, dtype=torch.float64, device=dev)  # for stall detection
         last_improve = torch.zeros(B, dtype=torch.long, device=dev)
@@ -194,16 +419,11 @@ def solve(f: Callable, x_init: torch.Tensor, x0: Optional[torch.Tensor] = None, 
         trace = torch.full((B, max_iter), math.nan, dtype=torch.float64, device=dev)
         scale = torch.ones(B, dtype=torch.float64, device=dev)
         start_norm = x.flatten(1).abs().amax(1).double()
-        if method == "anderson":
-            Xh = torch.zeros(B, memory, n, dtype=x.dtype, device=dev)
-            Fh = torch.zeros(B, memory, n, dtype=x.dtype, device=dev)
-            filled = torch.zeros(B, memory, dtype=torch.bool, device=dev)
-            slot = torch.zeros(B, dtype=torch.long, device=dev)
         restarts = torch.zeros(B, dtype=torch.long, device=dev)
         iters = 0
+        act = torch.arange(B, device=dev)
 
         for it in range(max_iter):
-            act = (code < 0).nonzero().flatten()
             if act.numel() == 0:
                 break
             iters = it + 1
@@ -215,75 +435,71 @@ def solve(f: Callable, x_init: torch.Tensor, x0: Optional[torch.Tensor] = None, 
             r = torch.where(finite, r, torch.full_like(r, math.nan))
             trace[act, it] = r
             norm_f = fa.flatten(1).abs().amax(1).double()
+            norm_x = xa.flatten(1).abs().amax(1).double()
             if it == 0:
                 scale[act] = torch.maximum(torch.maximum(start_norm[act], norm_f.nan_to_num(0.0)),
                                            torch.ones_like(norm_f))
-            diverged = finite & (norm_f > diverge_ratio * scale[act])
-            # bookkeeping of the best image and of progress
+            diverged = finite & (torch.maximum(norm_f, norm_x) > diverge_ratio * scale[act])
+            # bookkeeping of the best iterate (the pre-image whose residual was measured) and of progress
             better = finite & (r < best_r[act])
-            if better.any():
+            if bool(better.any()):
                 idx = act[better]
                 best_r[idx] = r[better]
-                x_best[idx] = fa[better]
+                x_best[idx] = xa[better]
+                fx_best[idx] = fa[better]
             improved = finite & (r < 0.99 * ref_r[act])
-            if improved.any():
+            if bool(improved.any()):
                 idx = act[improved]
                 ref_r[idx] = r[improved]
                 last_improve[idx] = it
-            ok = finite
-            x_last[act[ok]] = fa[ok]
+            x_last[act[finite]] = fa[finite]
             conv = finite & (r < tol)
             new_code = torch.full_like(act, -1)
-            new_code[conv] = STATUSES.index("converged")
-            new_code[diverged & ~conv] = STATUSES.index("diverged")
-            new_code[~finite] = STATUSES.index("non-finite")
+            new_code[diverged & ~conv] = _DIV
+            new_code[conv] = _CONV
+            new_code[~finite] = _NONFIN
             code[act] = new_code
 
             # next iterate for the samples still running
             run = new_code < 0
-            if not run.any():
+            if not bool(run.any()):
+                act = act[:0]
                 continue
             ridx = act[run]
-            xr, fr = xa[run], fa[run]
-            if method == "anderson":
-                Xa, Fa, fl, sl = Xh[ridx], Fh[ridx], filled[ridx], slot[ridx]
-                rows = torch.arange(ridx.numel(), device=dev)
-                Xa[rows, sl] = xr.flatten(1)
-                Fa[rows, sl] = fr.flatten(1)
-                fl[rows, sl] = True
-                mixed, good = _anderson_mix(Xa, Fa, fl, eta, reg)
-                blown = r[run] > restart_factor * best_r[ridx]
-                reset = (~good) | blown
-                nxt = mixed.view_as(xr)
-                if reset.any():
-                    # safeguard: forget the history and restart from the best image (a Picard step from the
-                    # lowest-residual iterate), never worse than plain iteration from there
-                    nxt = torch.where(reset.view(-1, *[1] * (xr.dim() - 1)), x_best[ridx], nxt)
-                    fl[reset] = False
-                    restarts[ridx[reset]] += 1
-                Xh[ridx], Fh[ridx], filled[ridx] = Xa, Fa, fl
-                slot[ridx] = torch.where(reset, torch.zeros_like(sl), (sl + 1) % memory)
-                x[ridx] = nxt
-            else:
-                x[ridx] = fr if eta == 1.0 else (1 - eta) * xr + eta * fr
+            xr, fr = xa[run].flatten(1), fa[run].flatten(1)
+            nxt, reset = solver.propose(ridx, xr, fr, r[run], best_r[ridx])
+            nxt = nxt.view(-1, *S)
+            if bool(reset.any()):
+                # safeguard: forget the history and restart with a Picard step from the best iterate, never
+                # worse than plain iteration from there
+                nxt = torch.where(reset.view(-1, *[1] * len(S)), fx_best[ridx], nxt)
+                solver.forget(ridx[reset])
+                restarts[ridx[reset]] += 1
+            x[ridx] = nxt
+            act = ridx
 
         # samples still running: stalled or out of budget
         running = code < 0
         stalled = running & (iters - 1 - last_improve >= stall_patience)
-        code[stalled] = STATUSES.index("stalled")
-        code[running & ~stalled] = STATUSES.index("max-iterations")
+        code[stalled] = _STALL
+        code[running & ~stalled] = _MAXIT
         period = torch.zeros(B, dtype=torch.long, device=dev)
-        period[code == STATUSES.index("converged")] = 1
-        check = ((code == STATUSES.index("stalled")) | (code == STATUSES.index("max-iterations"))).nonzero().flatten()
+        period[code == _CONV] = 1
+        check = ((code == _STALL) | (code == _MAXIT)).nonzero().flatten()
         if max_period > 0 and check.numel():
             p = detect_period(f, x_last[check], _take(x0, check), max_period=max_period, tol=cycle_tol, eps=eps)
+            nfe[check] += 2 * max_period
             cyc = p >= 2
             period[check] = torch.where(cyc, p, torch.zeros_like(p))
-            code[check[cyc]] = STATUSES.index("stalled")
+            code[check[cyc]] = _STALL
 
-    return SolveResult(
+    info = {"damping": eta, "memory": mem if method in ROOT_FINDERS else None, "iterations": iters,
+            "restarts": restarts.cpu().tolist() if method in ROOT_FINDERS else None, "requested": requested}
+    result = SolveResult(
         x_last=x_last, x_best=x_best, residuals=trace[:, :iters].cpu(), best_residual=best_r.cpu(), nfe=nfe.cpu(),
-        status=[STATUSES[int(c)] for c in code.cpu()], period=period.cpu(), method=method, tol=tol,
-        info={"damping": eta, "memory": memory if method == "anderson" else None, "iterations": iters,
-              "restarts": restarts.cpu().tolist() if method == "anderson" else None},
-    )
+        status=[STATUSES[int(c)] for c in code.cpu()], period=period.cpu(), method=method, tol=tol, info=info)
+    if certify_rho is None:
+        certify_rho = method in ROOT_FINDERS
+    if certify_rho:
+        classify(result, f, x0, tol=rho_tol)
+    return result

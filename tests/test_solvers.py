@@ -139,3 +139,133 @@ def test_bad_options_are_refused():
         solve(lambda x, x0: x, torch.zeros(1, 1), None, method="newton")
     with pytest.raises(ValueError, match="damping"):
         solve(lambda x, x0: x, torch.zeros(1, 1), None, method="damped", damping=1.5)
+
+
+# ---- limited-memory Broyden, the certified x*, the repelling status, nfe ----------------------------------------
+
+def test_broyden_reaches_the_exact_fixed_point_of_a_linear_map_with_fewer_evaluations_than_picard():
+    f, x0, x_star = linear_map(n=60, rho=0.97, seed=2)
+    p = solve(f, x0, x0, method="picard", tol=1e-10, max_iter=5000)
+    b = solve(f, x0, x0, method="broyden", tol=1e-10, max_iter=5000, memory=10)
+    assert b.status == ["converged"] * 3
+    assert (b.x_best - x_star).abs().max() < 1e-7  # τ · ‖x*‖∞ ≈ 7e-9, times ‖(I − A)⁻¹‖
+    assert (b.nfe < 0.4 * p.nfe).all(), (b.nfe, p.nfe)
+    assert b.rho is not None and torch.allclose(b.rho, torch.full((3,), 0.97, dtype=torch.float64), atol=1e-6)
+
+
+def test_broyden_memory_is_bounded_by_the_stored_pairs_not_by_max_iter():
+    """memory m: 2·m·n numbers per sample; with m far below the iterations needed the rank reduction keeps
+    convergence (a dropped-oldest-pair memory needs more than 2× the evaluations on this map)."""
+    f, x0, x_star = linear_map(n=200, rho=0.999, seed=1)
+    small = solve(f, x0, x0, method="broyden", tol=1e-10, max_iter=3000, memory=10, certify_rho=False)
+    full = solve(f, x0, x0, method="broyden", tol=1e-10, max_iter=3000, memory=3000, certify_rho=False)
+    assert small.status == full.status == ["converged"] * 3
+    assert small.info["memory"] == 10
+    assert (small.nfe.double() < 1.5 * full.nfe.double()).all(), (small.nfe, full.nfe)
+    assert (small.x_best - x_star).abs().max() < 1e-7
+
+
+def test_broyden_reports_max_iterations_diverged_and_non_finite_per_sample():
+    f, x0, _ = linear_map(rho=0.999, seed=3)
+    short = solve(f, x0, x0, method="broyden", tol=1e-14, max_iter=15, max_period=0)
+    assert short.status == ["max-iterations"] * 3
+    assert short.nfe.tolist() == [15, 15, 15]
+
+    def blow(x, x0):  # x0 < 0: a map with no fixed point whose values explode; x0 > 0: a contraction to 2x0
+        return torch.where(x0 < 0, x + 1e3 * (1 + x * x), 0.5 * x + x0)
+
+    x0b = torch.tensor([[-1.0], [1.0]], dtype=torch.float64)
+    res = solve(blow, torch.zeros(2, 1, dtype=torch.float64), x0b, method="broyden", tol=1e-10, max_iter=200,
+                diverge_ratio=1e3)
+    assert res.status == ["diverged", "converged"]
+    assert res.nfe[0] <= 3
+    assert abs(float(res.x_best[1, 0]) - 2.0) < 1e-9
+
+    def nonfinite(x, x0):
+        return torch.where(x0 > 0, torch.exp(torch.exp(x)) + x, 0.5 * x)
+
+    x0n = torch.tensor([[1.0], [-1.0]], dtype=torch.float64)
+    res = solve(nonfinite, torch.full((2, 1), 3.0, dtype=torch.float64), x0n, method="broyden", tol=1e-10,
+                max_iter=100, diverge_ratio=1e300)
+    assert res.status == ["non-finite", "converged"]
+    assert torch.isfinite(res.x_last).all() and torch.isfinite(res.x_best).all()
+
+
+@pytest.mark.parametrize("method", ["anderson", "broyden"])
+def test_a_sample_is_solved_the_same_alone_and_in_a_batch_with_failing_mates(method):
+    f, x0, _ = linear_map(n=16, rho=0.95, seed=4)
+
+    def g(x, x0):  # samples with x0[:, 0] > 5 explode, the others follow the linear map
+        bad = (x0[:, :1] > 5).to(x.dtype)
+        return (1 - bad) * f(x, x0) + bad * (x + 1e3 * (1 + x * x))
+
+    mates = x0.clone()
+    mates[1:, 0] = 10.0
+    alone = solve(g, x0[:1], x0[:1], method=method, tol=1e-10, max_iter=400, certify_rho=False)
+    batch = solve(g, mates, mates, method=method, tol=1e-10, max_iter=400, certify_rho=False, diverge_ratio=1e3)
+    assert alone.status == ["converged"] and batch.status[0] == "converged"
+    assert batch.status[1:] == ["diverged", "diverged"]
+    assert int(alone.nfe[0]) == int(batch.nfe[0])
+    assert torch.allclose(alone.x_best[0], batch.x_best[0], atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("method", ["picard", "damped", "anderson", "broyden", "auto"])
+def test_the_returned_fixed_point_is_the_certified_one(method):
+    """x_best is the point whose residual was measured: r(x_best), recomputed here, is best_residual < τ."""
+    f, x0, _ = linear_map(n=40, rho=0.98, seed=5)
+    tol = 1e-6
+    r = solve(f, x0, x0, method=method, tol=tol, max_iter=3000, certify_rho=False)
+    assert r.status == ["converged"] * 3
+    again = residual(f(r.x_best, x0), r.x_best)
+    assert torch.allclose(again, r.best_residual, rtol=1e-6, atol=0)  # rounding of f on another batch
+    assert (again < tol).all()
+
+
+def test_a_repelling_fixed_point_found_by_a_root_finder_is_marked_repelling():
+    """f(x) = a x + (1 − a) c has the fixed point c with J* = a I: ρ = 2 repels, ρ = 0.5 attracts. Broyden finds
+    both; Picard diverges on the first; ``converged`` holds for both (certified roots)."""
+    c = torch.tensor([[0.3, -1.2, 2.0], [0.7, 0.1, -0.4]], dtype=torch.float64)
+    a = torch.tensor([[2.0], [0.5]], dtype=torch.float64)
+
+    def f(x, x0):
+        return x0[:, :1] * x + (1 - x0[:, :1]) * x0[:, 1:]
+
+    x0 = torch.cat([a, c], dim=1)
+    start = torch.zeros(2, 3, dtype=torch.float64)
+    b = solve(f, start, x0, method="broyden", tol=1e-10, max_iter=100)
+    assert b.status == ["repelling", "converged"]
+    assert b.converged.tolist() == [True, True] and b.repelling.tolist() == [True, False]
+    assert torch.allclose(b.x_best, c, atol=1e-9)
+    assert torch.allclose(b.rho, torch.tensor([2.0, 0.5], dtype=torch.float64), atol=1e-8)
+    assert b.status_counts()["repelling"] == 1 and b.summary()["rho"][0] == pytest.approx(2.0)
+    p = solve(f, start, x0, method="picard", tol=1e-10, max_iter=200)
+    assert p.status == ["diverged", "converged"]
+    assert p.rho is None  # Picard's fixed points are reached by the map itself: no ρ is computed by default
+
+
+def test_classify_matches_the_dense_spectral_radius():
+    from stability.solvers import classify
+
+    f, x0, _ = linear_map(n=30, rho=0.9, seed=6)
+    r = solve(f, x0, x0, method="picard", tol=1e-10, max_iter=2000)
+    classify(r, f, x0)
+    assert torch.allclose(r.rho, torch.full((3,), 0.9, dtype=torch.float64), atol=1e-7)
+    assert r.status == ["converged"] * 3
+    assert r.info["rho_products"] > 0
+
+
+@pytest.mark.parametrize("method", ["picard", "anderson", "broyden"])
+def test_nfe_counts_every_evaluation_of_f_including_the_cycle_check(method):
+    rows = []
+
+    def counted(x, r):
+        rows.append(x.shape[0])
+        return logistic(x, r)
+
+    r_values = torch.tensor([2.8, 3.2], dtype=torch.float64)[:, None].expand(2, 4)
+    res = solve(counted, torch.full((2, 4), 0.3, dtype=torch.float64), r_values, method=method, tol=1e-12,
+                max_iter=300, certify_rho=False)
+    assert sum(rows) == int(res.nfe.sum())
+    if method == "picard":
+        assert res.status == ["converged", "stalled"] and res.period.tolist() == [1, 2]
+        assert int(res.nfe[1]) == 300 + 16  # the budget plus the cycle check's 2 · max_period evaluations

@@ -82,7 +82,7 @@ def test_lr_schedule_is_the_release_warmup_and_cooldown():
 
 def test_no_weight_decay_on_biases_and_norm_gains():
     model = build_model(ModelConfig(width=16, heads=2, norm="gru"))
-    opt = make_optimizer(model, TrainConfig())
+    opt = make_optimizer(model, TrainConfig(decay_exempt="norms"))  # the legacy rule; the release's: test_release
     decayed, free = opt.param_groups
     assert decayed["weight_decay"] == 0.01 and free["weight_decay"] == 0.0
     assert all(p.ndim == 2 for p in decayed["params"])

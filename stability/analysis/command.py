@@ -16,7 +16,10 @@ HELP = "analyse a checkpoint's fixed points: reachability, spectra (Props. 3-4),
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("checkpoint", metavar="CKPT", help="a checkpoint written by `stability train`")
+    p.add_argument("checkpoint", metavar="CKPT", help="a checkpoint written by `stability train`, or one of the "
+                   "paper's release checkpoints (RUN_DIR/model_best.pth)")
+    p.add_argument("--release-config", metavar="PATH", help="a release checkpoint's Hydra config, where it is not "
+                   "RUN_DIR/.hydra/config.yaml (README: Release checkpoints and semantics)")
     p.add_argument("--split", choices=["val", "hard", "both"], default="both", help="which split(s) (both)")
     p.add_argument("--samples", type=positive_int, default=32, metavar="N",
                    help="analyse the first N samples of each split, in the task's order (32)")
@@ -52,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
                               iterations=args.iterations, device=args.device, probes=args.probes,
                               eig_route=args.eig_route, eig_precision=args.eig_precision)
     log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    report = analyze_checkpoint(Path(args.checkpoint), splits=splits, options=options, log=log)
+    report = analyze_checkpoint(Path(args.checkpoint), splits=splits, options=options, log=log,
+                                release_config=args.release_config)
     print(text_report(report), end="")
     if args.json:
         write_json(report, Path(args.json))

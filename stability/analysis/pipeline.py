@@ -232,14 +232,15 @@ def analyze_split(model, task, split: str, options: AnalysisOptions, *, log=None
     return out
 
 
-def analyze_checkpoint(path, *, splits=("val", "hard"), options: AnalysisOptions = AnalysisOptions(), log=None) -> dict:
+def analyze_checkpoint(path, *, splits=("val", "hard"), options: AnalysisOptions = AnalysisOptions(), log=None,
+                       release_config=None) -> dict:
     """Load a checkpoint and analyse each split; the top level of the returned dict holds ``checkpoint``,
     ``config``, ``options``, ``splits`` (their names) and one block per split under its name."""
     import stability
 
     if options.device == "cuda" and not torch.cuda.is_available():
         raise StabilityError("--device cuda: no CUDA device is available on this machine")
-    loaded = stability.load(path, device=options.device)
+    loaded = stability.load(path, device=options.device, release_config=release_config)
     if not hasattr(loaded.model, "step"):
         raise StabilityError(f"{path}: a fixed-depth baseline has no loop map, so it has no fixed points to analyse")
     model = analysis_model(loaded.model, torch.float64, options.device)

@@ -150,7 +150,7 @@ def _rayleigh_ritz(Hr: np.ndarray, s_: int, keep: int, nev: int):
     G, bvec = Hr[:s_, :s_], Hr[s_, :s_]
     if not (np.isfinite(G).all() and np.isfinite(bvec).all()):  # a non-finite state (a diverged sample)
         return None, None, 0, np.full(s_, np.nan, dtype=complex), np.zeros(s_), float("nan"), bvec
-    T, Z, p, theta = _schur_restart(G, max(keep, nev + 1), s_ - 1)
+    T, Z, p, theta = _schur_restart(G, max(keep, nev + 1), max(1, s_ - 1))  # s_ = 1: an invariant vector
     lam, Y = np.linalg.eig(T[:p, :p])
     order = np.argsort(-np.abs(lam), kind="stable")
     Yc = Z[:, :p] @ Y[:, order[:max(1, min(nev, p))]]
@@ -222,7 +222,7 @@ def batched_spectral_radius(apply: Callable[[torch.Tensor], torch.Tensor], shape
         arange_d = torch.arange(a, device=device)
         pos_d = pos.to(device)
         X = V[arange_d, pos_d]
-        W = op(X.reshape(a, *S)).reshape(a, n).to(dtype)
+        W = op(X.reshape(a, *S)).detach().reshape(a, n).to(dtype)
         products[ids] += 1
         scale = W.norm(dim=1)
         top = int(pos.max()) + 1
@@ -288,8 +288,8 @@ def _ritz_residual(apply: Callable, shape: tuple, theta: torch.Tensor, u: torch.
     B = shape[0]
     p, q = u.real.reshape(B, -1), u.imag.reshape(B, -1)
     dt = p.dtype
-    Ap = apply(p.reshape(shape)).reshape(B, -1).to(dt)
-    Aq = apply(q.reshape(shape)).reshape(B, -1).to(dt)
+    Ap = apply(p.reshape(shape)).detach().reshape(B, -1).to(dt)
+    Aq = apply(q.reshape(shape)).detach().reshape(B, -1).to(dt)
     a, b = theta.real.to(dt)[:, None], theta.imag.to(dt)[:, None]
     r = torch.cat([Ap - (a * p - b * q), Aq - (b * p + a * q)], dim=1)
     return r.norm(dim=1).double() / (theta.abs().double() * u.reshape(B, -1).norm(dim=1).double()).clamp_min(1e-300)
@@ -352,6 +352,9 @@ def jacobian_spectral_radius(f: Callable, x: torch.Tensor, x0: Optional[torch.Te
 
     exact = BatchedJacobian(f, x, x0)
     shape = tuple(x.shape)
+    n = int(np.prod(shape[1:]))
+    if n <= DENSE_MAX:
+        return _dense_batched(exact.rapply, shape, k=kwargs.get("k", 6), device=x.device)
     kwargs.setdefault("dtype", x.dtype)
     kwargs.setdefault("device", x.device)
     if fast_f is None:
@@ -361,6 +364,30 @@ def jacobian_spectral_radius(f: Callable, x: torch.Tensor, x0: Optional[torch.Te
     return certified_spectral_radius(fast.rapply, exact.rapply, shape, tol=tol,
                                      fast_restrict=lambda i: fast.restrict(i).rapply,
                                      exact_restrict=lambda i: exact.restrict(i).rapply, **kwargs)
+
+
+DENSE_MAX = 32  # states this small: the dense Jacobian (n products) and LAPACK, exact and cheaper than Krylov
+
+
+def _dense_batched(rapply: Callable, shape: tuple, *, k: int = 6, device="cpu") -> BatchedSpectrum:
+    """Every sample's Jᵀ built column by column (n batched products) and its eigenvalues by LAPACK."""
+    B, n = shape[0], int(np.prod(shape[1:]))
+    cols = []
+    for j in range(n):
+        e = torch.zeros(B, n, dtype=torch.float64)
+        e[:, j] = 1.0
+        cols.append(rapply(e.reshape(shape).to(device)).detach().reshape(B, n).double().cpu())
+    JT = torch.stack(cols, dim=2)  # (B, n, n): column j is Jᵀ e_j
+    kk = min(k, n)
+    rho = torch.empty(B, dtype=torch.float64)
+    eigs = torch.empty(B, kk, dtype=torch.complex128)
+    for b in range(B):
+        vals = _sorted(np.linalg.eigvals(JT[b].numpy()))
+        rho[b] = abs(vals[0])
+        eigs[b] = torch.tensor(vals[:kk], dtype=torch.complex128)
+    return BatchedSpectrum(rho=rho.to(device), eigenvalues=eigs.to(device),
+                           ritz_residual=torch.zeros(B, dtype=torch.float64, device=device), matvecs=B * n,
+                           products=torch.full((B,), n, dtype=torch.long))
 
 
 def batched_sigma_max(apply: Callable, rapply: Callable, shape: tuple, **kwargs) -> torch.Tensor:

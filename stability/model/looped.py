@@ -11,13 +11,14 @@ can assemble the paper's matrices without re-implementing the model (App. A.7), 
 * ``residual(s, u, v)``  u + v, or the GRU cell for "gru"
 * ``phi(s, u)``      outer normalisation φ_s (Post norm, Def. 3.4)
 
-and, following the release (facts file), where the paper writes h_s(g(·)) the release applies Pre first:
+and, following the release (docs/release-differences.md), where the paper writes h_s(g(·)) the release applies
+Pre first:
 
 * external (Def. 5.1): u = g(x, x0); z = φ1(R1(u, h1(pre1(u)))); x' = φ2(R2(z, h2(pre2(z))))
 * internal (Def. 5.2): z = φ1(R1(x, h1(g(pre1(x), x0)))); x' = φ2(R2(z, h2(g(pre2(z), x0))))
 * none (Def. 3.2):     z = φ1(R1(x, h1(pre1(x)))); x' = φ2(R2(z, h2(pre2(z))))
 
-With norm none, Pre = I and the forms are exactly the paper's. Norm sites per variant (facts file):
+With norm none, Pre = I and the forms are exactly the paper's. Norm sites per variant (docs/release-differences.md):
 none –; pre: Pre; peri: Pre + Peri; post: Post; gru: Pre + Peri with the GRU residual.
 
 Fixed-Point Reasoner options (ModelConfig; off by default, and then ``step`` is exactly the composition above):
@@ -55,6 +56,11 @@ NORM_SITES = {
 OUTER_NORMS = ("post", "gru")
 
 
+def _flip_rows(t: torch.Tensor) -> torch.Tensor:
+    """Reverse the first spatial axis of a (B, *spatial, C) tensor (``ModelConfig.flip_rows``)."""
+    return t.flip(1)
+
+
 def _norms(present: bool, count: int, width: int, eps: float) -> Optional[nn.ModuleList]:
     return nn.ModuleList(RMSNorm(width, eps) for _ in range(count)) if present else None
 
@@ -85,7 +91,7 @@ class Block(nn.Module):
         super().__init__()
         d = cfg.width
         self.attn = Attention(d, cfg.heads, cfg.spatial_ndim, cfg.attention_window, cfg.rope_base,
-                              cfg.qk_norm, cfg.norm_eps)
+                              cfg.qk_norm, cfg.norm_eps, cfg.window_edges, cfg.rope_precision)
         self.mlp = MLP(d, cfg.mlp_ratio)
         has_pre, has_peri, has_post = NORM_SITES[cfg.norm]
         n = 1 if cfg.share_norms else 2
@@ -241,8 +247,9 @@ class LoopedTransformer(nn.Module):
         return self.phi(2, self.residual(2, z, self.h(2, self.pre(2, z))))
 
     def embed(self, inputs: torch.Tensor) -> torch.Tensor:
-        """x0 = Linear(C_in → d)(inputs), no normalisation (facts file)."""
-        return self.input(inputs)
+        """x0 = Linear(C_in → d)(inputs), no normalisation (docs/release-differences.md); with ``flip_rows``
+        the inputs' first spatial axis is reversed first (a release chess checkpoint's layout)."""
+        return self.input(_flip_rows(inputs) if self.config.flip_rows else inputs)
 
     def initial_state(self, x0: torch.Tensor, generator: Optional[torch.Generator] = None) -> torch.Tensor:
         """The first iterate e (Def. 3.1): x0 itself (default), zeros, or Gaussian noise of std ``noise_std``."""
@@ -256,7 +263,9 @@ class LoopedTransformer(nn.Module):
         return noise.to(x0.device) * self.config.noise_std
 
     def readout(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(x)
+        """Logits per position, (B, *spatial, C_out), in the task's layout (flipped back with ``flip_rows``)."""
+        logits = self.head(x)
+        return _flip_rows(logits) if self.config.flip_rows else logits
 
     def trajectory(self, inputs: torch.Tensor, iterations: int,
                    e: Optional[torch.Tensor] = None) -> Iterator[torch.Tensor]:
@@ -274,8 +283,10 @@ class LoopedTransformer(nn.Module):
 
 class FixedDepthTransformer(nn.Module):
     """The fixed-depth baseline: ``depth`` separately parameterised blocks of the same norm variant, no
-    recall, run once (facts file). ``forward(inputs, iterations)`` repeats its one output so that it can be
-    scored like a looped model; it has no loop map, so the fixed-point analysis does not apply to it."""
+    recall, run once (docs/release-differences.md). ``forward(inputs, iterations)`` repeats its one output so that it can be
+    scored like a looped model (the release's code re-runs the stack at every "iteration"; its grid scores the
+    baseline at iteration 1 only: docs/release-differences.md); it has no loop map, so the fixed-point analysis
+    does not apply to it."""
 
     recall = "fixed"
 
@@ -299,10 +310,11 @@ class FixedDepthTransformer(nn.Module):
             b.attn.impl = impl
 
     def embed(self, inputs: torch.Tensor) -> torch.Tensor:
-        return self.input(inputs)
+        return self.input(_flip_rows(inputs) if self.config.flip_rows else inputs)
 
     def readout(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(x)
+        logits = self.head(x)
+        return _flip_rows(logits) if self.config.flip_rows else logits
 
     def features(self, inputs: torch.Tensor) -> torch.Tensor:
         u = self.embed(inputs)

@@ -1,11 +1,14 @@
 """Building blocks of the loop map, each a pure function of its tensors (usable under torch.func).
 
 RMSNorm (all normalisation sites, App. B.1.2), the GELU MLP, the linear recall g(x, x0) = W_x x + W_0 x0
-(+ biases) of Defs. 5.1 / 5.2 and App. B.3, and the GRU residual (facts file). They are written out with
-elementary ops rather than ``nn.RMSNorm`` / ``nn.GRUCell`` so that forward-mode AD works for every one.
+(+ biases) of Defs. 5.1 / 5.2 and App. B.3, and the GRU residual (docs/release-differences.md). They are
+written out with elementary ops rather than ``nn.RMSNorm`` / ``nn.GRUCell`` so that forward-mode AD works for
+every one.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -13,15 +16,20 @@ import torch.nn.functional as F
 
 
 class RMSNorm(nn.Module):
-    """x / sqrt(mean(x²) + eps) · gain, over the last axis (learnable gain, no bias)."""
+    """x / sqrt(mean(x²) + eps) · gain, over the last axis (learnable gain, no bias).
 
-    def __init__(self, width: int, eps: float = 1e-6):
+    ``eps`` None (the release's ``nn.RMSNorm(d)``): the machine epsilon of the input's dtype,
+    torch.finfo(x.dtype).eps (1.19e-7 in float32, 2.2e-16 in float64); a number: that constant.
+    """
+
+    def __init__(self, width: int, eps: Optional[float] = 1e-6):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(width))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * self.weight
 
 
 class MLP(nn.Module):
@@ -52,8 +60,9 @@ class GRUResidual(nn.Module):
     """R(u, v) = GRUCell(input=v, hidden=u), per token: the "gru" outer normalisation (Remark 1).
 
     Same equations and parameter layout (gates r, z, n) as ``torch.nn.GRUCell``. Init as in the release:
-    input weights Xavier-uniform, hidden weights orthogonal (each gate block), biases 0 except the
-    update-gate (z) slice of both biases, set to 1, so that the state starts close to the identity residual.
+    input weights Xavier-uniform, hidden weights ONE orthogonal (3d × d) matrix (orthonormal columns over all
+    three gates together, weight_hhᵀ weight_hh = I), biases 0 except the update-gate (z) slice of both biases,
+    set to 1, so that the state starts close to the identity residual (docs/release-differences.md).
     """
 
     def __init__(self, width: int):
@@ -69,8 +78,7 @@ class GRUResidual(nn.Module):
         d = self.width
         with torch.no_grad():
             nn.init.xavier_uniform_(self.weight_ih)
-            for i in range(3):
-                nn.init.orthogonal_(self.weight_hh[i * d:(i + 1) * d])
+            nn.init.orthogonal_(self.weight_hh)
             self.bias_ih.zero_()
             self.bias_hh.zero_()
             self.bias_ih[d:2 * d] = 1.0
@@ -88,9 +96,9 @@ class GRUResidual(nn.Module):
 
 
 class OutputHead(nn.Module):
-    """Per-token head: RMSNorm → Linear(d, d) → GELU → Linear(d, C_out) (facts file)."""
+    """Per-token head: RMSNorm → Linear(d, d) → GELU → Linear(d, C_out) (docs/release-differences.md)."""
 
-    def __init__(self, width: int, out_channels: int, eps: float):
+    def __init__(self, width: int, out_channels: int, eps: Optional[float]):
         super().__init__()
         self.norm = RMSNorm(width, eps)
         self.fc = nn.Linear(width, width)

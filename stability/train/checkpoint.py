@@ -32,11 +32,13 @@ from typing import Any, Optional
 import torch
 
 from stability.atomic import atomic_path
-from stability.config import RunConfig, from_dict
+from stability.config import ModelConfig, RunConfig, from_dict
 from stability.errors import CheckpointError, ConfigError
 
 FORMAT = "stability-checkpoint"
 SCHEMA_VERSION = 1
+#: TrainConfig values for a checkpoint written before the option existed (``with_legacy_defaults``)
+LEGACY_TRAIN_VALUES = {"decay_exempt": "norms"}
 
 
 def atomic_save(obj: Any, path: Path) -> None:
@@ -45,8 +47,9 @@ def atomic_save(obj: Any, path: Path) -> None:
         torch.save(obj, tmp)
 
 
-def read(path: Path | str) -> dict:
-    """The raw checkpoint dict, validated: one clear CheckpointError for every kind of bad file."""
+def read_torch(path: Path | str) -> Any:
+    """What ``torch.load(weights_only=True)`` gives for ``path``: one clear CheckpointError for a missing,
+    unreadable, truncated or code-executing file."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path}: no such file")
@@ -66,6 +69,15 @@ def read(path: Path | str) -> dict:
         if is_zip:
             raise CheckpointError(f"{path}: truncated or corrupt checkpoint ({head})") from None
         raise CheckpointError(f"{path}: not a stability checkpoint (not a torch file)") from None
+    return obj
+
+
+def read(path: Path | str, obj: Any = None) -> dict:
+    """The raw checkpoint dict, validated: one clear CheckpointError for every kind of bad file (``obj``: what
+    :func:`read_torch` already gave for ``path``)."""
+    path = Path(path)
+    if obj is None:
+        obj = read_torch(path)
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a stability checkpoint (a foreign file: no '{FORMAT}' marker)")
     version = obj.get("schema_version")
@@ -79,9 +91,30 @@ def read(path: Path | str) -> dict:
     return obj
 
 
+def with_legacy_defaults(config: dict) -> dict:
+    """A stored RunConfig dict with the fields it predates filled in with their legacy values.
+
+    The release-semantics fields of ModelConfig (``window_edges``, ``norm_eps``, ``rope_precision``; README
+    "Release checkpoints and semantics") and TrainConfig's ``decay_exempt`` default to the release's behaviour for
+    new runs; a checkpoint written before they existed was trained with this toolkit's earlier behaviour, so it gets
+    ``ModelConfig.LEGACY_MODEL_VALUES`` and ``LEGACY_TRAIN_VALUES``: it computes exactly what it computed when it
+    was written, and resumes training as it was trained.
+    """
+    if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
+        return config
+    model = dict(config["model"])
+    for name, value in ModelConfig.LEGACY_MODEL_VALUES.items():
+        model.setdefault(name, value)
+    out = {**config, "model": model}
+    if isinstance(config.get("train"), dict):
+        out["train"] = {**LEGACY_TRAIN_VALUES, **config["train"]}
+    return out
+
+
 def run_config(obj: dict, path: Path | str = "checkpoint") -> RunConfig:
+    """The checkpoint's RunConfig (fields it predates take their legacy values: ``with_legacy_defaults``)."""
     try:
-        return from_dict(RunConfig, obj["config"])
+        return from_dict(RunConfig, with_legacy_defaults(obj["config"]))
     except ConfigError as exc:
         raise CheckpointError(f"{path}: invalid config in checkpoint: {exc}") from None
 
@@ -100,12 +133,22 @@ class Loaded:
     package_version: str = ""
 
 
-def load(path: Path | str, *, device: str = "cpu") -> Loaded:
-    """Load a checkpoint written by the trainer (see the module docstring for the format)."""
+def load(path: Path | str, *, device: str = "cpu", release_config: Optional[Path | str] = None) -> Loaded:
+    """Load a checkpoint written by the trainer (see the module docstring for the format), or one of the paper's
+    release checkpoints (a ``{"net": state_dict, ...}`` ``.pth``), whose Hydra config is ``release_config`` or
+    ``RUN_DIR/.hydra/config.yaml`` beside ``RUN_DIR/model_best.pth`` (stability/release.py)."""
     from stability.model import build_model
     from stability.tasks import make_task
 
-    obj = read(path)
+    raw = read_torch(path)
+    from stability import release
+
+    if release.is_release_checkpoint(raw):
+        return release.load_release(path, raw, release_config=release_config, device=device)
+    obj = read(path, raw)
+    if release_config is not None:
+        raise CheckpointError(f"--release-config {release_config}: {path} is a stability checkpoint, not a release "
+                              "checkpoint (it carries its own config)")
     cfg = run_config(obj, path)
     model = build_model(cfg.model)
     try:

@@ -188,7 +188,7 @@ def jacobian_frobenius(fz: torch.Tensor, z: torch.Tensor, probes: int = 1,
 def fixed_point(model, x0: torch.Tensor, e: torch.Tensor, cfg):
     """x* by the analysis core's Anderson solver (no graph): per sample, the image with the lowest residual."""
     return solve(model.step, e.detach(), x0.detach(), method="anderson", tol=cfg.solver_tol,
-                 max_iter=cfg.iterations, memory=cfg.anderson_memory, max_period=0)
+                 max_iter=cfg.iterations, memory=cfg.anderson_memory, max_period=0, certify_rho=False)
 
 
 @contextlib.contextmanager

@@ -41,10 +41,23 @@ def lr_factor(epoch: int, cfg: TrainConfig) -> float:
     return f
 
 
+def decay_exempt(model: torch.nn.Module, rule: str) -> set:
+    """Names of the parameters that escape weight decay (TrainConfig.decay_exempt; docs/release-differences.md).
+
+    norms: every bias and norm gain (tensors of fewer than 2 dimensions). release: the same except the output
+    head's RMSNorm gain, which the release decays (its name-based rule does not catch ``head.0.weight``)."""
+    exempt = {n for n, p in model.named_parameters() if p.ndim < 2}
+    head_norm = getattr(getattr(model, "head", None), "norm", None)
+    if rule == "release" and isinstance(head_norm, torch.nn.Module):
+        exempt -= {f"head.norm.{n}" for n, _ in head_norm.named_parameters()}
+    return exempt
+
+
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (none on biases and norm gains)."""
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    """AdamW (App. B.1.2): weight decay on all parameters but those ``decay_exempt`` names (cfg.decay_exempt)."""
+    exempt = decay_exempt(model, cfg.decay_exempt)
+    decay = [p for n, p in model.named_parameters() if n not in exempt]
+    no_decay = [p for n, p in model.named_parameters() if n in exempt]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.adam_eps)
 
