@@ -127,6 +127,17 @@ def test_freezing_the_linearisation_changes_the_unrolled_tangent_by_rounding_onl
     assert (diff_e <= 1e-11 * exact.initial_tangent.flatten(2).norm(dim=2) + 1e-300).all()
 
 
+def test_the_dense_and_the_matrix_free_frozen_linearisation_agree(setup):
+    m, x0, xs = setup
+    u = torch.randn(x0.shape, generator=torch.Generator().manual_seed(11), dtype=D64)
+    Ts = [1, 10, 100, 150]
+    dense = unroll_tangents_batched(m.step, x0, x0, Ts, input_dir=u, initial_dir=u, dense_max=10_000)
+    free = unroll_tangents_batched(m.step, x0, x0, Ts, input_dir=u, initial_dir=u, dense_max=0)
+    assert (dense.frozen_at > 0).all() and (dense.frozen_at < Ts[-1] - x0[0].numel()).all()  # dense J used
+    assert torch.allclose(dense.input_tangent, free.input_tangent, rtol=1e-12, atol=1e-14)
+    assert torch.allclose(dense.initial_tangent, free.initial_tangent, rtol=1e-12, atol=1e-300)
+
+
 def test_a_sample_result_does_not_depend_on_its_batch_mates(setup):
     m, x0, xs = setup
     full = prop5_check_batched(m.step, xs, x0, x0, TS, tol=1e-10)

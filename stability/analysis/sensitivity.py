@@ -323,7 +323,7 @@ class Unroll:
 def unroll_tangents_batched(f: Callable, e: torch.Tensor, x0: torch.Tensor, Ts: Sequence[int], *,
                             input_dir: Optional[torch.Tensor] = None, e_tangent: Optional[torch.Tensor] = None,
                             initial_dir: Optional[torch.Tensor] = None,
-                            freeze_tol: Optional[float] = 1e-14) -> Unroll:
+                            freeze_tol: Optional[float] = 1e-14, dense_max: int = 1024) -> Unroll:
     """dx_T/dx0 · u (Prop. 5) and dx_T/de · u_e (App. A.8) along one unrolled iteration from e, for every T in Ts
     and every sample of the batch, in one pass (the two tangents share the trajectory: their rows ride in one
     batch).
@@ -332,8 +332,9 @@ def unroll_tangents_batched(f: Callable, e: torch.Tensor, x0: torch.Tensor, Ts: 
     fixed, as Prop. 5 states it). initial_dir: (B, *S) directions of e. Each step is a double reverse-mode product
     (:func:`_tangent_step`). freeze_tol: once a sample's step ‖x_{t+1} − x_t‖∞ / ‖x_{t+1}‖∞ is ≤ freeze_tol, its
     iterate has reached x* to rounding (the trajectory only wanders in the last bits) and the remaining steps use
-    the linearisation at that iterate, cached (:class:`Linearisation`, about a quarter of a step's cost); x_T is
-    then held at that iterate. The change to dx_T is of the order freeze_tol · ‖∂²f‖ / (1 − ρ);
+    the linearisation at that iterate: the dense J (n × n, built once by n batched products) when the state has
+    n ≤ ``dense_max`` entries and fewer than the steps left, else the cached :class:`Linearisation` (about a
+    quarter of a step's cost); x_T is then held at that iterate. The change to dx_T is of the order freeze_tol · ‖∂²f‖ / (1 − ρ);
     benchmarks/RESULTS.md records it on the demo. ``freeze_tol=None``: every step exact. The test is per sample,
     so a sample's result does not depend on its batch mates.
     """
@@ -361,7 +362,7 @@ def unroll_tangents_batched(f: Callable, e: torch.Tensor, x0: torch.Tensor, Ts: 
     R = x.shape[0]
     moving = torch.ones(R, dtype=torch.bool, device=x.device)
     frozen_at = torch.zeros(R, dtype=torch.int64)
-    lin, lin_idx = None, None
+    groups = []  # (rows, affine map dx ↦ J dx + K u at the rows' frozen iterates)
     rec_x, rec_dx = [], []
     for t in range(1, Ts[-1] + 1):
         idx = moving.nonzero().flatten()
@@ -369,8 +370,8 @@ def unroll_tangents_batched(f: Callable, e: torch.Tensor, x0: torch.Tensor, Ts: 
         if idx.numel():
             y, dy = _tangent_step(f, x[idx], X0[idx], dx[idx], U[idx])
             new_x[idx], new_dx[idx] = y, dy
-        if lin_idx is not None and lin_idx.numel():
-            new_dx[lin_idx] = lin.JK(dx[lin_idx], U[lin_idx])
+        for rows, affine in groups:
+            new_dx[rows] = affine(dx[rows])
         if freeze_tol is not None and idx.numel():
             yf, xf = new_x[idx].flatten(1), x[idx].flatten(1)
             step = (yf - xf).abs().amax(1) / yf.abs().amax(1).clamp_min(1e-300)
@@ -378,8 +379,7 @@ def unroll_tangents_batched(f: Callable, e: torch.Tensor, x0: torch.Tensor, Ts: 
             if fr.numel():
                 moving[fr] = False
                 frozen_at[fr.cpu()] = t
-                lin_idx = (~moving).nonzero().flatten()
-                lin = Linearisation(f, new_x[lin_idx], X0[lin_idx])
+                groups.append((fr, _frozen_affine(f, new_x[fr], X0[fr], U[fr], min(dense_max, Ts[-1] - t))))
         x, dx = new_x, new_dx
         if t in Ts:
             rec_x.append(x)
@@ -388,6 +388,24 @@ def unroll_tangents_batched(f: Callable, e: torch.Tensor, x0: torch.Tensor, Ts: 
     parts = {k: DX[:, i * B:(i + 1) * B] for i, k in enumerate(kinds)}
     return Unroll(T=Ts, x=Xs[:, :B], input_tangent=parts.get("input"), initial_tangent=parts.get("initial"),
                   frozen_at=frozen_at[:B], freeze_tol=freeze_tol)
+
+
+def _frozen_affine(f: Callable, x: torch.Tensor, X0: torch.Tensor, U: torch.Tensor, dense_max: int) -> Callable:
+    """dx ↦ J dx + K U at the points (x, X0), J and K held: by dense per-row matrices when n ≤ dense_max."""
+    lin = Linearisation(f, x, X0)
+    c = lin.K(U)
+    n, R = x[0].numel(), x.shape[0]
+    if n > dense_max:
+        return lambda d: lin.J(d) + c
+    eye = torch.eye(n, dtype=x.dtype, device=x.device).reshape(n, *x.shape[1:])
+    cols = Linearisation(f, x.repeat_interleave(n, 0), X0.repeat_interleave(n, 0)).J(
+        eye.repeat(R, *([1] * (x.dim() - 1))))
+    D = cols.reshape(R, n, n).transpose(1, 2).contiguous()  # D[r] = J at row r's point
+
+    def affine(d: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(D, d.reshape(R, n, 1)).reshape(d.shape) + c
+
+    return affine
 
 
 def _seeded_direction(shape, seed: int, like: torch.Tensor, B: int) -> torch.Tensor:
