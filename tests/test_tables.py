@@ -112,3 +112,153 @@ def test_tables_cli_refuses_a_foreign_json_file_in_one_line(tmp_path):
     assert proc.returncode == 2
     assert "not a sweep record" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "tables").exists()
+
+
+# ---- figure data, rank correlations and the records export on synthetic records ---------------------------------
+def analysed(norm, recall, lr, seed, hard, *, conv, rho_J=None, rho_Wx=None, grad=None, val=None):
+    """A record with an analysis summary on val and hard (conv = converged share; rho_J None: undefined)."""
+    rec = record("prefix-sums", norm, recall, lr, seed, hard if val is None else val, hard, T=60)
+    rec["cell_id"] = f"ps-{recall}-{norm}-lr{lr:g}-s{seed}"
+    block = {"samples": 4, "converged_fraction": conv, "rho_J_median": rho_J, "rho_M_median": rho_J,
+             "rho_Wx": rho_Wx, "input_grad_norm_median": grad, "distinct_fixed_points": 4 if conv else 0}
+    rec["analysis"] = {"val": dict(block), "hard": dict(block)}
+    rec["stability"] = {"source": "analyze", "split": "val", "rho_Wx": rho_Wx, "rho_J_median": rho_J,
+                        "converged_fraction": conv, "input_grad_norm_median": grad, "samples": 4}
+    rec["final"]["val"]["position_accuracy"] = 0.9
+    rec["final"]["hard"]["position_accuracy"] = 0.8
+    return rec
+
+
+def synthetic_grid():
+    """Twelve looped runs over two seeds with known predictors, two of them without a converged sample, one
+    diverged, one fixed-depth baseline."""
+    recs = []
+    spec = [  # norm, recall, lr, hard (seed 0), conv, rho_J, rho_Wx, grad
+        ("post", "external", 1e-3, 90.0, 1.0, 0.30, 0.5, 3.0),
+        ("post", "internal", 1e-3, 70.0, 1.0, 0.50, 0.7, 2.0),
+        ("pre", "external", 1e-3, 60.0, 0.75, 0.70, 0.9, 5.0),
+        ("pre", "internal", 3e-3, 20.0, 0.25, 0.95, 1.2, 9.0),
+        ("pre", "none", 1e-3, 0.0, 0.0, None, None, None),
+        ("gru", "external", 3e-3, 40.0, 0.0, None, 1.4, None),
+    ]
+    for seed in (0, 1):
+        for norm, recall, lr, hard, conv, rho_J, rho_Wx, grad in spec:
+            bump = 5.0 * seed if hard else 0.0
+            recs.append(analysed(norm, recall, lr, seed, hard + bump, conv=conv, rho_J=rho_J, rho_Wx=rho_Wx,
+                                 grad=None if grad is None else grad + seed))
+    recs.append(record("prefix-sums", "none", "external", 1e-2, 0, 0, 0, status="diverged", T=60))
+    recs[-1]["cell_id"] = "ps-external-none-lr1e-2-s0"
+    recs.append(record("prefix-sums", "post", "fixed", 1e-3, 0, 50, 30, T=60))
+    recs[-1]["cell_id"] = "ps-fixed-post-lr1e-3-s0"
+    return recs
+
+
+def test_figures_keep_runs_without_a_converged_sample_in_a_marked_strip_and_list_the_rest():
+    from stability.sweep import figures
+
+    recs = synthetic_grid()
+    six = figures.figure6_rho_J_data(recs)
+    strip = [m for p in six["panels"].values() for m in p["missing"] if m["reason"] == figures.NO_CONVERGED]
+    # every looped run that trained but never converged is in the drawn data (4: two configs × two seeds)
+    assert sorted(m["cell_id"] for m in strip) == sorted(
+        [f"ps-none-pre-lr0.001-s{s}" for s in (0, 1)] + [f"ps-external-gru-lr0.003-s{s}" for s in (0, 1)])
+    drawn = sum(len(p["points"]) + len(p["missing"]) for p in six["panels"].values())
+    assert drawn == 13  # 12 analysed looped runs + the diverged one; the fixed-depth baseline has no loop map
+    assert "4 run(s) with no converged probe sample" in six["caption"]
+    assert "1 diverged run(s) not drawn (ps-external-none-lr1e-2-s0)" in six["caption"]
+
+    seven = figures.accuracy_scatter_data([r for r in recs if figures._looped(r)], "rho_J_median")
+    assert len(seven["points"]) == 8 and len(seven["missing"]) == 5
+    gru = [m for m in seven["missing"] if m["cell_id"] == "ps-external-gru-lr0.003-s1"][0]
+    assert gru["reason"] == figures.NO_CONVERGED and gru["hard"] == 45.0  # its accuracy is plotted, in the strip
+
+    new = figures.hard_vs_fixed_point_data(recs)
+    assert len(new["points"]) == 12 and [m["cell_id"] for m in new["missing"]] == ["ps-external-none-lr1e-2-s0"]
+    assert sum(p["rho_J"] is None for p in new["points"]) == 4  # drawn in the ρ(J*) panel's strip
+
+
+def test_result_figures_draw_every_run_and_carry_their_data(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from stability.sweep import figures
+
+    recs = synthetic_grid()
+    fig = figures.figure7_rho_J(recs)
+    assert len(fig.stability_data["points"]) + len(fig.stability_data["missing"]) == 13
+    ax = fig.axes[0]
+    # both encodings have a legend: colour = recall (first legend, kept as an artist) and marker = norm
+    titles = {leg.get_title().get_text() for leg in [ax.get_legend()] + [a for a in ax.artists]}
+    assert {"colour: recall", "marker: norm"} <= titles
+    assert "whole-answer" in ax.get_ylabel()
+    strip_points = sum(len(c.get_offsets()) for c in ax.collections if len(c.get_offsets()) and
+                       float(c.get_offsets()[0][0]) > max(p["x"] for p in fig.stability_data["points"]))
+    assert strip_points == 4
+    three = figures.figure3_by_recall(recs)
+    labels = [t.get_text() for t in three.axes[1].get_legend().get_texts()]
+    assert any(t.startswith("external: post, lr 0.001 (2/2 seeds)") for t in labels)
+    assert any(t.startswith("fixed depth: post") for t in labels)
+    assert figures.figure_hard_vs_fixed_point(recs) is not None
+
+
+def test_rank_correlations_are_scipys_spearman_pooled_and_per_seed():
+    from scipy.stats import spearmanr
+
+    from stability.sweep import correlations
+
+    recs = synthetic_grid()
+    out = correlations.rank_correlations(recs)
+    assert out["runs"] == 12 and out["seeds"] == [0, 1]
+    rows = correlations.predictor_table(recs)
+    hard = [r["hard"] for r in rows]
+    # ρ(J*): an undefined value (no converged sample) ranks above every measured one
+    rho_J = [math.inf if r["rho_J"] is None or r["rho_J"] == math.inf else r["rho_J"] for r in rows]
+    assert out["predictors"]["rho_J"]["pooled"]["rho"] == pytest.approx(spearmanr(rho_J, hard).statistic, abs=1e-12)
+    assert out["predictors"]["rho_J"]["pooled"]["n"] == 12
+    assert out["predictors"]["rho_J"]["undefined_runs"] == 4
+    conv = [r["converged_share"] for r in rows]
+    assert out["predictors"]["converged_share"]["pooled"]["rho"] == pytest.approx(spearmanr(conv, hard).statistic)
+    # ‖dx*/dx0‖ and ρ(W_x): runs without a value are left out (autonomous runs have no W_x)
+    keep = [(r["input_grad_norm"], r["hard"]) for r in rows if r["input_grad_norm"] is not None]
+    assert out["predictors"]["input_grad_norm"]["pooled"]["n"] == len(keep) == 8
+    assert out["predictors"]["input_grad_norm"]["pooled"]["rho"] == pytest.approx(
+        spearmanr(*zip(*keep)).statistic)
+    wx = [(r["rho_Wx"], r["hard"]) for r in rows if r["rho_Wx"] is not None]
+    assert out["predictors"]["rho_Wx"]["pooled"]["n"] == 10
+    assert out["predictors"]["rho_Wx"]["pooled"]["rho"] == pytest.approx(spearmanr(*zip(*wx)).statistic)
+    # per seed, and the spread over seeds
+    per = []
+    for s in (0, 1):
+        sub = [r for r in rows if r["seed"] == s]
+        res = spearmanr([r["converged_share"] for r in sub], [r["hard"] for r in sub]).statistic
+        assert out["predictors"]["converged_share"]["by_seed"][str(s)]["rho"] == pytest.approx(res)
+        per.append(res)
+    p = out["predictors"]["converged_share"]
+    assert p["seed_mean"] == pytest.approx(sum(per) / 2)
+    assert p["seed_std"] == pytest.approx(abs(per[0] - per[1]) / math.sqrt(2))
+    assert out["ranking"][0] in correlations.PREDICTORS and len(out["ranking"]) == 4
+    md = correlations.markdown(out)
+    assert "| median ρ(J*) |" in md and "seed 1" in md
+
+
+def test_records_export_is_one_jsonl_line_and_one_csv_row_per_record(tmp_path):
+    from stability.sweep import export
+
+    recs = synthetic_grid()
+    paths = export.write_records(recs, tmp_path)
+    assert [p.name for p in paths] == ["records.jsonl", "records.csv"]
+    back = export.read_jsonl(tmp_path / "records.jsonl")
+    assert len(back) == len(recs) and sorted(r["cell_id"] for r in back) == sorted(r["cell_id"] for r in recs)
+    rows = list(csv.DictReader((tmp_path / "records.csv").open()))
+    assert len(rows) == len(recs)
+    row = [r for r in rows if r["cell_id"] == "ps-internal-pre-lr0.003-s1"][0]
+    assert float(row["hard_accuracy"]) == pytest.approx(0.25) and row["hard_rho_J_median"] == "0.95"
+    assert row["hard_converged_fraction"] == "0.25" and row["val_position_accuracy"] == "0.9"
+    gru = [r for r in rows if r["cell_id"] == "ps-external-gru-lr0.003-s0"][0]
+    assert gru["hard_rho_J_median"] == ""  # undefined is empty, not 0
+    # the deterministic view drops timings and host, keeps results
+    rec = dict(recs[0], timing={"run_seconds": 1.0}, environment={"host": "a"}, finished_at="now")
+    rec["analysis"]["val"]["timings_s"] = {"solve": 1.0}
+    view = export.deterministic_view(rec)
+    assert "timing" not in view and "environment" not in view and "timings_s" not in view["analysis"]["val"]
+    assert view["final"] == recs[0]["final"]

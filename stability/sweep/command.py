@@ -25,6 +25,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="local, without --gpus: N CPU worker processes (default 1)")
     p.add_argument("--dry-run", action="store_true",
                    help="list the cells, which are done, and the estimated cost of the rest; run nothing")
+    p.add_argument("--list", action="store_true",
+                   help="list the cell ids (the readable cell_id and the full id of its files) and their state; "
+                        "run nothing")
+    p.add_argument("--only", metavar="CELL_ID[,CELL_ID...]", default=None,
+                   help="run only these cells (a readable cell_id such as ps-external-post-lr1e-3-s0, or the full "
+                        "id), rerunning them from scratch even if they have records")
     p.add_argument("--where", action="append", default=[], metavar="SECTION.OPTION=V[,V...]",
                    help="run only the cells whose option has one of these values (repeatable), e.g. "
                         "--where train.seed=0 --where model.recall=external,internal")
@@ -79,7 +85,7 @@ def _estimate(cells_todo: list, results) -> list[str]:
     for cell in cells_todo:
         key = _kind(cell.config.task.name, cell.config.model.recall)
         todo[key] = todo.get(key, 0) + 1
-    lines, total, untimed = [], 0.0, 0
+    lines, total, untimed, timed = [], 0.0, 0, 0
     for (task, kind), n in sorted(todo.items()):
         measured = times.get((task, kind)) or [t for (tk, _), ts in times.items() if tk == task for t in ts]
         if not measured:
@@ -88,13 +94,31 @@ def _estimate(cells_todo: list, results) -> list[str]:
             continue
         mean = sum(measured) / len(measured)
         total += mean * n
+        timed += n
         lines.append(f"  {task} ({kind}): {n} runs × {mean:.1f} s/run (mean of {len(measured)} finished) "
                      f"= {mean * n / 3600:.2f} h")
-    if todo:
+    if todo and not timed:
+        lines.append(f"  estimated total: unknown: no finished run in this results directory to time the "
+                     f"{untimed} runs by (run a few cells first, e.g. with --only or --where)")
+    elif todo:
         on = f" on {', '.join(sorted(devices))}" if devices else ""
         lines.append(f"  estimated total: {total / 3600:.2f} device-hours{on}, one run at a time"
-                     + (f" (+ {untimed} runs not yet timed)" if untimed else ""))
+                     + (f", for the {timed} runs of timed kinds; {untimed} more not yet timed" if untimed else ""))
     return lines
+
+
+def _export(results) -> None:
+    """Every record of the results directory as records.jsonl and records.csv beside records/."""
+    from stability.errors import StabilityError
+    from stability.sweep.export import write_records
+    from stability.sweep.runner import load_records
+
+    try:
+        records = load_records(results)
+    except StabilityError:
+        return
+    paths = write_records(records, results)
+    print(f"{len(records)} records → " + ", ".join(str(p) for p in paths))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -104,11 +128,17 @@ def run(args: argparse.Namespace) -> int:
     from stability.sweep import grid as gridlib
     from stability.sweep.runner import RunOptions, checkpoint_path, outcome_line, record_path
 
+    from stability.atomic import check_writable
+
     grid = gridlib.load(args.grid)
     cells = gridlib.select(grid.cells, args.where)
+    if args.only is not None:
+        wanted = [w.strip() for w in args.only.split(",") if w.strip()]
+        if not wanted:
+            raise ConfigError("--only: expected one or more cell ids separated by commas")
+        cells = gridlib.find_cells(cells if args.where else grid.cells, wanted, str(args.grid))
     results = Path(args.results) if args.results else Path("results") / grid.name
-    if results.exists() and not results.is_dir():
-        raise ConfigError(f"--results {results} exists and is not a directory")
+    check_writable(results, "dir", "--results")
     if args.executor == "local" and args.gpus and args.workers:
         raise ConfigError("--workers counts CPU workers; with --gpus N there is one worker per GPU")
     if args.executor == "slurm" and args.workers:
@@ -122,16 +152,28 @@ def run(args: argparse.Namespace) -> int:
     done = [c for c in cells if record_path(results, c.id).exists()]
     todo = [c for c in cells if not record_path(results, c.id).exists()]
     partial = [c for c in todo if checkpoint_path(results, c.id).exists()]
-    print(f"grid {grid.name}: {len(grid.cells)} cells" + (f", {len(cells)} selected" if args.where else "")
+    selected = args.where or args.only is not None
+    print(f"grid {grid.name}: {len(grid.cells)} cells" + (f", {len(cells)} selected" if selected else "")
           + f"; {len(done)} done, {len(partial)} partly trained, {len(todo) - len(partial)} not started"
           + f"  → {results}")
-    if args.dry_run:
+    if args.dry_run or args.list:
+        width = max((len(c.cell_id) for c in cells), default=0)
         for c in cells:
             state = "done" if c in done else ("partial" if c in partial else "todo")
-            print(f"  {state:8s} {c.id}")
-        for line in _estimate(todo, results):
-            print(line)
+            print(f"  {state:8s} {c.cell_id:{width}s}  {c.id}")
+        if args.dry_run:
+            for line in _estimate(cells if args.only is not None else todo, results):
+                print(line)
         return 0
+    if args.only is not None:  # a rerun from scratch: the chosen cells lose their record, checkpoint, analysis
+        from stability.sweep.runner import analysis_path
+
+        for c in cells:
+            for path in (record_path(results, c.id), checkpoint_path(results, c.id), analysis_path(results, c.id),
+                         checkpoint_path(results, c.id).with_suffix(".metrics.jsonl")):
+                if path.exists():
+                    path.unlink()
+        done, todo, partial = [], list(cells), []
     if not todo:
         print("nothing to run: every selected cell has its record")
         return 0
@@ -153,18 +195,24 @@ def run(args: argparse.Namespace) -> int:
     results.mkdir(parents=True, exist_ok=True)
     write_cell_files(todo, results, options, grid.name)
     counter = {"n": 0}
+    names = {c.id: c.cell_id for c in todo}
 
     def report(outcome: dict) -> None:
         counter["n"] += 1
         line = outcome if "accuracy" in outcome else outcome_line(outcome)
         msg = f"  {line['message']}" if line["status"] in ("failed", "diverged", "busy") and line["message"] else ""
-        print(f"[{counter['n']}/{len(todo)}] {line['status']:8s} {line['id']}  {_fmt_acc(line.get('accuracy'))}"
+        name = line.get("cell_id") or names.get(line["id"], line["id"])
+        print(f"[{counter['n']}/{len(todo)}] {line['status']:8s} {name}  {_fmt_acc(line.get('accuracy'))}"
               f"  {line.get('seconds', 0.0):.1f} s{msg}", flush=True)
+
+    def progress(slot: str, cid: str, text: str) -> None:
+        print(f"      {slot}: {text}", flush=True)
 
     ids = [c.id for c in todo]
     try:
         if args.executor == "local":
-            outcomes = run_local(ids, results, workers=args.workers or 1, gpus=args.gpus, report=report)
+            outcomes = run_local(ids, results, workers=args.workers or 1, gpus=args.gpus, report=report,
+                                 progress=progress)
         else:
             outcomes = run_submitit(todo, results, cluster=args.cluster, gpus=args.gpus,
                                     name=f"stability-{grid.name}", wait=not args.no_wait,
@@ -181,6 +229,7 @@ def run(args: argparse.Namespace) -> int:
     counts: dict[str, int] = {}
     for o in outcomes:
         counts[o["status"]] = counts.get(o["status"], 0) + 1
+    _export(results)
     print("summary: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + f"; records in {results / 'records'}")
     if counts.get("failed"):
         print(f"{counts['failed']} cell(s) failed (see {results / 'logs'}); run the sweep again to retry them",

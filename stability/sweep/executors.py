@@ -53,10 +53,29 @@ def _worker_env(slot: dict, threads: int) -> dict:
     return env
 
 
+def _new_lines(path: Path, offset: int) -> tuple[list[str], int]:
+    """Complete lines appended to ``path`` since byte ``offset``, and the new offset."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read()
+    except OSError:
+        return [], offset
+    end = data.rfind(b"\n")
+    if end < 0:
+        return [], offset
+    lines = [ln.strip() for ln in data[:end].decode(errors="replace").splitlines() if ln.strip()]
+    return lines, offset + end + 1
+
+
 def run_local(cell_ids: list[str], results: Path, *, workers: int = 1, gpus: int = 0,
-              report: Optional[Report] = None, poll_s: float = 0.2) -> list[dict]:
+              report: Optional[Report] = None, poll_s: float = 0.2,
+              progress: Optional[Callable[[str, str, str], None]] = None) -> list[dict]:
     """Run the cells in a pool of worker processes (one per GPU when ``gpus`` > 0); returns one outcome per cell:
-    {id, status: done | diverged | skipped | busy | failed, message, seconds, slot}."""
+    {id, status: done | diverged | skipped | busy | failed, message, seconds, slot}.
+
+    ``progress(slot, cell id, line)`` hears each line a worker writes to its log (the stages of its training and
+    analysis), as it is written; the final JSON outcome line is not passed on."""
     if workers < 1:
         raise ConfigError("--workers: must be at least 1")
     slots = [{"name": f"gpu{i}", "gpu": i} for i in range(gpus)] if gpus else \
@@ -66,6 +85,7 @@ def run_local(cell_ids: list[str], results: Path, *, workers: int = 1, gpus: int
     (results / "logs").mkdir(parents=True, exist_ok=True)
     queue = list(cell_ids)
     running: dict[int, tuple] = {}  # slot index -> (Popen, cell id, start time, log handle)
+    offsets: dict[int, int] = {}  # slot index -> bytes of its cell's log already passed to ``progress``
     outcomes: list[dict] = []
     stop = {"signal": None}
 
@@ -81,12 +101,18 @@ def run_local(cell_ids: list[str], results: Path, *, workers: int = 1, gpus: int
                     continue
                 cid = queue.pop(0)
                 log = open(results / "logs" / f"{cid}.log", "ab")
+                offsets[i] = log.tell()
                 proc = subprocess.Popen([sys.executable, "-m", "stability.sweep.runner", str(results), cid],
                                         stdout=log, stderr=subprocess.STDOUT, env=_worker_env(slot, threads))
                 running[i] = (proc, cid, time.perf_counter(), log)
             time.sleep(poll_s)
             for i in list(running):
                 proc, cid, t0, log = running[i]
+                if progress:
+                    lines, offsets[i] = _new_lines(results / "logs" / f"{cid}.log", offsets[i])
+                    for line in lines:
+                        if not line.startswith("{"):
+                            progress(slots[i]["name"], cid, line)
                 if proc.poll() is None:
                     continue
                 log.close()

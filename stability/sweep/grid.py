@@ -31,7 +31,13 @@ Every key is checked: an unknown top-level key, section or option is an error na
 cell's options are validated by the RunConfig itself. Each cell gets a stable id: the task and its axis values,
 then ``--`` and the first 10 hex digits of the SHA-1 of its options that differ from the defaults (canonical
 JSON), so the same configuration has the same id in every expansion, on every machine, and in later versions of
-the toolkit that add options.
+the toolkit that add options (the file names of its record and checkpoint). Each cell also gets a short,
+readable ``cell_id`` (:func:`short_cell_id`), e.g. ``ps-external-post-lr1e-3-s0``: the task, recall, norm,
+learning rate and seed, then the values of the grid's other axes; unique within the grid (a 6-digit hash is
+appended where two cells would share one). ``stability sweep GRID --only CELL_ID`` reruns a cell by either id.
+
+A grid must define cells: a file with no ``fixed``, ``axes`` or ``include`` (e.g. an empty file) is an error,
+not one cell with the paper's full-size defaults.
 """
 
 from __future__ import annotations
@@ -71,14 +77,16 @@ class Cell:
     axes: dict
     config: RunConfig
     slurm: dict = field(default_factory=dict)
+    cell_id: str = ""  # the short readable id (short_cell_id), unique within its grid
 
     def to_dict(self) -> dict:
-        return {"id": self.id, "axes": dict(self.axes), "config": to_dict(self.config), "slurm": dict(self.slurm)}
+        return {"id": self.id, "cell_id": self.cell_id or self.id, "axes": dict(self.axes),
+                "config": to_dict(self.config), "slurm": dict(self.slurm)}
 
     @staticmethod
     def from_dict(d: dict) -> "Cell":
         return Cell(id=d["id"], axes=dict(d["axes"]), config=from_dict(RunConfig, d["config"]),
-                    slurm=dict(d.get("slurm", {})))
+                    slurm=dict(d.get("slurm", {})), cell_id=d.get("cell_id", d["id"]))
 
 
 @dataclass
@@ -159,6 +167,44 @@ def cell_id(axes: dict, config: RunConfig) -> str:
     return f"{readable[:100]}--{config_hash(config)}"
 
 
+#: task names shortened in readable cell ids
+TASK_SHORT = {"prefix-sums": "ps", "sudoku": "sudoku", "chess": "chess"}
+#: the options always named in a readable cell id, in this order (then the grid's other axes, sorted)
+_ALWAYS = ("model.recall", "model.norm", "train.lr", "train.seed")
+
+
+def short_cell_id(axes: dict, config: RunConfig) -> str:
+    """The readable id of a cell: task, recall, norm, ``lr`` + learning rate, ``s`` + seed, then each other axis
+    as its name and value, joined by ``-`` (e.g. ``ps-external-post-lr1e-3-s0``, ``...-s0-width64``)."""
+    parts = [TASK_SHORT.get(config.task.name, config.task.name), config.model.recall, config.model.norm,
+             f"lr{_short_value(float(config.train.lr))}", f"s{config.train.seed}"]
+    for key in sorted(k for k in axes if k not in _ALWAYS and k != "task.name"):
+        parts.append(f"{key.split('.', 1)[1].replace('_', '')}{_short_value(axes[key])}")
+    return "-".join(re.sub(r"[^A-Za-z0-9.+-]+", "", p) for p in parts)
+
+
+def _assign_cell_ids(cells: list) -> list:
+    """Cells with their readable ids, made unique by a 6-digit hash suffix where two would collide."""
+    names = [short_cell_id(c.axes, c.config) for c in cells]
+    counts: dict[str, int] = {}
+    for n in names:
+        counts[n] = counts.get(n, 0) + 1
+    return [dataclasses.replace(c, cell_id=n if counts[n] == 1 else f"{n}-{config_hash(c.config)[:6]}")
+            for c, n in zip(cells, names)]
+
+
+def find_cells(cells: list, wanted: list[str], grid_label: str = "GRID") -> list:
+    """The cells named in ``wanted`` (readable ``cell_id`` or full ``id``), in the grid's order; a ConfigError
+    naming the first unknown one and how to list the ids."""
+    by_name = {c.cell_id: c for c in cells} | {c.id: c for c in cells}
+    unknown = [w for w in wanted if w not in by_name]
+    if unknown:
+        raise ConfigError(f"--only {unknown[0]}: no such cell in {grid_label}; `stability sweep {grid_label} --list` "
+                          "shows the cell ids")
+    chosen = {by_name[w].id for w in wanted}
+    return [c for c in cells if c.id in chosen]
+
+
 def _build(path, options: dict[str, Any]) -> RunConfig:
     sections: dict[str, dict] = {s: {} for s in SECTIONS}
     for key, value in options.items():
@@ -219,6 +265,9 @@ def parse(data: dict, *, path: Optional[Path] = None, extra_fixed: Optional[dict
             if cell.id not in seen_ids:
                 seen_ids.add(cell.id)
                 grid.cells.append(dataclasses.replace(cell, slurm={**cell.slurm, **grid.slurm}))
+    if not includes and not axes and not data.get("fixed"):
+        raise ConfigError(f"{_where(path)}the grid defines no cells: give [fixed.*] options, [axes.*] lists or an "
+                          "include (an empty grid would be one run at the paper's full-size defaults)")
     if axes or not includes:
         keys = list(axes)
         for combo in itertools.product(*(axes[k] for k in keys)):
@@ -228,6 +277,8 @@ def parse(data: dict, *, path: Optional[Path] = None, extra_fixed: Optional[dict
             if cell.id not in seen_ids:
                 seen_ids.add(cell.id)
                 grid.cells.append(cell)
+    if not _seen:  # the top-level file: readable ids over the whole grid
+        grid.cells = _assign_cell_ids(grid.cells)
     return grid
 
 

@@ -169,17 +169,27 @@ def analysis_summary(report: dict) -> dict:
             "prop4_max_abs_diff": (p4 or {}).get("max_abs_diff_vs_autograd"),
             "rho_Wx": (b.get("recall") or {}).get("rho_Wx"),
             "input_grad_norm_median": (b.get("input_dependence") or {}).get("frobenius_median"),
+            "distinct_fixed_points": fp.get("distinct_fixed_points"),
             "fixed_point_distance_max": (b.get("initial_iterate") or {}).get("fixed_point_distance_max"),
+            "dxT_de_norm_last": _last((b.get("initial_iterate") or {}).get("dxT_de_norm")),
+            "prop5_rel_error_last": _last((b.get("prop5") or {}).get("rel_error")),
             "accuracy_at_fixed_point": (b.get("accuracy") or {}).get("at_fixed_point"),
+            "timings_s": b.get("timings_s") or b.get("timings"),
         }
     return out
+
+
+def _last(values):
+    """The last entry of a list (the largest T of a T grid), None for an empty or missing one."""
+    return values[-1] if isinstance(values, list) and values else None
 
 
 def _stability_from_analysis(summary: dict) -> dict:
     s = summary.get("val") or next(iter(summary.values()))
     return {"source": "analyze", "split": "val" if "val" in summary else next(iter(summary)),
             "rho_Wx": s["rho_Wx"], "rho_J_median": s["rho_J_median"], "converged_fraction": s["converged_fraction"],
-            "input_grad_norm_median": s["input_grad_norm_median"], "samples": s["samples"]}
+            "input_grad_norm_median": s["input_grad_norm_median"], "samples": s["samples"],
+            "rho_M_median": s.get("rho_M_median"), "distinct_fixed_points": s.get("distinct_fixed_points")}
 
 
 def _with_task_options(config):
@@ -241,12 +251,15 @@ def run_cell(cell, results: Path, options: RunOptions = RunOptions(), *, grid_na
                 say(f"{cell.id}: resuming from its checkpoint at epoch {resumed_from}/{cell.config.train.epochs}")
         device = resolve_device(cell.config.train.device)
         status, error, result = "done", None, None
+        name = cell.cell_id or cell.id
+        say(f"{name}: training ({cell.config.train.epochs} epochs)")
         t_train = time.perf_counter()
         try:
             result = train(cell.config, out, resume=True, progress=False)
         except DivergenceError as exc:
             status, error = "diverged", str(exc)
         train_call = time.perf_counter() - t_train
+        say(f"{name}: training {status} in {train_call:.1f} s")
 
         history, final, trained_config = [], None, _with_task_options(cell.config)
         if out.exists():
@@ -263,7 +276,8 @@ def run_cell(cell, results: Path, options: RunOptions = RunOptions(), *, grid_na
         stability_summary, analysis, analysis_note = None, None, None
         if status == "done" and trained_config.model.recall != "fixed":
             stability_summary, analysis, analysis_note = _summarise(out, results, cell.id, options, device,
-                                                                    trained_config.train.test_iterations)
+                                                                    trained_config.train.test_iterations,
+                                                                    log=lambda m: say(f"{name}: {m}"))
         elif trained_config.model.recall == "fixed":
             analysis_note = "a fixed-depth baseline has no loop map: no fixed-point analysis"
         summary_seconds = time.perf_counter() - t_sum
@@ -274,6 +288,7 @@ def run_cell(cell, results: Path, options: RunOptions = RunOptions(), *, grid_na
             "format": RECORD_FORMAT,
             "schema_version": RECORD_SCHEMA,
             "id": cell.id,
+            "cell_id": cell.cell_id or cell.id,
             "grid": grid_name,
             "axes": cell.axes,
             "config": trained_config.to_dict(),
@@ -304,9 +319,12 @@ def run_cell(cell, results: Path, options: RunOptions = RunOptions(), *, grid_na
                 "message": error or ""}
 
 
-def _summarise(ckpt_path: Path, results: Path, cell_id: str, options: RunOptions, device, test_iterations: int):
-    """(stability summary, analysis summary, note) of a trained looped model."""
+def _summarise(ckpt_path: Path, results: Path, cell_id: str, options: RunOptions, device, test_iterations: int,
+               log=None):
+    """(stability summary, analysis summary, note) of a trained looped model; ``log`` hears each stage."""
+    say = log or (lambda msg: None)
     if options.summary == "monitor" or options.analyze_samples == 0:
+        say("summary by the stability monitor")
         import stability
         from stability.monitor import StabilityMonitor
 
@@ -320,7 +338,12 @@ def _summarise(ckpt_path: Path, results: Path, cell_id: str, options: RunOptions
 
     aopts = AnalysisOptions(samples=options.analyze_samples, max_iter=options.analyze_max_iter,
                             iterations=test_iterations, device=device.type)
-    report = analyze_checkpoint(ckpt_path, splits=tuple(options.analyze_splits), options=aopts)
+    say(f"analysis: {options.analyze_samples} samples of {', '.join(options.analyze_splits)}")
+    t = time.perf_counter()
+    report = analyze_checkpoint(ckpt_path, splits=tuple(options.analyze_splits), options=aopts, log=say)
+    if hasattr(report, "to_json"):  # an analysis object rather than its JSON dict
+        report = report.to_json()
+    say(f"analysis done in {time.perf_counter() - t:.1f} s")
     write_json(report, analysis_path(results, cell_id))
     summary = analysis_summary(report)
     return _stability_from_analysis(summary), summary, None
@@ -335,7 +358,8 @@ def outcome_line(outcome: dict) -> dict:
     """The compact outcome of a cell (what the sweep prints): id, status, message, accuracies, seconds."""
     rec = outcome.get("record") or {}
     final = rec.get("final") or {}
-    return {"id": outcome["id"], "status": outcome["status"], "message": outcome.get("message", ""),
+    return {"id": outcome["id"], "cell_id": rec.get("cell_id", outcome["id"]), "status": outcome["status"],
+            "message": outcome.get("message", ""),
             "seconds": outcome.get("seconds", 0.0),
             "accuracy": {s: v.get("accuracy") for s, v in final.items()}}
 

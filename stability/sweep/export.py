@@ -1,0 +1,118 @@
+"""A sweep's records in the tools a researcher already uses: one JSONL file and one flat CSV table.
+
+``records.jsonl`` holds every record (one JSON object a line, sorted by cell id) as the sweep wrote it; it is what
+a replication commits and what ``tests/test_replication.py`` compares a rerun against. ``records.csv`` is one row
+per run: the cell's axes, its status, whole-answer and per-position accuracy per split at the test iteration, and
+the analysis summary of each analysed split (converged share, ρ(J*), ρ(M), ρ(W_x), ‖dx*/dx0‖_F, distinct fixed
+points, the App. A.8 distance, ‖dx_T/de‖ at the largest T), plus the run's seconds.
+
+:func:`deterministic_view` drops what legitimately differs between two runs of the same cell (timings, host,
+finish time, paths), leaving what must be equal bit for bit on the CPU.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+from stability import atomic
+
+#: per-split analysis quantities in the CSV (the keys of ``runner.analysis_summary``)
+ANALYSIS_COLUMNS = ("samples", "converged_fraction", "rho_J_median", "rho_M_median", "rho_Wx",
+                    "input_grad_norm_median", "distinct_fixed_points", "fixed_point_distance_max", "dxT_de_norm_last",
+                    "prop5_rel_error_last", "accuracy_at_fixed_point")
+BASE_COLUMNS = ("cell_id", "id", "task", "norm", "recall", "lr", "seed", "status", "epochs_completed", "loss_last")
+#: record keys that differ between two runs of one cell without the results differing
+VOLATILE = ("timing", "environment", "finished_at")
+
+
+def _sorted(records: list[dict]) -> list[dict]:
+    return sorted(records, key=lambda r: (r.get("cell_id") or r["id"], r["id"]))
+
+
+def csv_columns(records: list[dict]) -> list[str]:
+    splits = sorted({s for r in records for s in (r.get("analysis") or {})})
+    cols = list(BASE_COLUMNS)
+    for split in ("val", "hard"):
+        cols += [f"{split}_accuracy", f"{split}_position_accuracy", f"{split}_best_accuracy"]
+    for split in splits:
+        cols += [f"{split}_{k}" for k in ANALYSIS_COLUMNS]
+    return cols + ["stability_source", "train_seconds", "summary_seconds", "run_seconds"]
+
+
+def csv_row(rec: dict) -> dict:
+    """The flat CSV row of one record (empty strings where a value is undefined)."""
+    c = rec["config"]
+    row = {"cell_id": rec.get("cell_id") or rec["id"], "id": rec["id"], "task": c["task"]["name"],
+           "norm": c["model"]["norm"], "recall": c["model"]["recall"], "lr": c["train"]["lr"],
+           "seed": c["train"]["seed"], "status": rec.get("status"), "epochs_completed": rec.get("epochs_completed"),
+           "loss_last": rec.get("loss_last")}
+    final = rec.get("final") or {}
+    for split in ("val", "hard"):
+        f = final.get(split) or {}
+        row[f"{split}_accuracy"] = f.get("accuracy")
+        row[f"{split}_position_accuracy"] = f.get("position_accuracy")
+        row[f"{split}_best_accuracy"] = f.get("best_accuracy")
+    for split, block in (rec.get("analysis") or {}).items():
+        for k in ANALYSIS_COLUMNS:
+            row[f"{split}_{k}"] = block.get(k)
+    timing = rec.get("timing") or {}
+    row["stability_source"] = (rec.get("stability") or {}).get("source")
+    row["train_seconds"] = (timing.get("epoch_seconds") or 0.0) + (timing.get("eval_and_io_seconds") or 0.0)
+    row["summary_seconds"] = timing.get("summary_seconds")
+    row["run_seconds"] = timing.get("run_seconds")
+    return {k: ("" if v is None else v) for k, v in row.items()}
+
+
+def records_csv(records: list[dict]) -> str:
+    cols = csv_columns(records)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n", extrasaction="ignore")
+    w.writeheader()
+    for rec in _sorted(records):
+        w.writerow({k: csv_row(rec).get(k, "") for k in cols})
+    return buf.getvalue()
+
+
+def records_jsonl(records: list[dict]) -> str:
+    return "".join(json.dumps(r, sort_keys=True, allow_nan=False) + "\n" for r in _sorted(records))
+
+
+def write_records(records: list[dict], out_dir: Path) -> list[Path]:
+    """``records.jsonl`` and ``records.csv`` in ``out_dir`` (atomically); returns the two paths."""
+    out_dir = Path(out_dir)
+    return [atomic.write_text(out_dir / "records.jsonl", records_jsonl(records)),
+            atomic.write_text(out_dir / "records.csv", records_csv(records))]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The records of a ``records.jsonl`` file."""
+    from stability.errors import StabilityError
+
+    out = []
+    try:
+        lines = Path(path).read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise StabilityError(f"{path}: cannot read the records ({type(exc).__name__})") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            raise StabilityError(f"{path}:{n}: not a JSON record") from None
+    return out
+
+
+def deterministic_view(rec: dict) -> dict:
+    """The record without what differs between two runs of one cell on one machine: timings (also those inside
+    the analysis summary and the monitor's entries), the environment (host, versions) and the finish time."""
+    out = {k: v for k, v in rec.items() if k not in VOLATILE}
+    if out.get("monitor"):
+        out["monitor"] = [{k: v for k, v in m.items() if k != "seconds"} for m in out["monitor"]]
+    if out.get("analysis"):
+        out["analysis"] = {s: {k: v for k, v in b.items() if k not in ("timings_s", "timings")}
+                           for s, b in out["analysis"].items()}
+    return json.loads(json.dumps(out, sort_keys=True))
