@@ -143,7 +143,9 @@ def test_chess_rejects_options_of_other_tasks():
         make_task(TaskConfig(name="chess", sudoku_cut=20.0))
 
 
-@pytest.mark.skipif(not REAL.is_dir(), reason="the shared real samples are not beside this checkout")
+@pytest.mark.skipif(not all((REAL / n).is_file() for n in ("lichess-puzzles-sample-1499.csv",
+                                                          "lichess-puzzles-fen-moves-rating-10000.csv")),
+                    reason=f"optional real-data test: the two real Lichess sample CSVs are not in {REAL}")
 def test_real_lichess_samples_load(tmp_path):
     for name, sizes in (("lichess-puzzles-sample-1499.csv", (1000, 200, 100)),
                         ("lichess-puzzles-fen-moves-rating-10000.csv", (4000, 1000, 2000))):

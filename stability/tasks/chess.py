@@ -1,13 +1,13 @@
 """Chess puzzles (App. B.1.1): find the from- and to-square of the best move.
 
-Encoding (facts file): the position is the puzzle's FEN with the opponent's move ``Moves[0]`` pushed; the target
-is an 8×8 map with 1 on the from- and to-squares of the answer ``Moves[1]``. The input has 12 piece planes,
-white P, N, B, R, Q, K then black in the same order, in a *canonical orientation*: if black is to move the board
-is rotated 180° and the colours swapped, so the side to move is always white and plays up the board; then, if
-the (side to move's) king stands on files a–d, the board is mirrored left-right. Squares are laid out
-``[rank, file]`` of the canonical board, rank 0 at the bottom (python-chess square = 8·rank + file). Castling
-and en-passant rights are not encoded (the paper's planes do not carry them). A prediction is the top-2 squares
-of the class-1 logit; a sample is correct only if both are right.
+Encoding (as in the paper's release; docs/data.md): the position is the puzzle's FEN with the opponent's move
+``Moves[0]`` pushed; the target is an 8×8 map with 1 on the from- and to-squares of the answer ``Moves[1]``. The
+input has 12 piece planes, white P, N, B, R, Q, K then black in the same order, in a *canonical orientation*: if
+black is to move the board is rotated 180° and the colours swapped, so the side to move is always white and plays
+up the board; then, if the (side to move's) king stands on files a–d, the board is mirrored left-right. Squares
+are laid out ``[rank, file]`` of the canonical board, rank 0 at the bottom (python-chess square = 8·rank + file).
+Castling and en-passant rights are not encoded (the paper's planes do not carry them). A prediction is the top-2
+squares of the class-1 logit; a sample is correct only if both are right.
 
 Sources, in order: a Lichess puzzle CSV given by ``TaskConfig.data_path`` (train/val: rating ≤ 1600, hard:
 1601–2000, in file order; the split is cached); else a dataset built by ``stability data make --task chess`` in
@@ -310,7 +310,7 @@ class Chess(ArrayTask):
 
     # ---- scoring: the answer is the top-2 squares of the "1" channel -----------------------------------------
     def predict(self, logits: torch.Tensor) -> torch.Tensor:
-        """(B, 8, 8) maps with 1 on the two squares whose class-1 logit is highest (facts file)."""
+        """(B, 8, 8) maps with 1 on the two squares whose class-1 logit is highest (docs/data.md)."""
         flat = logits[..., 1].reshape(logits.shape[0], -1)
         top = flat.topk(2, dim=1).indices
         pred = torch.zeros_like(flat, dtype=torch.int64)

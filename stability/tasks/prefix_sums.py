@@ -1,8 +1,9 @@
 """Prefix sums (App. B.1.1; Bansal et al. 2022): N-bit strings, target = cumulative sum mod 2.
 
-Inputs are coded as ±0.5 in one channel (facts file), 2 output classes. Train/val use ``train_length`` bits
-(8,000 / 2,000), hard uses ``hard_length`` bits (10,000). Generated from the seed, no download. Each split
-draws from its own generator (seed, split index), so changing one split's size leaves the others unchanged.
+Inputs are coded in one channel as bit − 0.5 (so ±0.5, as in the paper's release), 2 output classes. Train/val
+use ``train_length`` bits (8,000 / 2,000), hard uses ``hard_length`` bits (10,000). Generated from the seed, no
+download. Each split draws from its own generator (seed, split index), so changing one split's size leaves the
+others unchanged.
 """
 
 from __future__ import annotations

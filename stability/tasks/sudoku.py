@@ -1,7 +1,8 @@
 """Sudoku (App. B.1.1): fill in a 9×9 grid.
 
-Encoding (facts file): input one-hot over 10 channels (0 = blank, 1–9 = digit), 10 output classes (the digit;
-class 0 is never a target), a 9×9 board with 2-D positions; loss and accuracy over all 81 cells.
+Encoding (as in the paper's release; docs/data.md): input one-hot over 10 channels (0 = blank, 1–9 = digit), 10
+output classes (the digit; class 0 is never a target), a 9×9 board with 2-D positions; loss and accuracy over all
+81 cells.
 
 Sources, in order:
 

@@ -5,7 +5,7 @@ the same family: constraint propagation by naked singles (a cell with one candid
 with one place in a row, column or box), then depth-first branching on a cell with the fewest candidates
 (lowest cell index among ties, lowest digit first). ``backtracks`` is the number of dead ends (contradictions)
 met before the first solution. On tdoku's "forum_hardest" lists it gives a median of 59 where tdoku reports
-about 65 guesses (shared/data/README.md), so it is on the scale of the paper's cut of 38.
+about 65 guesses (docs/data.md), so it is on the scale of the paper's cut of 38.
 
 A single count depends on the cell and digit ordering (the paper's label is one tdoku run on the puzzle as
 given: one draw). The toolkit's *rating* of a puzzle is the **median** of the backtrack count over
