@@ -34,9 +34,16 @@ import torch
 HERE = Path(__file__).resolve().parent
 
 
-def _timed(fn):
-    t = time.perf_counter()
+CPU_TIMES: dict = {}
+
+
+def _timed(fn, name=None):
+    """(result, wall seconds); the process CPU seconds go to CPU_TIMES[name] (on a loaded machine, with one
+    thread, the CPU time is the better estimate of the wall time on a free core)."""
+    t, c = time.perf_counter(), time.process_time()
     out = fn()
+    if name is not None:
+        CPU_TIMES[name] = time.process_time() - c
     return out, time.perf_counter() - t
 
 
@@ -85,23 +92,28 @@ def bench_split(model, task, split: str, samples: int, seed: int = 0, max_iter: 
     out = {"split": split, "samples": N, "converged": int(conv.sum()), "state_shape": list(x0.shape[1:]),
            "prop5_sample": first}
 
-    old_p5, t_old_p5 = _timed(lambda: prop5_check(f, xp[0], x0[first], e[first], Ts, tol=gmres_tol, seed=seed))
-    new_p5, t_new_p5 = _timed(lambda: prop5_check_batched(f, xp, x0[sl], e[sl], Ts, tol=gmres_tol, seed=seed))
-    old_a8, t_old_a8 = _timed(lambda: initial_iterate_sensitivity(f, e[first], x0[first], Ts, seed=seed))
-    new_a8, t_new_a8 = _timed(lambda: initial_iterate_sensitivity_batched(f, e[sl], x0[sl], Ts, seed=seed))
-    (sh_p5, sh_a8), t_shared = _timed(lambda: prop5_and_initial_iterate_batched(f, xp, x0[sl], e[sl], Ts,
-                                                                                tol=gmres_tol, seed=seed))
+    old_p5, t_old_p5 = _timed(lambda: prop5_check(f, xp[0], x0[first], e[first], Ts, tol=gmres_tol, seed=seed),
+                              "prop5_old")
+    new_p5, t_new_p5 = _timed(lambda: prop5_check_batched(f, xp, x0[sl], e[sl], Ts, tol=gmres_tol, seed=seed),
+                              "prop5_new")
+    old_a8, t_old_a8 = _timed(lambda: initial_iterate_sensitivity(f, e[first], x0[first], Ts, seed=seed),
+                              "a8_sensitivity_old")
+    new_a8, t_new_a8 = _timed(lambda: initial_iterate_sensitivity_batched(f, e[sl], x0[sl], Ts, seed=seed),
+                              "a8_sensitivity_new")
+    (sh_p5, sh_a8), t_shared = _timed(
+        lambda: prop5_and_initial_iterate_batched(f, xp, x0[sl], e[sl], Ts, tol=gmres_tol, seed=seed),
+        "prop5_plus_a8_shared")
     exact_p5, t_exact = _timed(lambda: prop5_check_batched(f, xp, x0[sl], e[sl], Ts, tol=gmres_tol, seed=seed,
-                                                           freeze_tol=None))
+                                                           freeze_tol=None), "prop5_new_exact")
     ftol = max(gmres_tol, 1e-8)
 
     def old_frob():
         return [input_dependence_frobenius(f, res.x_best[b], x0[b], probes=probes, tol=ftol, seed=seed).value
                 for b in idx.tolist()]
 
-    old_fr, t_old_fr = _timed(old_frob)
+    old_fr, t_old_fr = _timed(old_frob, "frobenius_old")
     new_fr, t_new_fr = _timed(lambda: input_dependence_frobenius_batched(f, res.x_best[idx], x0[idx], probes=probes,
-                                                                         tol=ftol, seed=seed))
+                                                                         tol=ftol, seed=seed), "frobenius_new")
 
     def a8_solves():
         gen = torch.Generator().manual_seed(seed)
@@ -109,8 +121,11 @@ def bench_split(model, task, split: str, samples: int, seed: int = 0, max_iter: 
         for start in (torch.zeros_like(e), noise):
             solve(f, start, x0, tol=1e-5, max_iter=max_iter)
 
-    _, t_a8_solves = _timed(a8_solves)
+    _, t_a8_solves = _timed(a8_solves, "a8_solves_unchanged")
     p5s, sh = new_p5.sample(0), sh_p5.sample(0)
+    cpu = dict(CPU_TIMES)
+    cpu["prop5_plus_a8_old"] = cpu["prop5_old"] + cpu["a8_sensitivity_old"]
+    out["cpu_s"] = cpu
     out["times_s"] = {
         "prop5_old": t_old_p5, "prop5_new": t_new_p5, "prop5_new_exact": t_exact,
         "a8_sensitivity_old": t_old_a8, "a8_sensitivity_new": t_new_a8,
@@ -139,9 +154,9 @@ def bench_split(model, task, split: str, samples: int, seed: int = 0, max_iter: 
 def full_analysis(ckpt: Path, samples: int) -> dict:
     from stability.analysis.pipeline import AnalysisOptions, analyze_checkpoint
 
-    rep, wall = _timed(lambda: analyze_checkpoint(ckpt, options=AnalysisOptions(samples=samples)))
+    rep, wall = _timed(lambda: analyze_checkpoint(ckpt, options=AnalysisOptions(samples=samples)), "full")
     blocks = rep if isinstance(rep, dict) else rep.to_json()
-    out = {"wall_s": wall}
+    out = {"wall_s": wall, "cpu_s": CPU_TIMES["full"]}
     for split in ("val", "hard"):
         block = blocks.get(split) or {}
         out[split] = block.get("timings_s") or block.get("timings")
@@ -153,14 +168,17 @@ def markdown(results: dict) -> str:
             ("A.8 ‖dx_T/de‖, 1 sample, T ≤ 500", "a8_sensitivity_old", "a8_sensitivity_new"),
             ("Prop. 5 + A.8 from one shared unroll", "prop5_plus_a8_old", "prop5_plus_a8_shared"),
             ("‖dx*/dx0‖_F, converged samples × 4 probes", "frobenius_old", "frobenius_new")]
-    lines = ["| stage | split | per-sample (s) | batched (s) | speed-up |", "|---|---|---|---|---|"]
+    lines = ["| stage | split | per-sample: CPU s (wall s) | batched: CPU s (wall s) | speed-up (CPU) |",
+             "|---|---|---|---|---|"]
     for label, old, new in rows:
         for s in results["splits"]:
-            t = s["times_s"]
-            lines.append(f"| {label} | {s['split']} | {t[old]:.2f} | {t[new]:.2f} | {t[old] / t[new]:.1f}× |")
+            t, c = s["times_s"], s["cpu_s"]
+            lines.append(f"| {label} | {s['split']} | {c[old]:.2f} ({t[old]:.2f}) | {c[new]:.2f} ({t[new]:.2f}) | "
+                         f"{c[old] / c[new]:.1f}× |")
     for s in results["splits"]:
-        lines.append(f"| A.8 solves from zeros, noise (unchanged) | {s['split']} | {s['times_s']['a8_solves_unchanged']:.2f}"
-                     f" | — | — |")
+        k = "a8_solves_unchanged"
+        lines.append(f"| A.8 solves from zeros, noise (unchanged) | {s['split']} | {s['cpu_s'][k]:.2f} "
+                     f"({s['times_s'][k]:.2f}) | — | — |")
     lines.append("")
     lines.append("| agreement | split | per-sample | batched |")
     lines.append("|---|---|---|---|")
@@ -168,8 +186,9 @@ def markdown(results: dict) -> str:
         a = s["agreement"]
         lines.append(f"| Prop. 5 error T=1 → T=500 | {s['split']} | {a['prop5_rel_error_old'][0]:.4g} → "
                      f"{a['prop5_rel_error_old'][-1]:.4g} | {a['prop5_rel_error_new'][0]:.4g} → "
-                     f"{a['prop5_rel_error_new'][-1]:.4g} (max rel. diff over T {a['prop5_rel_error_max_rel_diff']:.1e};"
-                     f" frozen after step {a['frozen_at']}; exact steps: {a['prop5_rel_error_exact_vs_old_max_rel_diff']:.1e}) |")
+                     f"{a['prop5_rel_error_new'][-1]:.4g} (max rel. diff over T "
+                     f"{a['prop5_rel_error_max_rel_diff']:.1e}; frozen after step {a['frozen_at']}; exact steps: "
+                     f"{a['prop5_rel_error_exact_vs_old_max_rel_diff']:.1e}) |")
         lines.append(f"| GMRES residual / products | {s['split']} | {a['gmres_residual_old']:.3g} / "
                      f"{a['gmres_iterations_old']} | {a['gmres_residual_new']:.3g} / {a['gmres_iterations_new']} |")
         lines.append(f"| ‖dx_T/de‖ over T | {s['split']} | — | max rel. diff {a['a8_norm_max_rel_diff']:.1e} "
@@ -178,7 +197,8 @@ def markdown(results: dict) -> str:
                      f"{a['frobenius_median_new']:.6g} (max rel. diff {a['frobenius_max_rel_diff']:.1e}) |")
     full = results.get("full_analysis")
     if full:
-        lines += ["", f"Whole `analyze_checkpoint` (both splits, pipeline as it stands): {full['wall_s']:.1f} s wall; "
+        lines += ["", f"Whole `analyze_checkpoint` (both splits, pipeline as it stands): {full['cpu_s']:.1f} CPU s, "
+                  f"{full['wall_s']:.1f} s wall; "
                   "per-stage timings_s: " + "; ".join(
                       f"{s}: " + ", ".join(f"{k} {v:.2f}" for k, v in (full.get(s) or {}).items())
                       for s in ("val", "hard"))]

@@ -172,7 +172,8 @@ def test_one_shared_unroll_gives_both_stages_the_separate_results(setup):
 
 def test_frobenius_batched_equals_per_sample_and_the_dense_norm(setup):
     m, x0, xs = setup
-    est = input_dependence_frobenius_batched(m.step, xs, x0, probes=4, tol=1e-9, seed=9, batch=5)  # 12 systems, 3 solves
+    # 12 systems in solves of at most 5
+    est = input_dependence_frobenius_batched(m.step, xs, x0, probes=4, tol=1e-9, seed=9, batch=5)
     for b in range(3):
         ref = input_dependence_frobenius(m.step, xs[b], x0[b], probes=4, tol=1e-9, seed=9)
         got = est.sample(b)
