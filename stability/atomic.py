@@ -20,7 +20,8 @@ from typing import Iterator, Literal
 
 from stability.errors import OutputError
 
-__all__ = ["OutputError", "atomic_path", "check_writable", "write_bytes", "write_json", "write_text"]
+__all__ = ["OutputError", "atomic_path", "check_writable", "output_dir", "write_bytes", "write_json",
+           "write_text"]
 
 
 def _reason(exc: OSError) -> str:
@@ -57,7 +58,7 @@ def check_writable(path: Path | str, kind: Literal["file", "dir"] = "file", what
         if kind == "file" and path.is_dir():
             raise OutputError(f"{label}: is a directory; expected a file name")
         if kind == "dir" and not path.is_dir():
-            raise OutputError(f"{label}: is a file, expected a directory")
+            raise OutputError(f"{label}: is a file, not a directory")
         if kind == "file" and not path.is_file():
             raise OutputError(f"{label}: is not a regular file")
     probe_in = path if (kind == "dir" and path.is_dir()) else path.parent
@@ -90,6 +91,23 @@ def _remove_empty(created: list[Path]) -> None:
             d.rmdir()
         except OSError:
             break
+
+
+@contextlib.contextmanager
+def output_dir(path: Path | str, what: str | None = None) -> Iterator[Path]:
+    """Check ``path`` with :func:`check_writable` (kind ``dir``), create it, and yield it; if the body fails,
+    the folders created here are removed again when they are still empty, so a failed command leaves no empty
+    output folder behind."""
+    path = check_writable(path, "dir", what)
+    try:
+        created = _make_parents(path)
+    except OSError as exc:
+        raise OutputError(f"{what + ' ' if what else ''}{path}: cannot create it ({_reason(exc)})") from None
+    try:
+        yield path
+    except BaseException:
+        _remove_empty(created)
+        raise
 
 
 @contextlib.contextmanager

@@ -22,6 +22,7 @@ COMMANDS = {
     "tables": "stability.sweep.tables_command",
     "halt": "stability.halting",
     "import": "stability.release_command",
+    "compare": "stability.compare_command",
 }
 
 
@@ -67,6 +68,15 @@ def nonneg_float(text: str) -> float:
 def unit_float(text: str) -> float:
     """argparse type: a number in [0, 1] (a fraction, a weight)."""
     return _number(float, text, lambda v: _finite(v) and 0 <= v <= 1, "a number in [0, 1]")
+
+
+def device_name(text: str) -> str:
+    """argparse type: ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (whether it exists is checked before the work)."""
+    from stability.config import is_device_name
+
+    if not is_device_name(text):
+        raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda or cuda:N, got {text!r}")
+    return text
 
 
 class _Parser(argparse.ArgumentParser):

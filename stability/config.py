@@ -27,6 +27,11 @@ Method = Literal["progressive", "deep-supervision", "implicit"]
 ImplicitBackward = Literal["krylov", "neumann", "one-step"]
 
 RECALLS = typing.get_args(Recall)
+
+
+def is_device_name(name: str) -> bool:
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (whether that device exists is checked where it is used)."""
+    return name in typing.get_args(Device) or (name.startswith("cuda:") and name[5:].isdigit())
 NORMS = typing.get_args(Norm)
 
 
@@ -304,7 +309,8 @@ class TrainConfig(_Config):
     Anderson acceleration to ``solver_tol`` within ``iterations`` evaluations, memory ``anderson_memory``;
     gradient by the implicit function theorem, ``implicit_backward`` krylov (GMRES on (I − Jᵀ) u = ∂L/∂x*),
     neumann (u ← Jᵀu + ∂L/∂x*), or one-step (Jacobian-free: through one application of f at x*), solved to
-    ``backward_tol`` within ``backward_iterations`` products; Jacobian regularisation ``jac_reg`` · ‖J‖_F²/n
+    ``backward_tol`` within ``backward_iterations`` products, or, with ``backward_max_iterations`` > 0 (the
+    adaptive budget, the default), until ``backward_tol`` or the larger of the two; Jacobian regularisation ``jac_reg`` · ‖J‖_F²/n
     estimated with ``jac_reg_probes`` Gaussian probes). ``iterations`` is every method's cap on the loop.
     Options of one method must stay at their defaults with the others.
     """
@@ -324,7 +330,7 @@ class TrainConfig(_Config):
     cooldown_factor: float = 0.1
     grad_clip: float = 1.0
     seed: int = 0
-    device: Device = "auto"
+    device: str = "auto"  # auto, cpu, cuda or cuda:N (checked in validate)
     compile: bool = False
     bf16: bool = True
     eval_every: int = 0
@@ -341,6 +347,7 @@ class TrainConfig(_Config):
     implicit_backward: ImplicitBackward = "krylov"
     backward_tol: float = 1e-4
     backward_iterations: int = 30
+    backward_max_iterations: int = 150  # measured on sudoku-size maps: benchmarks/RESULTS.md, "Implicit backward"
     jac_reg: float = 0.0
     jac_reg_probes: int = 1
 
@@ -370,6 +377,7 @@ class TrainConfig(_Config):
         "anderson_memory": (1, None),
         "backward_tol": (0.0, None),
         "backward_iterations": (1, None),
+        "backward_max_iterations": (0, None),
         "jac_reg": (0.0, None),
         "jac_reg_probes": (1, None),
     }
@@ -379,10 +387,12 @@ class TrainConfig(_Config):
         "progressive": ("alpha",),
         "deep-supervision": ("bptt_steps", "supervision_interval", "halt_tol"),
         "implicit": ("solver_tol", "anderson_memory", "implicit_backward", "backward_tol", "backward_iterations",
-                     "jac_reg", "jac_reg_probes"),
+                     "backward_max_iterations", "jac_reg", "jac_reg_probes"),
     }
 
     def validate(self) -> None:
+        if not is_device_name(self.device):
+            raise ConfigError(f"TrainConfig.device: {self.device!r} is not allowed; allowed: auto, cpu, cuda, cuda:N")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ConfigError(f"TrainConfig.betas: expected two numbers in [0, 1), got {list(self.betas)}")
         defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
@@ -405,7 +415,7 @@ class TrainConfig(_Config):
             zero = [n for n in ("halt_tol", "solver_tol", "backward_tol") if getattr(self, n) == 0.0][0]
             raise ConfigError(f"TrainConfig.{zero}: a tolerance must be positive")
         if self.implicit_backward == "one-step":
-            for name in ("backward_tol", "backward_iterations"):
+            for name in ("backward_tol", "backward_iterations", "backward_max_iterations"):
                 if getattr(self, name) != defaults[name]:
                     raise ConfigError(f"TrainConfig.{name}: the one-step backward solves no linear system; "
                                       "leave it at its default or use implicit_backward krylov or neumann")

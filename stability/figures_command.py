@@ -98,18 +98,14 @@ def selected(args) -> list[str]:
 
 
 def run(args) -> int:
-    out = Path(args.out)
+    from stability.atomic import output_dir
+
     names = selected(args)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} exists and is not a directory")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"cannot create --out {out}: {exc.strerror}") from None
     import matplotlib
 
     matplotlib.use("Agg")
-    for name in names:
-        for path in FIGURES[name].build(out, args):
-            print(f"{name:8s} {path}")
+    with output_dir(args.out, "--out") as out:  # a failure before any file is written leaves no empty folder
+        for name in names:
+            for path in FIGURES[name].build(out, args):
+                print(f"{name:8s} {path}")
     return 0

@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from stability.atomic import write_text
+from stability.atomic import check_writable, write_text
 from stability.cli import positive_float
 from stability.errors import StabilityError
 
@@ -134,16 +134,16 @@ def format_report(report: dict) -> str:
     lines = [f"halting on {report['split']} ({report['samples']} samples), budget T = {report['budget']} "
              "iterations; r = ‖x_t − x_(t−1)‖∞ / ‖x_t‖∞",
              f"{'τ':>8} {'halted':>8} {'mean it':>8} {'median':>7} {'max':>5} {'compute':>8} {'accuracy':>9} "
-             f"{'acc halted':>11} {'acc unhalted':>13}"]
+             f"{'acc halted':>11} {'acc unhalted':>13}   (shares and accuracies in %)"]
 
-    def opt(v):
-        return "–" if v is None else f"{v:.3f}"
+    def pct(v):
+        return "–" if v is None else f"{100 * v:.1f}%"
 
     for r in report["rows"]:
         tau = "fixed T" if r["tau"] is None else f"{r['tau']:g}"
-        lines.append(f"{tau:>8} {r['halted_fraction']:>8.3f} {r['iterations_mean']:>8.1f} "
-                     f"{r['iterations_median']:>7.0f} {r['iterations_max']:>5d} {100 * r['compute']:>7.1f}% "
-                     f"{r['accuracy']:>9.3f} {opt(r['accuracy_halted']):>11} {opt(r['accuracy_unhalted']):>13}")
+        lines.append(f"{tau:>8} {pct(r['halted_fraction']):>8} {r['iterations_mean']:>8.1f} "
+                     f"{r['iterations_median']:>7.0f} {r['iterations_max']:>5d} {pct(r['compute']):>8} "
+                     f"{pct(r['accuracy']):>9} {pct(r['accuracy_halted']):>11} {pct(r['accuracy_unhalted']):>13}")
     return "\n".join(lines)
 
 
@@ -162,7 +162,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import json
-    from pathlib import Path
+    import sys
 
     import stability
     from stability.errors import ConfigError
@@ -179,8 +179,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: no CUDA device is available here; use --device cpu")
-    if args.json and not Path(args.json).parent.is_dir():
-        raise ConfigError(f"--json {args.json}: the directory {Path(args.json).parent} does not exist")
+    if args.json:
+        check_writable(args.json, "file", "--json")
     run_ = stability.load(args.checkpoint, device=args.device)
     if run_.model.recall == "fixed":
         raise StabilityError("a fixed-depth baseline has no loop map: there is nothing to halt")
@@ -188,16 +188,16 @@ def run(args: argparse.Namespace) -> int:
     if args.tol is None and train.method == "deep-supervision" and train.halt_tol not in taus:
         taus = sorted([*taus, train.halt_tol], reverse=True)
     T = args.max_iterations or train.test_iterations
+    rows = run_.task.dataset(args.split)[0].shape[0]
+    if args.samples is not None and args.samples > rows:
+        print(f"stability halt: note: --samples {args.samples}: the {args.split} split has {rows} samples; "
+              f"using all {rows}", file=sys.stderr)
     report = halting_report(run_.model, run_.task, args.split, taus, max_iter=T, limit=args.samples,
                             batch_size=args.batch_size, device=args.device)
     report["checkpoint"] = str(run_.path)
     print(format_report(report))
     if args.json:
-        path = Path(args.json)
-        try:
-            write_text(path, json.dumps(report, indent=1))
-        except OSError as exc:
-            raise StabilityError(f"--json {path}: cannot write it ({exc.strerror})") from None
+        write_text(args.json, json.dumps(report, indent=1))  # a failed write is one OutputError line
     return 0
 
 

@@ -55,7 +55,7 @@ def test_check_writable_refuses_a_directory_where_a_file_is_expected(tmp_path):
 def test_check_writable_refuses_a_file_where_a_directory_is_expected(tmp_path):
     f = tmp_path / "f"
     f.write_text("x")
-    with pytest.raises(OutputError, match="is a file, expected a directory"):
+    with pytest.raises(OutputError, match="is a file, not a directory"):
         atomic.check_writable(f, kind="dir")
     with pytest.raises(OutputError, match="is a file, not a directory"):
         atomic.check_writable(f / "sub" / "out.json")
@@ -159,3 +159,153 @@ def test_configs_from_files_refuse_non_finite_numbers(value):
                     from_dict(cls, {f.name: value})
                 checked += 1
     assert checked >= 15
+
+
+# ---- every command checks its outputs before the work starts -------------------------------------------------
+TINY_TRAIN = ["train", "--task", "prefix-sums", "--width", "16", "--heads", "2", "--train-size", "40", "--val-size",
+              "8", "--hard-size", "8", "--train-length", "6", "--hard-length", "8", "--batch-size", "20",
+              "--iterations", "3", "--test-iterations", "3", "--epochs", "1", "--cooldown-at", "1",
+              "--warmup-epochs", "0", "--quiet"]
+
+
+def _one_error_line(capsys, needle: str) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert needle in err[0], err[0]
+    return err[0]
+
+
+def _bad_outputs(tmp_path, unwritable_dir, kind: str):
+    """(a location, the words its error must contain) for each way an output path can be wrong."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    cases = [(unwritable_dir / "out", "cannot write in"), (a_file / "out", "is a file, not a directory")]
+    if kind == "file":
+        cases.append((tmp_path, "is a directory; expected a file name"))
+    else:
+        cases.append((a_file, "is a file, not a directory"))
+    return cases
+
+
+def _listing(tmp_path):
+    return sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+
+
+@pytest.mark.parametrize("case", range(3))
+def test_train_checks_out_before_training(case, tmp_path, unwritable_dir, capsys):
+    from stability.cli import main
+
+    path, needle = _bad_outputs(tmp_path, unwritable_dir, "file")[case]
+    before = _listing(tmp_path)
+    assert main([*TINY_TRAIN, "--out", str(path)]) == 2
+    assert _one_error_line(capsys, needle).startswith("stability train: error: --out ")
+    assert _listing(tmp_path) == before
+
+
+def test_train_checks_tensorboard_dir_before_training(tmp_path, capsys):
+    from stability.cli import main
+
+    (tmp_path / "f").write_text("x")
+    assert main([*TINY_TRAIN, "--out", str(tmp_path / "r.pt"), "--tensorboard", str(tmp_path / "f")]) == 2
+    _one_error_line(capsys, "--tensorboard")
+    assert not (tmp_path / "r.pt").exists()
+
+
+def test_a_write_that_fails_during_training_is_one_line_and_leaves_nothing(tmp_path, capsys, monkeypatch):
+    """The disk fills up at the first checkpoint: one line naming the file, no checkpoint, no temporary file."""
+    from stability.cli import main
+
+    def full(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(atomic.os, "replace", full)
+    out = tmp_path / "runs" / "r.pt"
+    assert main([*TINY_TRAIN, "--out", str(out)]) == 2
+    line = _one_error_line(capsys, "No space left on device")
+    assert "r.pt" in line
+    assert _listing(tmp_path) == []  # not even the runs/ folder it made
+
+
+@pytest.mark.parametrize("case", range(3))
+def test_verify_checks_json_before_running(case, tmp_path, unwritable_dir, capsys):
+    from stability.cli import main
+
+    path, needle = _bad_outputs(tmp_path, unwritable_dir, "file")[case]
+    assert main(["verify", "--only", "prop3_chain_rule", "--json", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # no check ran
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and "--json" in err[0]
+
+
+@pytest.mark.parametrize("case", range(3))
+def test_tables_checks_out_before_reading(case, tmp_path, unwritable_dir, capsys):
+    from stability.cli import main
+
+    path, needle = _bad_outputs(tmp_path, unwritable_dir, "dir")[case]
+    assert main(["tables", str(tmp_path / "no-results"), "--out", str(path)]) == 2
+    _one_error_line(capsys, needle)
+
+
+@pytest.mark.parametrize("case", range(3))
+def test_data_make_checks_out_before_building(case, tmp_path, unwritable_dir, capsys):
+    from stability.cli import main
+
+    path, needle = _bad_outputs(tmp_path, unwritable_dir, "dir")[case]
+    before = _listing(tmp_path)
+    assert main(["data", "make", "--task", "sudoku", "--sizes", "2", "2", "2", "--out", str(path), "--quiet"]) == 2
+    _one_error_line(capsys, needle)
+    assert _listing(tmp_path) == before
+
+
+def test_data_info_of_a_missing_directory_is_an_error(tmp_path, capsys):
+    from stability.cli import main
+
+    assert main(["data", "info", "--dir", str(tmp_path / "nosuchdir")]) == 2
+    _one_error_line(capsys, "no such directory")
+    (tmp_path / "f").write_text("x")
+    assert main(["data", "info", "--dir", str(tmp_path / "f")]) == 2
+    _one_error_line(capsys, "is a file")
+    assert main(["data", "info", "--dir", str(tmp_path)]) == 0  # an existing, empty cache is fine
+    assert "empty" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("case", range(3))
+def test_demo_checks_out_before_training(case, tmp_path, unwritable_dir, capsys):
+    from stability.cli import main
+
+    path, needle = _bad_outputs(tmp_path, unwritable_dir, "dir")[case]
+    before = _listing(tmp_path)
+    assert main(["demo", "--out", str(path), "--quiet"]) == 2
+    _one_error_line(capsys, needle)
+    assert _listing(tmp_path) == before
+
+
+@pytest.mark.parametrize("case", range(3))
+def test_figures_checks_out_before_drawing(case, tmp_path, unwritable_dir, capsys):
+    from stability.cli import main
+
+    path, needle = _bad_outputs(tmp_path, unwritable_dir, "dir")[case]
+    before = _listing(tmp_path)
+    assert main(["figures", "--only", "fig2", "--out", str(path)]) == 2
+    _one_error_line(capsys, needle)
+    assert _listing(tmp_path) == before
+
+
+def test_a_failed_figures_run_leaves_no_empty_directory(tmp_path, capsys):
+    from stability.cli import main
+
+    out = tmp_path / "figs" / "deeper"
+    assert main(["figures", "--results", str(tmp_path / "no-such-sweep"), "--only", "results",
+                 "--out", str(out)]) == 2
+    _one_error_line(capsys, "--results")
+    assert _listing(tmp_path) == []
+
+
+@pytest.mark.parametrize("case", range(3))
+def test_halt_checks_json_before_loading(case, tmp_path, unwritable_dir, capsys):
+    from stability.cli import main
+
+    path, needle = _bad_outputs(tmp_path, unwritable_dir, "file")[case]
+    assert main(["halt", str(tmp_path / "whatever.pt"), "--json", str(path)]) == 2
+    _one_error_line(capsys, needle)

@@ -128,8 +128,10 @@ def test_bad_arguments_give_one_line_and_exit_2(tmp_path, args, message):
 
 
 def test_info_of_an_empty_cache_says_how_to_build(tmp_path):
-    r = stability("data", "info", "--dir", str(tmp_path / "nothing"))
+    r = stability("data", "info", "--dir", str(tmp_path))
     assert r.returncode == 0 and "stability data make" in r.stdout
+    r = stability("data", "info", "--dir", str(tmp_path / "nothing"))  # a mistyped folder is not an empty cache
+    assert r.returncode == 2 and "no such directory" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 def test_chess_make_uses_the_fallback_when_asked_and_says_so(tmp_path):
@@ -147,3 +149,30 @@ def test_chess_make_uses_the_fallback_when_asked_and_says_so(tmp_path):
     task = make_task(TaskConfig(name="chess", train_size=3, val_size=2, hard_size=1, seed=2, cache_dir=str(tmp_path)))
     x, y = task.dataset("train")
     assert x.shape == (3, 8, 8, 12) and np.all(y.sum((1, 2)).numpy() == 2)
+
+
+def test_make_progress_moves_after_every_puzzle_and_leaves_the_data_unchanged():
+    """The bars' granularity: one tick per puzzle (so a slow hard shard shows its own rate and ETA), and a shard
+    made with ticks is byte for byte the shard made without."""
+    from stability.tasks import chess_generate, sudoku_generate
+
+    options = sudoku_generate.resolve_options({"cut": 4})
+    ticks: list = []
+    with_ticks = sudoku_generate.make_shard("hard", 0, 3, 1, options, progress=ticks.append)
+    assert ticks == [1, 1, 1]
+    plain = sudoku_generate.make_shard("hard", 0, 3, 1, options)
+    assert all(np.array_equal(with_ticks[k], plain[k]) for k in plain)
+    ticks.clear()
+    chess_options = chess_generate.resolve_options({"engine": "none"})
+    chess_generate.make_shard("train", 0, 2, 1, chess_options, progress=ticks.append)
+    assert ticks == [1, 1]
+
+
+def test_make_shows_one_bar_per_split(tmp_path, capsys):
+    from stability.cli import main
+
+    assert main(["data", "make", "--task", "sudoku", "--out", str(tmp_path), "--sizes", "3", "2", "1", "--cut", "4",
+                 "--seed", "2"]) == 0
+    err = capsys.readouterr().err
+    for split in ("train", "val  ", "hard "):
+        assert f"sudoku seed 2 {split}: 100%" in err

@@ -65,3 +65,39 @@ def test_halting_report_spends_less_compute_for_looser_tolerances():
         assert 0.0 <= r["accuracy"] <= 1.0 and r["iterations_max"] <= 30
         assert abs(r["compute"] - r["iterations_mean"] / 30) < 1e-9
     json.dumps(rep)  # JSON-ready
+
+
+def test_halting_report_prints_shares_and_accuracies_in_percent():
+    from stability.halting import format_report
+
+    rep = {"split": "val", "samples": 4, "budget": 10, "rows": [
+        {"tau": None, "halted_fraction": 0.0, "iterations_mean": 10.0, "iterations_median": 10.0,
+         "iterations_max": 10, "compute": 1.0, "accuracy": 0.75, "position_accuracy": 0.9,
+         "accuracy_halted": None, "accuracy_unhalted": 0.75},
+        {"tau": 0.1, "halted_fraction": 0.5, "iterations_mean": 6.0, "iterations_median": 6.0,
+         "iterations_max": 10, "compute": 0.6, "accuracy": 0.5, "position_accuracy": 0.8,
+         "accuracy_halted": 0.25, "accuracy_unhalted": 1.0}]}
+    lines = format_report(rep).splitlines()
+    assert "(shares and accuracies in %)" in lines[1]
+    assert lines[2].split() == ["fixed", "T", "0.0%", "10.0", "10", "10", "100.0%", "75.0%", "–", "75.0%"]
+    assert lines[3].split() == ["0.1", "50.0%", "6.0", "6", "10", "60.0%", "50.0%", "25.0%", "100.0%"]
+
+
+def test_halt_says_when_samples_exceed_the_split_and_writes_json(tmp_path, capsys):
+    import json as _json
+
+    from stability.cli import main
+    from stability.config import ModelConfig, RunConfig, TrainConfig
+    from stability.train import train
+
+    cfg = RunConfig(model=ModelConfig(width=16, heads=2),
+                    task=TaskConfig(train_size=20, val_size=6, hard_size=6, train_length=6, hard_length=8),
+                    train=TrainConfig(epochs=1, batch_size=20, iterations=3, test_iterations=4, device="cpu"))
+    train(cfg, tmp_path / "h.pt", progress=False)
+    assert main(["halt", str(tmp_path / "h.pt"), "--samples", "1000", "--tol", "0.1",
+                 "--json", str(tmp_path / "h.json")]) == 0
+    captured = capsys.readouterr()
+    assert "--samples 1000: the val split has 6 samples; using all 6" in captured.err
+    report = _json.loads((tmp_path / "h.json").read_text())
+    assert report["samples"] == 6 and [r["tau"] for r in report["rows"]] == [None, 0.1]
+    assert f"{100 * report['rows'][1]['accuracy']:.1f}%" in captured.out

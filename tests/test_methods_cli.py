@@ -89,8 +89,9 @@ def test_halting_command_reports_compute_against_accuracy(checkpoints, tmp_path,
 
 
 def test_halting_command_errors_are_one_line(checkpoints, tmp_path):
+    (tmp_path / "a-file").write_text("x")  # --json under a file: its folder can never be made
     for args in ([tmp_path / "missing.pt"], [checkpoints["implicit"], "--tol", "-1"],
-                 [checkpoints["implicit"], "--json", tmp_path / "no" / "dir.json"]):
+                 [checkpoints["implicit"], "--json", tmp_path / "a-file" / "dir.json"]):
         proc = halt_cli(*args)
         assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "error" in proc.stderr
-    assert not (tmp_path / "no").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]

@@ -40,5 +40,6 @@ def test_verify_unknown_check_is_one_line_error_and_exit_2(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "unknown check no_such_check" in proc.stderr
     assert "Traceback" not in proc.stderr
-    proc = _verify("--only", "lemma1_telescoping_product", "--json", str(tmp_path / "missing" / "v.json"))
-    assert proc.returncode == 2 and "does not exist" in proc.stderr and "Traceback" not in proc.stderr
+    (tmp_path / "a-file").write_text("x")  # --json under a file: its folder can never be made
+    proc = _verify("--only", "lemma1_telescoping_product", "--json", str(tmp_path / "a-file" / "v.json"))
+    assert proc.returncode == 2 and "is a file, not a directory" in proc.stderr and "Traceback" not in proc.stderr

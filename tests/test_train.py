@@ -14,6 +14,7 @@ from stability.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
 from stability.model import build_model
 from stability.tasks import make_task
 from stability.train.loop import lr_factor, make_optimizer, metrics_path, progressive_loss
+from stability.train.loop import csv_path, accuracy_csv_path, schedule_peak, schedule_warning
 
 SMALL = ["--task", "prefix-sums", "--width", "16", "--heads", "2", "--train-size", "200", "--val-size", "20",
          "--hard-size", "20", "--train-length", "8", "--hard-length", "12", "--batch-size", "50",
@@ -175,7 +176,7 @@ def test_diverging_run_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkey
 
 def test_cli_reports_divergence_in_one_line(tmp_path, cli):
     proc = cli("train", *SMALL, "--epochs", "1", "--norm", "none", "--lr", "1e30", "--warmup-epochs", "0",
-               "--out", tmp_path / "boom.pt", check=False)
+               "--cooldown-at", "1", "--out", tmp_path / "boom.pt", check=False)
     assert proc.returncode == 2, proc.stderr
     assert "non-finite" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "boom.pt").exists()
@@ -223,3 +224,194 @@ def test_task_options_a_task_does_not_use_are_refused(tmp_path, cli):
 
     with pytest.raises(ConfigError, match="sudoku task does not use train_length"):
         make_task(TaskConfig(name="sudoku", train_length=9))
+
+
+# ---- schedules a user can steer --------------------------------------------------------------------------------
+def test_warning_when_the_requested_learning_rate_is_never_reached():
+    """--lr 3e-3 --epochs 6: the 9-epoch warm-up meets the cooldown at epoch ⌊0.6·6⌋ = 3, so the LR peaks at
+    3e-3·(1 − e^−0.3) = 7.78e-4 in epoch 3."""
+    cfg = TrainConfig(lr=3e-3, epochs=6)
+    peak, at = schedule_peak(cfg)
+    assert peak == pytest.approx(1 - math.exp(-0.3)) and at == 2
+    assert 3e-3 * peak == pytest.approx(7.78e-4, rel=1e-3)
+    msg = schedule_warning(cfg)
+    assert "never reached" in msg and "0.00078" in msg and "epoch 3" in msg and "--warmup-epochs" in msg
+    assert schedule_warning(TrainConfig(epochs=100)) is None  # the paper's schedule reaches its LR in epoch 10
+    assert schedule_warning(TrainConfig(lr=3e-3, epochs=6, warmup_epochs=0, cooldown_at=1.0)) is None
+    assert schedule_peak(TrainConfig(epochs=6, warmup_epochs=2, cooldown_at=0.5)) == (1.0, 2)
+
+
+def test_train_cli_prints_the_schedule_warning_once(tmp_path, capsys):
+    from stability.cli import main
+
+    assert main(["train", *SMALL, "--epochs", "2", "--lr", "3e-3", "--out", str(tmp_path / "w.pt")]) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(err) == 1 and "never reached" in err[0]
+
+
+def _extend_cfg(epochs: int, **train) -> RunConfig:
+    return RunConfig(model=ModelConfig(width=16, heads=2),
+                     task=TaskConfig(train_size=60, val_size=8, hard_size=8, train_length=8, hard_length=10),
+                     train=TrainConfig(epochs=epochs, batch_size=20, iterations=4, test_iterations=4, device="cpu",
+                                       lr=1e-3, **train))
+
+
+def test_extending_a_run_without_cooldown_is_bitwise_the_longer_run(tmp_path):
+    """With cooldown_at = 1 the 3- and 5-epoch schedules agree on epochs 1-3, so 3 epochs extended to 5 equal 5
+    epochs in one go bitwise (data order and (n, k) draws continue from the checkpointed generator)."""
+    from stability.train import train
+
+    train(_extend_cfg(5, cooldown_at=1.0), tmp_path / "whole.pt", progress=False)
+    short = train(_extend_cfg(3, cooldown_at=1.0), tmp_path / "ext.pt", progress=False)
+    assert short.final is not None and short.epochs == 3
+    longer = train(_extend_cfg(5, cooldown_at=1.0), tmp_path / "ext.pt", resume=True, progress=False)
+    a = torch.load(tmp_path / "whole.pt", weights_only=True)
+    b = torch.load(tmp_path / "ext.pt", weights_only=True)
+    assert b["epoch"] == 5 and b["config"]["train"]["epochs"] == 5
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    assert [r["loss"] for r in a["history"]] == [r["loss"] for r in b["history"]]
+    assert a["final"]["val"]["accuracy"] == longer.final["val"]["accuracy"]
+
+
+def test_extending_a_run_keeps_its_epochs_and_follows_the_new_schedule_after(tmp_path):
+    """Default cooldown (60 %): epochs 1-3 keep the 3-epoch run's LRs (cooled from epoch 2), epochs 4-5 take the
+    5-epoch schedule's (full LR until its cooldown at epoch 4, i.e. index 3), and the final evaluation is redone."""
+    from stability.train import train
+
+    short = train(_extend_cfg(3), tmp_path / "ext.pt", progress=False)
+    lrs3 = [r["lr"] for r in short.history]
+    assert lrs3 == pytest.approx([1e-3 * lr_factor(e, _extend_cfg(3).train) for e in range(3)])
+    longer = train(_extend_cfg(5), tmp_path / "ext.pt", resume=True, progress=False)
+    cfg5 = _extend_cfg(5).train
+    assert [r["lr"] for r in longer.history] == pytest.approx(lrs3 + [1e-3 * lr_factor(e, cfg5) for e in (3, 4)])
+    assert [r["epoch"] for r in longer.history] == [1, 2, 3, 4, 5]
+    assert longer.history[:3] == short.history
+    reloaded = stability.load(tmp_path / "ext.pt")
+    assert reloaded.epoch == 5
+    # the final evaluation belongs to the extended weights: recompute it independently
+    from stability.train.loop import evaluate
+
+    ev = evaluate(reloaded.model, reloaded.task, "val", 4, device="cpu")
+    assert ev["accuracy"] == longer.final["val"]["accuracy"]
+
+
+def test_extend_cli_and_refusals(tmp_path, capsys):
+    from stability.cli import main
+
+    out = tmp_path / "r.pt"
+    assert main(["train", *SMALL, "--epochs", "2", "--cooldown-at", "1", "--out", str(out)]) == 0
+    assert main(["train", "--out", str(out), "--resume", "--epochs", "3", "--quiet"]) == 0
+    assert torch.load(out, weights_only=True)["epoch"] == 3
+    assert len(metrics_path(out).read_text().splitlines()) == 4  # 3 epochs + final
+    capsys.readouterr()
+    before = out.read_bytes()
+    assert main(["train", "--out", str(out), "--resume", "--epochs", "2", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "already trained 3 epochs" in err[0]
+    assert main(["train", "--out", str(out), "--resume", "--epochs", "4", "--width", "32", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.width: checkpoint 16, now 32" in err[0] and "only --epochs" in err[0]
+    assert out.read_bytes() == before
+
+
+# ---- results logs ------------------------------------------------------------------------------------------------
+def test_metrics_csv_holds_the_jsonl_records_and_the_final_accuracy(tmp_path):
+    import csv
+    import json
+
+    from stability.train import train
+
+    cfg = _extend_cfg(3, eval_every=1, eval_iterations=3)
+    result = train(cfg, tmp_path / "m.pt", progress=False)
+    records = [json.loads(line) for line in metrics_path(tmp_path / "m.pt").read_text().splitlines()]
+    rows = list(csv.DictReader(csv_path(tmp_path / "m.pt").open()))
+    assert len(rows) == 3 == len(records) - 1
+    for rec, row in zip(records, rows):
+        assert int(row["epoch"]) == rec["epoch"] and int(row["step"]) == rec["step"]
+        assert float(row["loss"]) == rec["loss"] and float(row["lr"]) == rec["lr"]
+        if "eval" in rec:
+            assert float(row["eval.val.accuracy_last"]) == rec["eval"]["val"]["accuracy_last"]
+            assert float(row["eval.hard.accuracy_best"]) == rec["eval"]["hard"]["accuracy_best"]
+        else:
+            assert row["eval.val.accuracy_last"] == ""  # the last epoch has the final evaluation instead
+    assert "eval" in records[0] and "eval" not in records[2]
+    acc = list(csv.DictReader(accuracy_csv_path(tmp_path / "m.pt").open()))
+    assert [int(r["iteration"]) for r in acc] == [1, 2, 3, 4]
+    assert [float(r["val_accuracy"]) for r in acc] == result.final["val"]["accuracy"]
+    assert [float(r["hard_position_accuracy"]) for r in acc] == result.final["hard"]["position_accuracy"]
+
+
+def test_tensorboard_scalars_match_the_metrics(tmp_path, capsys):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from stability.cli import main
+
+    out, logdir = tmp_path / "t.pt", tmp_path / "tb"
+    assert main(["train", *SMALL, "--epochs", "2", "--cooldown-at", "1", "--out", str(out),
+                 "--tensorboard", str(logdir)]) == 0
+    events = EventAccumulator(str(logdir))
+    events.Reload()
+    history = torch.load(out, weights_only=True)["history"]
+    loss = events.Scalars("loss")
+    assert [e.step for e in loss] == [1, 2]
+    assert [e.value for e in loss] == pytest.approx([r["loss"] for r in history], rel=1e-6)
+    final = torch.load(out, weights_only=True)["final"]
+    assert [e.value for e in events.Scalars("final/val_accuracy")] == pytest.approx(final["val"]["accuracy"])
+
+
+def test_tensorboard_without_the_package_is_one_line(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    from stability.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    assert main(["train", *SMALL, "--epochs", "1", "--out", str(tmp_path / "x.pt"),
+                 "--tensorboard", str(tmp_path / "tb")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "tensorboard package is not installed" in err[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- progress ----------------------------------------------------------------------------------------------------
+def test_progress_shows_batches_and_evaluations_and_quiet_silences_it(tmp_path, capsys):
+    from stability.cli import main
+
+    loud = [a for a in SMALL if a != "--quiet"]
+    assert main(["train", *loud, "--epochs", "2", "--cooldown-at", "1", "--eval-every", "1",
+                 "--out", str(tmp_path / "p.pt")]) == 0
+    err = capsys.readouterr().err
+    assert "train: " in err and "8/8" in err and "batch" in err  # 2 epochs × 4 batches of 50
+    assert "epoch 1 eval val" in err and "final eval hard" in err
+    assert main(["train", *SMALL, "--epochs", "1", "--cooldown-at", "1", "--warmup-epochs", "0",
+                 "--out", str(tmp_path / "q.pt")]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_a_long_final_evaluation_is_announced_with_an_estimate(tmp_path, capsys, monkeypatch):
+    from stability.train import loop
+
+    monkeypatch.setattr(loop, "LONG_EVALUATION_S", 0.0)
+    loop.train(_extend_cfg(1, cooldown_at=1.0), tmp_path / "e.pt", progress=False)
+    err = capsys.readouterr().err
+    assert "final evaluation: 8 val + 8 hard samples × 4 iterations, about" in err
+    assert "--test-iterations" in err and "--hard-size" in err
+
+
+# ---- devices -----------------------------------------------------------------------------------------------------
+def test_device_names_are_checked_before_training(tmp_path, capsys):
+    from stability.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["train", *SMALL, "--device", "tpu", "--out", str(tmp_path / "x.pt")])
+    assert info.value.code == 2 and "expected auto, cpu, cuda or cuda:N" in capsys.readouterr().err
+    if torch.cuda.is_available():
+        bad, needle = f"cuda:{torch.cuda.device_count()}", "CUDA device(s)"
+    else:
+        bad, needle = "cuda:1", "no CUDA device is available here"
+    assert main(["train", *SMALL, "--device", bad, "--out", str(tmp_path / "x.pt")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0]
+    assert list(tmp_path.iterdir()) == []

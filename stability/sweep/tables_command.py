@@ -17,17 +17,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from stability.errors import ConfigError, StabilityError
+    from stability.atomic import check_writable
+    from stability.errors import StabilityError
     from stability.sweep.runner import load_records
     from stability.sweep.tables import filter_records, write_tables
 
     results = Path(args.results)
+    out = check_writable(args.out if args.out else results / "tables", "dir", "--out")
     records = filter_records(load_records(results), args.where)
     if not records:
         raise StabilityError(f"{results}: no record matches {' and '.join(args.where)}")
-    out = Path(args.out) if args.out else results / "tables"
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} exists and is not a directory")
     paths = write_tables(records, out)
     for path in paths:
         if path.suffix == ".md":

@@ -123,9 +123,11 @@ def _generator(task: str):
     return importlib.import_module(GENERATORS[task])
 
 
-def _run_shard(task: str, split: str, index: int, rows: int, seed: int, options: dict) -> dict:
-    """One shard (called in a worker process)."""
-    return _generator(task).make_shard(split, index, rows, seed, options)
+def _run_shard(task: str, split: str, index: int, rows: int, seed: int, options: dict, progress=None) -> dict:
+    """One shard (called in a worker process, or in this one with ``progress(1)`` after each puzzle)."""
+    if progress is None:
+        return _generator(task).make_shard(split, index, rows, seed, options)
+    return _generator(task).make_shard(split, index, rows, seed, options, progress=progress)
 
 
 def generate_rows(task: str, split: str, rows: int, seed: int, options: dict) -> dict:
@@ -174,7 +176,6 @@ def build(task: str, root: Path, seed: int, sizes: dict, *, workers: int = 1, op
                 have += need
             else:
                 todo.append((s, k, need))
-    total = sum(manifest["sizes"].values())
 
     def record(split: str, index: int, arrays: dict) -> int:
         name = f"{split}-{index:05d}.npz"
@@ -191,13 +192,26 @@ def build(task: str, root: Path, seed: int, sizes: dict, *, workers: int = 1, op
                                                                   for s in SPLITS}})
     from tqdm import tqdm
 
-    bar = tqdm(total=total, initial=have, unit="puzzle", desc=f"{task} seed {seed}", disable=not progress,
-               dynamic_ncols=True)
+    # One bar per split, started when its first shard starts: a hard puzzle costs far more than an easy one, so
+    # each split's ETA comes from its own rate only; with one worker the bars move after every puzzle.
+    todo_rows = {s: sum(per for s2, _, per in todo if s2 == s) for s in SPLITS}
+    bars: dict = {}
+
+    def bar_for(split: str):
+        if split not in bars:
+            size = manifest["sizes"][split]
+            bars[split] = tqdm(total=size, initial=size - todo_rows[split], unit="puzzle",
+                               desc=f"{task} seed {seed} {split:5s}", disable=not progress, dynamic_ncols=True)
+        return bars[split]
+
     try:
         if workers <= 1:
             for s, k, per in todo:
-                bar.update(min(record(s, k, _run_shard(task, s, k, per, seed, options)), total - bar.n))
+                record(s, k, _run_shard(task, s, k, per, seed, options, progress=bar_for(s).update))
         else:
+            for s in SPLITS:
+                if todo_rows[s]:
+                    bar_for(s)
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -207,13 +221,15 @@ def build(task: str, root: Path, seed: int, sizes: dict, *, workers: int = 1, op
                 futures = {pool.submit(_run_shard, task, s, k, per, seed, options): (s, k) for s, k, per in todo}
                 for fut in as_completed(futures):
                     s, k = futures[fut]
-                    bar.update(min(record(s, k, fut.result()), total - bar.n))
+                    rows = record(s, k, fut.result())
+                    bars[s].update(min(rows, bars[s].total - bars[s].n))
             except BaseException:
                 pool.shutdown(wait=False, cancel_futures=True)  # finished shards are saved; rerun to resume
                 raise
             pool.shutdown()
     finally:
-        bar.close()
+        for b in bars.values():
+            b.close()
     return manifest
 
 

@@ -328,8 +328,9 @@ def usable(manifest: dict, options: dict) -> bool:
         sig.get(k) == options.get(k) for k in ("easy_max", "hard_min", "hard_max"))
 
 
-def make_shard(split: str, index: int, rows: int, seed: int, options: dict) -> dict:
-    """The first ``rows`` puzzles of shard ``index`` of ``split``, encoded (see :mod:`stability.tasks.chess`)."""
+def make_shard(split: str, index: int, rows: int, seed: int, options: dict, progress=None) -> dict:
+    """The first ``rows`` puzzles of shard ``index`` of ``split``, encoded (see :mod:`stability.tasks.chess`);
+    ``progress(1)`` is called after each puzzle."""
     from stability.tasks.cache import shard_rng
     from stability.tasks.chess import encode_puzzle
 
@@ -350,6 +351,8 @@ def make_shard(split: str, index: int, rows: int, seed: int, options: dict) -> d
                 if not (hard if split == "hard" else easy):
                     continue
             items.append(p)
+            if progress is not None:
+                progress(1)
     finally:
         if engine is not None:
             engine.quit()

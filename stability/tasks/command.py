@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from stability.cli import nonneg_float
 
@@ -70,7 +71,9 @@ def _make(args) -> int:
     if args.task == "chess" and args.cut is not None:
         raise ConfigError("--cut applies to --task sudoku only")
     options = {"engine": args.engine} if args.task == "chess" else {"cut": args.cut}
-    root = cache.root_of(args.out)
+    from stability.atomic import check_writable
+
+    root = check_writable(cache.root_of(args.out), "dir", "--out" if args.out else "cache folder")
     sizes = dict(zip(cache.SPLITS, args.sizes))
     manifest = cache.build(args.task, root, args.seed, sizes, workers=args.workers, options=options,
                            progress=not args.quiet)
@@ -90,7 +93,12 @@ def _fmt_stats(stats: dict) -> str:
 def _info(args) -> int:
     from stability.tasks import cache
 
+    from stability.errors import DataError
+
     root = cache.root_of(args.dir)
+    if args.dir is not None and not Path(args.dir).is_dir():
+        raise DataError(f"--dir {args.dir}: no such directory" if not Path(args.dir).exists()
+                        else f"--dir {args.dir}: is a file, not a cache directory")
     entries = cache.summarize(root)
     if args.json:
         print(json.dumps({"root": str(root), "datasets": entries}, indent=1))

@@ -207,13 +207,18 @@ def usable(manifest: dict, options: dict) -> bool:
     return manifest.get("generator") == GENERATOR and manifest.get("options") == signature(resolve_options(options))
 
 
-def make_shard(split: str, index: int, rows: int, seed: int, options: dict) -> dict:
-    """The first ``rows`` puzzles of shard ``index`` of ``split`` (train/val: easy, hard: hard)."""
+def make_shard(split: str, index: int, rows: int, seed: int, options: dict, progress=None) -> dict:
+    """The first ``rows`` puzzles of shard ``index`` of ``split`` (train/val: easy, hard: hard); ``progress(1)``
+    is called after each puzzle."""
     from stability.tasks.cache import shard_rng
 
     rng = shard_rng(seed, split, index)
     stream = (hard_puzzles if split == "hard" else easy_puzzles)(rng, cut=options["cut"])
-    items = [next(stream) for _ in range(rows)]
+    items = []
+    for _ in range(rows):
+        items.append(next(stream))
+        if progress is not None:
+            progress(1)
     return {
         "puzzles": np.array([p for p, _, _ in items], np.uint8).reshape(-1, 81),
         "solutions": np.array([s for _, s, _ in items], np.uint8).reshape(-1, 81),

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 
+from stability.atomic import check_writable
 from stability.errors import ConfigError
 
 HELP = "check the paper's propositions numerically and symbolically: one row per check, non-zero exit if one fails"
@@ -54,9 +54,7 @@ def run(args) -> int:
     unknown = [n for n in names if n not in VERIFIERS]
     if unknown:
         raise ConfigError(f"unknown check {', '.join(unknown)}; `stability verify --list` names them all")
-    json_path = Path(args.json) if args.json else None
-    if json_path is not None and not json_path.parent.is_dir():
-        raise ConfigError(f"--json {json_path}: directory {json_path.parent} does not exist")
+    json_path = check_writable(args.json, "file", "--json") if args.json else None
     start = time.perf_counter()
     checks = []
     for name in names:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import typing
 
-from stability.cli import nonneg_float, positive_float, unit_float
+from stability.cli import device_name, nonneg_float, positive_float, unit_float
 from stability.config import NORMS, RECALLS, ImplicitBackward, InitialState, Method
 
 HELP = ("train a looped transformer (progressive loss, deep supervision or equilibrium training) and write a "
@@ -42,6 +42,7 @@ _FLAGS = {
     "weight_decay": ("train", "weight_decay"),
     "warmup_epochs": ("train", "warmup_epochs"),
     "cooldown_at": ("train", "cooldown_at"),
+    "cooldown_factor": ("train", "cooldown_factor"),
     "seed": ("train", "seed"),
     "device": ("train", "device"),
     "compile": ("train", "compile"),
@@ -60,6 +61,7 @@ _FLAGS = {
     "implicit_backward": ("train", "implicit_backward"),
     "backward_tol": ("train", "backward_tol"),
     "backward_iterations": ("train", "backward_iterations"),
+    "backward_max_iterations": ("train", "backward_max_iterations"),
     "jac_reg": ("train", "jac_reg"),
     "jac_reg_probes": ("train", "jac_reg_probes"),
 }
@@ -105,16 +107,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="maximum training iterations T of every method (30)")
     t.add_argument("--alpha", type=unit_float, help="progressive-loss weight α (1.0; progressive only)")
     t.add_argument("--weight-decay", type=nonneg_float, help="AdamW weight decay (0.01)")
-    t.add_argument("--warmup-epochs", type=int, metavar="N", help="epochs of LR warm-up 1 − exp(−(e+1)/10) (9)")
-    t.add_argument("--cooldown-at", type=unit_float, metavar="F", help="fraction of epochs after which LR ×0.1 (0.6)")
+    t.add_argument("--warmup-epochs", type=int, metavar="N",
+                   help="epochs of LR warm-up, factor 1 − exp(−(e+1)/10) in epoch e < N (9; 0: none)")
+    t.add_argument("--cooldown-at", type=unit_float, metavar="F",
+                   help="the LR is multiplied by the cooldown factor from epoch ⌊F · epochs⌋ on (0.6; 1: never)")
+    t.add_argument("--cooldown-factor", type=unit_float, metavar="C", help="LR factor of the cooldown (0.1)")
     t.add_argument("--seed", type=int, metavar="S", help="seed of initialisation and data order (0)")
-    t.add_argument("--device", choices=["auto", "cpu", "cuda"], help="auto picks cuda when available")
+    t.add_argument("--device", type=device_name, metavar="DEV",
+                   help="auto (cuda when available), cpu, cuda or cuda:N (auto)")
     t.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help="torch.compile the loop map")
     t.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                    help="bf16 autocast on CUDA (default on; the CPU always trains in float32)")
     t.add_argument("--eval-every", type=int, metavar="N", help="evaluate every N epochs (0: only at the end)")
     t.add_argument("--eval-iterations", type=int, metavar="T", help="iterations of the periodic evaluations (60)")
-    t.add_argument("--test-iterations", type=int, metavar="T", help="iterations of the final evaluation (500)")
+    t.add_argument("--test-iterations", type=int, metavar="T",
+                   help="iterations of the final evaluation (500; it is announced with an estimate when long)")
     t.add_argument("--eval-batch-size", type=int, metavar="N", help="evaluation batch size (1000)")
     t.add_argument("--monitor-every", type=int, metavar="N",
                    help="log ρ(W_x), median ρ(J*), converged fraction, ‖dx*/dx0‖ every N epochs (0: off)")
@@ -131,19 +138,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     i.add_argument("--implicit-backward", choices=typing.get_args(ImplicitBackward),
                    help="adjoint solve (I − Jᵀ) u = ∂L/∂x*: GMRES, Neumann series, or one-step (krylov)")
     i.add_argument("--backward-tol", type=positive_float, metavar="TOL", help="adjoint-solve relative tolerance (1e-4)")
-    i.add_argument("--backward-iterations", type=int, metavar="N", help="adjoint-solve products with Jᵀ (30)")
+    i.add_argument("--backward-iterations", type=int, metavar="N",
+                   help="adjoint-solve products with Jᵀ when --backward-max-iterations is 0 (30)")
+    i.add_argument("--backward-max-iterations", type=int, metavar="N",
+                   help="adaptive adjoint budget: iterate until --backward-tol or max(N, --backward-iterations) "
+                        "products; 0: the fixed --backward-iterations (150)")
     i.add_argument("--jac-reg", type=nonneg_float, metavar="W", help="weight of the ‖J‖_F²/n regulariser at x* (0: off)")
     i.add_argument("--jac-reg-probes", type=int, metavar="N", help="Hutchinson probes of the regulariser (1)")
-    p.add_argument("--out", required=True, metavar="PATH", help="checkpoint file to write (metrics go beside it)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out if it exists")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--out", required=True, metavar="PATH",
+                   help="checkpoint file to write (metrics go beside it: PATH's stem + .metrics.jsonl, .metrics.csv, "
+                        ".accuracy.csv)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out if it exists (its stored options; with a larger --epochs: "
+                        "extend a finished run)")
+    p.add_argument("--tensorboard", metavar="DIR",
+                   help="also log the per-epoch scalars to TensorBoard in DIR (needs the tensorboard package)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
-def config_from_args(args: argparse.Namespace):
-    """RunConfig from the flags that were given (the others keep their defaults)."""
-    from stability.config import ModelConfig, RunConfig, TaskConfig, TrainConfig, from_dict
+def config_from_args(args: argparse.Namespace, base=None):
+    """RunConfig from the flags that were given; the others keep their defaults, or ``base``'s values."""
+    from stability.config import ModelConfig, RunConfig, TaskConfig, TrainConfig, from_dict, to_dict
 
     sections: dict[str, dict] = {"model": {}, "task": {}, "train": {}}
+    if base is not None:
+        sections = {k: dict(v) for k, v in to_dict(base).items()}
     for flag, (section, key) in _FLAGS.items():
         value = getattr(args, flag, None)
         if value is not None:
@@ -154,22 +173,38 @@ def config_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
     from pathlib import Path
 
-    config = config_from_args(args)  # validated before anything heavy is imported
+    from stability.atomic import check_writable
 
-    from stability.train.loop import train
+    config = config_from_args(args)  # validated before anything heavy is imported
+    out = check_writable(args.out, "file", "--out")
+    tensorboard = check_writable(args.tensorboard, "dir", "--tensorboard") if args.tensorboard else None
+    if tensorboard is not None:
+        import importlib.util
+
+        if importlib.util.find_spec("tensorboard") is None:
+            from stability.errors import ConfigError
+
+            raise ConfigError("--tensorboard: the tensorboard package is not installed (pip install tensorboard), "
+                              "or leave --tensorboard out")
+
+    from stability.train.loop import check_resumable, schedule_warning, train
     from stability.train.report import accuracy_table
 
-    out = Path(args.out)
     if args.resume and out.exists():
         from stability.train import checkpoint as ckpt
 
-        stored = ckpt.run_config(ckpt.read(out), out)
-        given = {flag for flag in _FLAGS if getattr(args, flag, None) is not None}
-        if not given:  # plain --resume: continue with the stored config
-            config = stored
-    result = train(config, out, resume=args.resume, progress=not args.quiet)
+        # the stored options, with the flags given now on top (only a larger --epochs may differ: extension)
+        obj = ckpt.read(out)
+        stored = ckpt.run_config(obj, out)
+        config = config_from_args(args, base=stored)
+        check_resumable(stored, config, int(obj["epoch"]), out)
+    warning = schedule_warning(config.train)
+    if warning:
+        print(f"stability train: warning: {warning}", file=sys.stderr, flush=True)
+    result = train(config, out, resume=args.resume, progress=not args.quiet, tensorboard=tensorboard)
     print(f"checkpoint: {result.path}")
     if result.final:
         print(accuracy_table(result.final))

@@ -4,22 +4,39 @@ evaluation of accuracy against iteration count, and resumable, atomic checkpoint
 Deterministic on the CPU: the model is initialised from ``torch.manual_seed(seed)``; data order and the
 progressive loss's (n, k) draws come from one ``torch.Generator`` whose state is checkpointed every epoch, so a
 killed run resumed with ``resume=True`` ends with bitwise the same weights as an uninterrupted one.
+
+A finished (or killed) run can be *extended*: resume it with a larger ``epochs`` and nothing else changed. The
+epochs already trained stay as they were; every later epoch takes the learning rate of the new, longer schedule
+(:func:`lr_factor` with the new total: the cooldown point ⌊cooldown_at · epochs⌋ is recomputed from it), and
+the data order and the progressive loss's draws continue from the checkpointed generator, exactly as an
+uninterrupted run of the new length would draw them. So the extended run is bitwise equal to one trained to the
+new length in one go exactly when the two schedules agree on the epochs already trained (no cooldown had begun:
+``cooldown_at = 1``) and no evaluation drew random numbers (initial state ``x0`` or ``zeros``). Otherwise the
+first epochs keep the old run's learning rates (a run that had entered its cooldown goes back up to the peak
+until the new cooldown point) and only the epochs from the old end on follow the new schedule. The final
+evaluation is redone at the new end (README, section `stability train`).
+
+Besides the JSONL metrics (``run.metrics.jsonl``), every checkpoint gets ``run.metrics.csv`` (one row per epoch,
+nested values flattened to ``eval.val.accuracy_last`` etc.) and, after the final evaluation, ``run.accuracy.csv``
+(accuracy against iteration, one column per split); ``tensorboard=DIR`` also logs the same scalars to TensorBoard.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
 import torch
 
 from stability import __version__
-from stability.atomic import write_text
+from stability.atomic import check_writable, write_text
 from stability.config import RunConfig, TrainConfig, to_dict
 from stability.errors import CheckpointError, ConfigError, DivergenceError
 from stability.model import build_model
@@ -36,9 +53,36 @@ def lr_factor(epoch: int, cfg: TrainConfig) -> float:
     """LR multiplier for 0-based ``epoch``: warm-up 1 − exp(−(e+1)/10) for e < warmup_epochs, then 1;
     ×cooldown_factor from epoch ⌊cooldown_at · epochs⌋ on (epoch 60 of 100 in the paper)."""
     f = 1.0 - math.exp(-(epoch + 1) / 10.0) if epoch < cfg.warmup_epochs else 1.0
-    if epoch >= int(cfg.cooldown_at * cfg.epochs):
+    if epoch >= cooldown_epoch(cfg):
         f *= cfg.cooldown_factor
     return f
+
+
+def cooldown_epoch(cfg: TrainConfig) -> int:
+    """The first (0-based) epoch of the cooldown: ⌊cooldown_at · epochs⌋."""
+    return int(cfg.cooldown_at * cfg.epochs)
+
+
+def schedule_peak(cfg: TrainConfig) -> tuple[float, int]:
+    """(largest LR factor over the run, the 0-based epoch where it is first reached)."""
+    factors = [lr_factor(e, cfg) for e in range(cfg.epochs)]
+    peak = max(factors)
+    return peak, factors.index(peak)
+
+
+def schedule_warning(cfg: TrainConfig) -> Optional[str]:
+    """A one-line warning when the schedule never reaches the requested learning rate, else None.
+
+    With the paper's 9-epoch warm-up and cooldown at 60 %, a short run cools down before its warm-up is over:
+    ``--lr 3e-3 --epochs 6`` peaks at 7.8e-4 (in epoch 3)."""
+    peak, at = schedule_peak(cfg)
+    if peak >= 1.0 - 1e-12:
+        return None
+    why = f"the warm-up lasts {cfg.warmup_epochs} of the {cfg.epochs} epochs"
+    if cooldown_epoch(cfg) < min(cfg.warmup_epochs, cfg.epochs):
+        why += f" and the cooldown (×{cfg.cooldown_factor:g}) starts at epoch {cooldown_epoch(cfg) + 1} of {cfg.epochs}"
+    return (f"the learning rate {cfg.lr:g} is never reached: {why}, so it peaks at {cfg.lr * peak:.2g} in epoch "
+            f"{at + 1}; lower --warmup-epochs, raise --cooldown-at or train more --epochs")
 
 
 def decay_exempt(model: torch.nn.Module, rule: str) -> set:
@@ -63,11 +107,23 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
 
 
 def resolve_device(name: str) -> torch.device:
+    """``auto`` (cuda when available), ``cpu``, ``cuda`` or ``cuda:N``; a CUDA device that is not here is refused
+    with one line naming the ones that are."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device cuda: no CUDA device is available here; use --device cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"device {name!r}: expected auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ConfigError(f"device {name}: no CUDA device is available here; use --device cpu")
+        if device.index is not None and device.index >= count:
+            raise ConfigError(f"device {name}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+    elif device.type != "cpu":
+        raise ConfigError(f"device {name!r}: expected auto, cpu, cuda or cuda:N")
+    return device
 
 
 # ---- losses -------------------------------------------------------------------------------------
@@ -118,6 +174,7 @@ class BatchContext:
     optimizer: torch.optim.Optimizer
     autocast: Callable
     where: Callable[[str], str]
+    stats: dict = field(default_factory=dict)  # per-epoch statistics a method keeps (name -> obj with summary())
 
     def optimize(self, loss: torch.Tensor) -> None:
         """One optimizer step on ``loss``: non-finite checks, gradient clipping, AdamW."""
@@ -149,13 +206,60 @@ def train_batch(ctx: BatchContext, inputs, targets) -> tuple[float, int]:
 
 
 # ---- evaluation ---------------------------------------------------------------------------------
+def _bar(progress, total: int, desc: str, unit: str, **kw):
+    """A tqdm bar on stderr, disabled when ``progress`` is falsy."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, disable=not progress, file=sys.stderr, dynamic_ncols=True,
+                leave=kw.pop("leave", False), **kw)
+
+
+@torch.no_grad()
+def estimate_eval_seconds(model, task: Task, split: str, iterations: int, *, batch_size: int = 1000,
+                          device: torch.device | str = "cpu", bf16: bool = False) -> float:
+    """Seconds :func:`evaluate` will take, extrapolated from timing two loop steps on one (smaller) batch."""
+    device = torch.device(device)
+    inputs, _ = task.dataset(split)
+    N = inputs.shape[0]
+    b = min(batch_size, N, 256)
+    xb = inputs[:b].to(device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16):
+            if model.recall == "fixed":
+                t0 = time.perf_counter()
+                model(xb, 1)
+                return (time.perf_counter() - t0) * N / b
+            x0 = model.embed(xb)
+            x = model.step(model.initial_state(x0), x0)  # warm-up
+            t0 = time.perf_counter()
+            for _ in range(2):
+                x = model.step(x, x0)
+                model.readout(x)
+            per_step = (time.perf_counter() - t0) / 2
+    finally:
+        model.train(was_training)
+    return per_step * iterations * N / b
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 @torch.no_grad()
 def evaluate(model, task: Task, split: str, iterations: int, *, batch_size: int = 1000,
-             device: torch.device | str = "cpu", bf16: bool = False, limit: Optional[int] = None) -> dict:
+             device: torch.device | str = "cpu", bf16: bool = False, limit: Optional[int] = None,
+             progress: bool | str = False) -> dict:
     """Whole-answer and per-position accuracy after every iteration 1..``iterations`` on ``split``.
 
     Returns {split, n, iterations: [1..T], accuracy: [...], position_accuracy: [...]}. The states are never
-    stored, so T = 500 on 512-bit inputs costs memory for one batch only."""
+    stored, so T = 500 on 512-bit inputs costs memory for one batch only. ``progress`` (True or a label) shows a
+    bar over batches × iterations on stderr."""
     device = torch.device(device)
     inputs, targets = task.dataset(split)
     if limit is not None:
@@ -166,6 +270,9 @@ def evaluate(model, task: Task, split: str, iterations: int, *, batch_size: int 
     was_training, impl = model.training, model.attention_impl
     model.eval()
     model.attention_impl = "math" if getattr(task, "attention_window", None) else "sdpa"
+    batches = -(-N // batch_size)
+    steps = batches * (1 if model.recall == "fixed" else iterations)
+    bar = _bar(progress, steps, f"{progress if isinstance(progress, str) else 'eval'} {split}", "it")
     try:
         for i in range(0, N, batch_size):
             xb, yb = inputs[i:i + batch_size].to(device), targets[i:i + batch_size].to(device)
@@ -174,12 +281,15 @@ def evaluate(model, task: Task, split: str, iterations: int, *, batch_size: int 
                     c, p = task.score(model(xb, 1)[0].float(), yb)
                     correct += c.sum().item()
                     positions += p.sum().item()
+                    bar.update(1)
                     continue
                 for t, x in enumerate(model.trajectory(xb, iterations)):
                     c, p = task.score(model.readout(x).float(), yb)
                     correct[t] += c.sum().item()
                     positions[t] += p.sum().item()
+                    bar.update(1)
     finally:
+        bar.close()
         model.attention_impl = impl
         model.train(was_training)
     return {
@@ -205,9 +315,89 @@ def metrics_path(path: Path) -> Path:
     return path.with_name(path.stem + ".metrics.jsonl")
 
 
+def csv_path(path: Path) -> Path:
+    """The per-epoch CSV beside a checkpoint: run.pt -> run.metrics.csv."""
+    return path.with_name(path.stem + ".metrics.csv")
+
+
+def accuracy_csv_path(path: Path) -> Path:
+    """The final accuracy-against-iteration CSV beside a checkpoint: run.pt -> run.accuracy.csv."""
+    return path.with_name(path.stem + ".accuracy.csv")
+
+
+def flatten(record: dict, prefix: str = "") -> dict:
+    """Scalars of a nested record as {"eval.val.accuracy_last": ...}; lists (accuracy curves) are left out."""
+    out = {}
+    for k, v in record.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        elif isinstance(v, (bool, int, float)) or v is None:
+            out[key] = v
+    return out
+
+
+def _csv_text(rows: list[dict]) -> str:
+    columns: list[str] = []
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, restval="", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows({k: ("" if v is None else v) for k, v in row.items()} for row in rows)
+    return buf.getvalue()
+
+
+def _accuracy_rows(final: dict) -> list[dict]:
+    splits = [s for s in ("val", "hard") if s in final]
+    T = max(len(final[s]["accuracy"]) for s in splits)
+    rows = []
+    for t in range(T):
+        row = {"iteration": t + 1}
+        for s in splits:
+            acc, pos = final[s]["accuracy"], final[s]["position_accuracy"]
+            row[f"{s}_accuracy"] = acc[t] if t < len(acc) else None
+            row[f"{s}_position_accuracy"] = pos[t] if t < len(pos) else None
+        rows.append(row)
+    return rows
+
+
 def _write_metrics(path: Path, history: list, final: Optional[dict]) -> None:
+    """JSONL (one record per epoch, then the final evaluation) and the same per-epoch scalars as CSV."""
     lines = [json.dumps(rec) for rec in history] + ([json.dumps({"final": final})] if final is not None else [])
     write_text(path, "".join(line + "\n" for line in lines))
+    ckpt_path = path.with_name(path.name[: -len(".metrics.jsonl")] + ".pt")
+    write_text(csv_path(ckpt_path), _csv_text([flatten(rec) for rec in history]))
+    if final is not None:
+        write_text(accuracy_csv_path(ckpt_path), _csv_text(_accuracy_rows(final)))
+
+
+class _TensorBoard:
+    """Per-epoch scalars (and the final accuracy curves) to TensorBoard; needs the ``tensorboard`` package."""
+
+    def __init__(self, logdir: Path):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise ConfigError("--tensorboard: the tensorboard package is not installed "
+                              "(pip install tensorboard), or leave --tensorboard out") from None
+        self.writer = SummaryWriter(log_dir=str(logdir))
+
+    def epoch(self, record: dict) -> None:
+        for key, value in flatten(record).items():
+            if key not in ("epoch", "step") and isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.writer.add_scalar(key.replace(".", "/"), value, global_step=record["epoch"])
+        self.writer.flush()
+
+    def final(self, final: dict) -> None:
+        for row in _accuracy_rows(final):
+            for key, value in row.items():
+                if key != "iteration" and value is not None:
+                    self.writer.add_scalar(f"final/{key}", value, global_step=row["iteration"])
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
 
 
 def _rng_state(gen: torch.Generator) -> dict:
@@ -231,14 +421,24 @@ def _say(progress: bool, msg: str) -> None:
 
 
 def train(config: RunConfig, out: Path | str, *, resume: bool = False, progress: bool = True,
-          callbacks: tuple[EpochCallback, ...] = ()) -> TrainResult:
+          callbacks: tuple[EpochCallback, ...] = (), tensorboard: Path | str | None = None) -> TrainResult:
     """Train ``config`` and write the checkpoint ``out`` after every epoch (atomically).
 
-    ``resume=True`` continues from ``out`` if it exists (its config must equal ``config``). A non-finite loss
-    or gradient raises DivergenceError and leaves the last good checkpoint in place. ``callbacks`` are called
-    after each epoch with (model, task, record) and may add entries to the epoch's record.
+    ``resume=True`` continues from ``out`` if it exists; its config must equal ``config``, except that
+    ``config.train.epochs`` may be larger (the run is extended: see the module docstring for what then holds).
+    A non-finite loss or gradient raises DivergenceError and leaves the last good checkpoint in place.
+    ``callbacks`` are called after each epoch with (model, task, record) and may add entries to the epoch's
+    record. ``progress`` shows bars on stderr (batches of the run, each evaluation's batches × iterations).
+    ``tensorboard``: a directory to log the per-epoch scalars to (needs the ``tensorboard`` package).
+    The output locations are checked before anything is built: a mistake costs nothing.
     """
     out = Path(out)
+    for path in (out, metrics_path(out), csv_path(out), accuracy_csv_path(out)):
+        check_writable(path, "file", "checkpoint" if path == out else "metrics file")
+    if tensorboard is not None:
+        check_writable(tensorboard, "dir", "--tensorboard")
+    if out.exists() and not resume:
+        raise CheckpointError(f"{out} exists; pass --resume to continue it or choose another --out")
     cfg = config.train
     device = resolve_device(cfg.device)
     use_bf16 = cfg.bf16 and device.type == "cuda"
@@ -259,18 +459,21 @@ def train(config: RunConfig, out: Path | str, *, resume: bool = False, progress:
     if resume and out.exists():
         obj = ckpt.read(out)
         stored = ckpt.run_config(obj, out)
-        if stored != config:
-            diff = _config_diff(to_dict(stored), to_dict(config))
-            raise ConfigError(f"--resume: {out} was trained with a different config ({diff})")
+        done = int(obj["epoch"])
+        check_resumable(stored, config, done, out)
         model.load_state_dict(obj["model"])
         optimizer.load_state_dict(obj["optimizer"])
         scaler.load_state_dict(obj.get("scaler") or {})
         _set_rng_state(obj["rng"], gen)
-        start_epoch, step = int(obj["epoch"]), int(obj["step"])
+        start_epoch, step = done, int(obj["step"])
         history, final = list(obj["history"]), obj.get("final")
-        _say(progress, f"resuming {out} at epoch {start_epoch}/{cfg.epochs}")
-    elif out.exists() and not resume:
-        raise CheckpointError(f"{out} exists; pass --resume to continue it or choose another --out")
+        if cfg.epochs != stored.train.epochs:
+            final = None  # evaluated again at the new end
+            _say(progress, f"extending {out} from {stored.train.epochs} to {cfg.epochs} epochs: epochs "
+                           f"{done + 1}..{cfg.epochs} follow the {cfg.epochs}-epoch schedule (cooldown from epoch "
+                           f"{cooldown_epoch(cfg) + 1})")
+        else:
+            _say(progress, f"resuming {out} at epoch {start_epoch}/{cfg.epochs}")
 
     inputs, targets = task.dataset("train")
     inputs, targets = inputs.to(device), targets.to(device)
@@ -279,6 +482,7 @@ def train(config: RunConfig, out: Path | str, *, resume: bool = False, progress:
     step_model = model
     if cfg.compile:
         step_model = _compiled(model)
+    board = _TensorBoard(Path(tensorboard)) if tensorboard is not None else None
 
     def save(epoch: int) -> None:
         ckpt.atomic_save({
@@ -305,47 +509,93 @@ def train(config: RunConfig, out: Path | str, *, resume: bool = False, progress:
         callbacks = (*callbacks, StabilityMonitor(task, every=cfg.monitor_every, samples=cfg.monitor_samples,
                                                   device=device))
 
-    from tqdm.auto import tqdm
+    per_epoch = -(-N // cfg.batch_size)
+    bar = _bar(progress, cfg.epochs * per_epoch, "train", "batch", initial=start_epoch * per_epoch, leave=True)
+    try:
+        for epoch in range(start_epoch, cfg.epochs):
+            lr = cfg.lr * lr_factor(epoch, cfg)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            model.train()
+            t0 = time.perf_counter()
+            perm = torch.randperm(N, generator=gen).to(device)
+            total, count = 0.0, 0
+            epoch_stats: dict = {}
+            for i in range(0, N, cfg.batch_size):
+                idx = perm[i:i + cfg.batch_size]
+                ctx = BatchContext(model=step_model, params=model, task=task, cfg=cfg, gen=gen, optimizer=optimizer,
+                                   autocast=lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16,
+                                                                   enabled=use_bf16),
+                                   where=lambda what, _e=epoch, _s=step: _diverged(what, _e, _s, out),
+                                   stats=epoch_stats)
+                loss_value, steps = train_batch(ctx, inputs[idx], targets[idx])
+                step += steps
+                total += loss_value * idx.numel()
+                count += idx.numel()
+                bar.update(1)
+                bar.set_postfix_str(f"epoch {epoch + 1}/{cfg.epochs}, loss {total / count:.4f}, lr {lr:.2e}",
+                                    refresh=False)
+            seconds = time.perf_counter() - t0
+            record = {"epoch": epoch + 1, "step": step, "loss": total / count, "lr": lr, "seconds": seconds,
+                      "samples_per_s": count / seconds}
+            record.update({name: acc.summary() for name, acc in epoch_stats.items()})
+            if cfg.eval_every and (epoch + 1) % cfg.eval_every == 0 and epoch + 1 < cfg.epochs:
+                record["eval"] = {s: _summary(evaluate(model, task, s, cfg.eval_iterations,
+                                                       batch_size=cfg.eval_batch_size, device=device, bf16=use_bf16,
+                                                       progress=progress and f"epoch {epoch + 1} eval"))
+                                  for s in ("val", "hard")}
+            for cb in callbacks:
+                cb(model, task, record)
+            history.append(record)
+            save(epoch + 1)
+            if board is not None:
+                board.epoch(record)
+        bar.close()
 
-    bar = tqdm(range(start_epoch, cfg.epochs), initial=start_epoch, total=cfg.epochs, desc="epoch",
-               disable=not progress, file=sys.stderr, dynamic_ncols=True)
-    for epoch in bar:
-        lr = cfg.lr * lr_factor(epoch, cfg)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        model.train()
-        t0 = time.perf_counter()
-        perm = torch.randperm(N, generator=gen).to(device)
-        total, count = 0.0, 0
-        for i in range(0, N, cfg.batch_size):
-            idx = perm[i:i + cfg.batch_size]
-            ctx = BatchContext(model=step_model, params=model, task=task, cfg=cfg, gen=gen, optimizer=optimizer,
-                               autocast=lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16,
-                                                               enabled=use_bf16),
-                               where=lambda what, _e=epoch, _s=step: _diverged(what, _e, _s, out))
-            loss_value, steps = train_batch(ctx, inputs[idx], targets[idx])
-            step += steps
-            total += loss_value * idx.numel()
-            count += idx.numel()
-        seconds = time.perf_counter() - t0
-        record = {"epoch": epoch + 1, "step": step, "loss": total / count, "lr": lr, "seconds": seconds,
-                  "samples_per_s": count / seconds}
-        if cfg.eval_every and (epoch + 1) % cfg.eval_every == 0 and epoch + 1 < cfg.epochs:
-            record["eval"] = {s: _summary(evaluate(model, task, s, cfg.eval_iterations,
-                                                   batch_size=cfg.eval_batch_size, device=device, bf16=use_bf16))
-                              for s in ("val", "hard")}
-        for cb in callbacks:
-            cb(model, task, record)
-        history.append(record)
-        bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}")
-        save(epoch + 1)
-    bar.close()
-
-    if final is None:
-        final = {s: evaluate(model, task, s, cfg.test_iterations, batch_size=cfg.eval_batch_size, device=device,
-                             bf16=use_bf16) for s in ("val", "hard")}
-        save(cfg.epochs)
+        if final is None:
+            _announce_final_evaluation(model, task, cfg, device, use_bf16)
+            final = {s: evaluate(model, task, s, cfg.test_iterations, batch_size=cfg.eval_batch_size,
+                                 device=device, bf16=use_bf16, progress=progress and "final eval")
+                     for s in ("val", "hard")}
+            save(cfg.epochs)
+            if board is not None:
+                board.final(final)
+    finally:
+        bar.close()
+        if board is not None:
+            board.close()
     return TrainResult(path=out, epochs=cfg.epochs, history=history, final=final)
+
+
+#: a final evaluation expected to take longer than this is announced with its estimate
+LONG_EVALUATION_S = 30.0
+
+
+def _announce_final_evaluation(model, task: Task, cfg: TrainConfig, device: torch.device, bf16: bool) -> None:
+    """Say up front, with an estimate and how to shorten it, when the final evaluation will take long."""
+    seconds = {s: estimate_eval_seconds(model, task, s, cfg.test_iterations, batch_size=cfg.eval_batch_size,
+                                        device=device, bf16=bf16) for s in ("val", "hard")}
+    total = sum(seconds.values())
+    if total < LONG_EVALUATION_S:
+        return
+    sizes = " + ".join(f"{task.dataset(s)[0].shape[0]} {s}" for s in ("val", "hard"))
+    print(f"final evaluation: {sizes} samples × {cfg.test_iterations} iterations, about {_duration(total)} on "
+          f"{device.type} (val {_duration(seconds['val'])}, hard {_duration(seconds['hard'])}); to shorten it, "
+          "lower --test-iterations or the split sizes (--val-size, --hard-size; prefix sums: --hard-length), "
+          "e.g. --test-iterations 100 --hard-size 1000", file=sys.stderr, flush=True)
+
+
+def check_resumable(stored: RunConfig, config: RunConfig, done: int, out: Path | str) -> None:
+    """Refuse (one line) to resume a checkpoint of config ``stored``, trained ``done`` epochs, as ``config``:
+    everything must be equal except ``train.epochs``, which may grow (extension) but not drop below ``done``."""
+    extended = stored.replace(train=stored.train.replace(epochs=config.train.epochs))
+    if extended != config:
+        diff = _config_diff(to_dict(extended), to_dict(config))
+        raise ConfigError(f"--resume: {out} was trained with a different config ({diff}); only --epochs "
+                          "may change (to extend the run)")
+    if config.train.epochs < done:
+        raise ConfigError(f"--resume --epochs {config.train.epochs}: {out} has already trained {done} epochs; "
+                          f"give at least {done}")
 
 
 def _summary(ev: dict) -> dict:

@@ -1,0 +1,264 @@
+"""Two analyses (or two checkpoints) side by side, with what changed.
+
+:func:`compare_files` reads two analysis JSONs written by ``stability analyze --json`` (with or without their
+``format`` / ``schema_version`` keys) or two checkpoints written by ``stability train`` (their ``final`` accuracy
+blocks), and returns a :class:`Comparison`: the options in which the two runs differ, and per split one row per
+quantity — the converged share of the Picard iteration (Def. 3.1's reachability), the medians of ρ(J*) and σ_max
+(Prop. 3), ρ(W_x) (Prop. 4), the Prop. 5 relative error at the largest T tested, the median ‖dx*/dx0‖_F, the
+initial-iterate distance (App. A.8) and whole-answer accuracy at the tested iterations — with the change B − A.
+See docs/analysis.md for what each quantity means.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from stability.errors import StabilityError
+
+#: iterations at which accuracy is compared (those the runs reached)
+ITERATION_MARKS = (1, 2, 5, 10, 20, 30, 50, 100, 200, 300, 500, 1000)
+
+
+@dataclass
+class Row:
+    """One quantity of one split: A's and B's value (None where a side lacks it) and how to print it."""
+
+    split: str
+    label: str
+    a: Optional[float]
+    b: Optional[float]
+    percent: bool = False  # a share in [0, 1], printed as %; its change in percentage points
+
+    @property
+    def delta(self) -> Optional[float]:
+        if self.a is None or self.b is None:
+            return None
+        return self.b - self.a
+
+    @property
+    def changed(self) -> bool:
+        """Whether the two sides differ (a value on one side only counts as a change)."""
+        if self.a is None or self.b is None:
+            return (self.a is None) != (self.b is None)
+        return not math.isclose(self.a, self.b, rel_tol=1e-9, abs_tol=1e-12)
+
+    def to_dict(self) -> dict:
+        return {"split": self.split, "quantity": self.label, "a": self.a, "b": self.b, "delta": self.delta,
+                "changed": self.changed}
+
+
+@dataclass
+class Comparison:
+    kind: str  # "analysis" or "checkpoint"
+    a: str
+    b: str
+    config_changes: list[tuple[str, Any, Any]] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "a": self.a, "b": self.b,
+                "config_changes": [{"option": k, "a": va, "b": vb} for k, va, vb in self.config_changes],
+                "rows": [r.to_dict() for r in self.rows]}
+
+
+# ---- reading -----------------------------------------------------------------------------------------------------
+def _sniff(path: Path) -> str:
+    if not path.exists():
+        raise StabilityError(f"{path}: no such file")
+    if path.is_dir():
+        raise StabilityError(f"{path}: is a directory, expected an analysis JSON or a checkpoint")
+    with open(path, "rb") as fh:
+        head = fh.read(64).lstrip()
+    if head.startswith(b"PK\x03\x04"):
+        return "checkpoint"
+    if head.startswith((b"{", b"[")):
+        return "analysis"
+    raise StabilityError(f"{path}: neither an analysis JSON (`stability analyze --json`) nor a checkpoint "
+                         "(`stability train`)")
+
+
+def load_analysis(path: Path | str) -> dict:
+    """An analysis JSON, checked to be one (``splits`` and one block per split with its ``fixed_point``)."""
+    path = Path(path)
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise StabilityError(f"{path}: not a readable JSON file ({str(exc).splitlines()[0][:80]})") from None
+    what = f"{path}: not an analysis JSON written by `stability analyze --json`"
+    if not isinstance(obj, dict):
+        raise StabilityError(what)
+    fmt = obj.get("format")
+    if fmt is not None and not (isinstance(fmt, str) and "analysis" in fmt):
+        raise StabilityError(f"{what} (its format is {fmt!r})")
+    splits = obj.get("splits")
+    if not isinstance(splits, list) or not splits or not all(
+            isinstance(obj.get(s), dict) and isinstance(obj[s].get("fixed_point"), dict) for s in splits):
+        raise StabilityError(f"{what} (no 'splits' with a 'fixed_point' block each)")
+    return obj
+
+
+def load_checkpoint_final(path: Path | str) -> dict:
+    """A checkpoint's config, epoch and ``final`` accuracy blocks (refused when training never finished)."""
+    from stability.train import checkpoint as ckpt
+
+    path = Path(path)
+    obj = ckpt.read(path)
+    final = obj.get("final")
+    if not isinstance(final, dict) or not final:
+        raise StabilityError(f"{path}: training has not finished (no final evaluation to compare); resume it with "
+                             "`stability train --out PATH --resume`")
+    return {"config": obj.get("config") or {}, "epoch": obj.get("epoch"), "final": final}
+
+
+# ---- what is compared --------------------------------------------------------------------------------------------
+def _get(block: Any, *keys) -> Any:
+    for k in keys:
+        if not isinstance(block, dict) or k not in block:
+            return None
+        block = block[k]
+    return block
+
+
+def _num(v: Any) -> Optional[float]:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def _last(v: Any) -> Optional[float]:
+    return _num(v[-1]) if isinstance(v, list) and v else None
+
+
+def _prop5_T(block: dict) -> Optional[int]:
+    T = _get(block, "prop5", "T")
+    return T[-1] if isinstance(T, list) and T else None
+
+
+#: (label, getter, percent) of the per-split analysis quantities
+ANALYSIS_QUANTITIES: list[tuple[str, Callable[[dict], Any], bool]] = [
+    ("converged share", lambda b: _get(b, "fixed_point", "converged_fraction"), True),
+    ("distinct fixed points", lambda b: _get(b, "fixed_point", "distinct_fixed_points"), False),
+    ("solver f-evaluations (median)", lambda b: _get(b, "fixed_point", "nfe_median"), False),
+    ("ρ(J*) median", lambda b: _get(b, "jacobian", "spectral_radius_median"), False),
+    ("σ_max(J*) median", lambda b: _get(b, "jacobian", "sigma_max_median"), False),
+    ("ρ(W_x)", lambda b: _get(b, "recall", "rho_Wx"), False),
+    ("Prop. 4 |ρ(M) − autograd| max", lambda b: _get(b, "prop4", "max_abs_diff_vs_autograd"), False),
+    ("Prop. 5 relative error", lambda b: _last(_get(b, "prop5", "rel_error")), False),
+    ("‖dx*/dx0‖_F median", lambda b: _get(b, "input_dependence", "frobenius_median"), False),
+    ("A.8 initial-iterate distance max", lambda b: _get(b, "initial_iterate", "fixed_point_distance_max"), False),
+    ("accuracy at the fixed point", lambda b: _get(b, "accuracy", "at_fixed_point"), True),
+]
+
+
+def _accuracy_rows(split: str, acc_a: Any, acc_b: Any, what: str = "accuracy") -> list[Row]:
+    la = len(acc_a) if isinstance(acc_a, list) else 0
+    lb = len(acc_b) if isinstance(acc_b, list) else 0
+    T = max(la, lb)
+    marks = [t for t in ITERATION_MARKS if t <= T] + ([T] if T and T not in ITERATION_MARKS else [])
+    return [Row(split, f"{what} at iteration {t}", _num(acc_a[t - 1]) if t <= la else None,
+                _num(acc_b[t - 1]) if t <= lb else None, percent=True) for t in marks]
+
+
+def _flat(d: Any, prefix: str = "") -> dict:
+    out = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def config_changes(a: dict, b: dict) -> list[tuple[str, Any, Any]]:
+    """The options (``section.name``) whose values differ between two stored RunConfig dicts."""
+    fa, fb = _flat(a), _flat(b)
+    return [(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
+
+
+def compare_analyses(a: dict, b: dict, name_a: str = "A", name_b: str = "B") -> Comparison:
+    """Rows for every split either analysis has (a split on one side only shows blanks on the other)."""
+    splits = list(dict.fromkeys([*a["splits"], *b["splits"]]))
+    cmp = Comparison("analysis", name_a, name_b, config_changes(a.get("config") or {}, b.get("config") or {}))
+    for s in splits:
+        ba, bb = a.get(s) or {}, b.get(s) or {}
+        for label, get, pct in ANALYSIS_QUANTITIES:
+            if label == "Prop. 5 relative error":  # at the largest T each analysis unrolled
+                ta, tb = _prop5_T(ba), _prop5_T(bb)
+                label += f" (T = {ta})" if ta == tb else f" (T = {ta} vs {tb})"
+            row = Row(s, label, _num(get(ba)), _num(get(bb)), percent=pct)
+            if row.a is not None or row.b is not None:
+                cmp.rows.append(row)
+        cmp.rows += _accuracy_rows(s, _get(ba, "accuracy", "accuracy"), _get(bb, "accuracy", "accuracy"))
+    return cmp
+
+
+def compare_checkpoints(a: dict, b: dict, name_a: str = "A", name_b: str = "B") -> Comparison:
+    """Rows of the two final evaluations: whole-answer and per-position accuracy at the tested iterations."""
+    cmp = Comparison("checkpoint", name_a, name_b, config_changes(a["config"], b["config"]))
+    cmp.rows.append(Row("run", "epochs trained", _num(a["epoch"]), _num(b["epoch"])))
+    for s in list(dict.fromkeys([*a["final"], *b["final"]])):
+        fa, fb = a["final"].get(s) or {}, b["final"].get(s) or {}
+        cmp.rows += _accuracy_rows(s, fa.get("accuracy"), fb.get("accuracy"))
+        cmp.rows += _accuracy_rows(s, fa.get("position_accuracy"), fb.get("position_accuracy"),
+                                   "per-position accuracy")
+    return cmp
+
+
+def compare_files(path_a: Path | str, path_b: Path | str) -> Comparison:
+    """Compare two analysis JSONs or two checkpoints (one of each is refused: they hold different things)."""
+    pa, pb = Path(path_a), Path(path_b)
+    ka, kb = _sniff(pa), _sniff(pb)
+    if ka != kb:
+        raise StabilityError(f"{pa} is {'an analysis JSON' if ka == 'analysis' else 'a checkpoint'} and {pb} "
+                             f"{'an analysis JSON' if kb == 'analysis' else 'a checkpoint'}: compare two of a kind")
+    if ka == "analysis":
+        return compare_analyses(load_analysis(pa), load_analysis(pb), str(pa), str(pb))
+    return compare_checkpoints(load_checkpoint_final(pa), load_checkpoint_final(pb), str(pa), str(pb))
+
+
+# ---- text --------------------------------------------------------------------------------------------------------
+def _fmt(v: Optional[float], percent: bool) -> str:
+    if v is None:
+        return "–"
+    if percent:
+        return f"{100 * v:.1f}%"
+    if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e5):
+        return f"{v:.2e}"
+    return f"{v:.4g}"
+
+
+def _fmt_delta(row: Row) -> str:
+    d = row.delta
+    if d is None:
+        return "" if not row.changed else "only one side"
+    if not row.changed:
+        return "="
+    if row.percent:
+        return f"{100 * d:+.1f} pts"
+    return f"{d:+.3g}" + (f" ({100 * d / abs(row.a):+.0f}%)" if row.a else "")
+
+
+def format_comparison(cmp: Comparison, only_changed: bool = False) -> str:
+    """The side-by-side table: the differing options first, then per split one row per quantity."""
+    lines = [f"A: {cmp.a}", f"B: {cmp.b}"]
+    if cmp.config_changes:
+        lines.append("options that differ (A → B):")
+        lines += [f"  {k}: {va!r} → {vb!r}" for k, va, vb in cmp.config_changes]
+    else:
+        lines.append("options: the same")
+    width = max([len(r.label) for r in cmp.rows] + [10])
+    split = None
+    for r in cmp.rows:
+        if only_changed and not r.changed:
+            continue
+        if r.split != split:
+            split = r.split
+            lines.append("")
+            lines.append(f"{split:<{width}}  {'A':>12}  {'B':>12}  change (B − A)")
+        lines.append(f"{r.label:<{width}}  {_fmt(r.a, r.percent):>12}  {_fmt(r.b, r.percent):>12}  {_fmt_delta(r)}")
+    changed = [r for r in cmp.rows if r.changed]
+    lines.append("")
+    lines.append(f"{len(changed)} of {len(cmp.rows)} quantities changed")
+    return "\n".join(lines) + "\n"
