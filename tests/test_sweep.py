@@ -209,6 +209,33 @@ def test_paper_grid_is_the_papers_600_runs_and_the_smoke_grid_is_small():
     assert len(first) == 10 and {c.config.model.norm for c in first} == {"none", "pre", "post", "peri", "gru"}
 
 
+def test_cpu_replication_grid_is_every_norm_and_recall_at_three_rates_and_two_seeds():
+    g = gridlib.load(ROOT / "experiments" / "cpu-replication.toml")
+    assert len(g) == 5 * 4 * 3 * 2
+    assert {c.config.model.norm for c in g.cells} == {"none", "pre", "peri", "post", "gru"}
+    assert {c.config.model.recall for c in g.cells} == {"internal", "external", "none", "fixed"}
+    assert sorted({c.config.train.lr for c in g.cells}) == [1e-3, 3e-3, 1e-2]
+    assert {c.config.train.seed for c in g.cells} == {0, 1}
+    c = g.cells[0].config
+    assert (c.task.train_length, c.task.hard_length, c.train.iterations, c.model.width) == (8, 32, 8, 32)
+    assert c.train.device == "cpu" and c.model.depth == 15
+    assert g.summary == {"summary": "analyze", "analyze_samples": 4, "analyze_splits": "both",
+                         "analyze_max_iter": 500}
+    assert "ps-external-post-lr3e-3-s0" in {c.cell_id for c in g.cells}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[summary]\nsamples = 3\n", "summary: unknown key(s) samples; allowed: summary, analyze_samples"),
+    ("[summary]\nanalyze_splits = \"all\"\n", "summary.analyze_splits: 'all' is not allowed; allowed: val, hard, both"),
+    ("[summary]\nanalyze_samples = -1\n", "summary.analyze_samples: expected a non-negative integer"),
+])
+def test_grid_summary_table_is_validated(tmp_path, text, message):
+    path = write_grid(tmp_path / "g.toml", fixed=tiny_fixed(), extra=text)
+    with pytest.raises(ConfigError) as err:
+        gridlib.load(path)
+    assert message in str(err.value)
+
+
 def test_sweep_cli_errors_are_one_line_with_exit_status_2(tmp_path):
     good = write_grid(tmp_path / "g.toml", fixed=tiny_fixed())
     bad = tmp_path / "bad.toml"

@@ -34,13 +34,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--where", action="append", default=[], metavar="SECTION.OPTION=V[,V...]",
                    help="run only the cells whose option has one of these values (repeatable), e.g. "
                         "--where train.seed=0 --where model.recall=external,internal")
-    p.add_argument("--summary", choices=["analyze", "monitor"], default="analyze",
-                   help="after training: the analyze pipeline (default) or only the monitor's four quantities")
-    p.add_argument("--analyze-samples", type=nonneg_int, default=8, metavar="N",
+    p.add_argument("--summary", choices=["analyze", "monitor"], default=None,
+                   help="after training: the analyze pipeline (default) or only the monitor's four quantities; this "
+                        "and the --analyze-* options default to the grid's [summary] table where it has one")
+    p.add_argument("--analyze-samples", type=nonneg_int, default=None, metavar="N",
                    help="samples per split of the analysis (8; 0 = monitor summary only)")
-    p.add_argument("--analyze-splits", choices=["val", "hard", "both"], default="val",
+    p.add_argument("--analyze-splits", choices=["val", "hard", "both"], default=None,
                    help="splits the analysis covers (val)")
-    p.add_argument("--analyze-max-iter", type=positive_int, default=500, metavar="N",
+    p.add_argument("--analyze-max-iter", type=positive_int, default=None, metavar="N",
                    help="fixed-point solver budget of the analysis (500)")
     p.add_argument("--cluster", choices=["slurm", "local", "debug"], default="slurm",
                    help="with --executor slurm: submitit's backend; local/debug run the same path without a "
@@ -145,9 +146,13 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--workers is for --executor local; on SLURM every cell is its own job")
     if args.executor == "local" and (args.no_wait or args.cluster != "slurm"):
         raise ConfigError("--cluster and --no-wait are options of --executor slurm")
-    splits = ("val", "hard") if args.analyze_splits == "both" else (args.analyze_splits,)
-    options = RunOptions(summary=args.summary, analyze_samples=args.analyze_samples, analyze_splits=splits,
-                         analyze_max_iter=args.analyze_max_iter)
+    # each summary option: the command line, else the grid's [summary] table, else the built-in default
+    builtin = {"summary": "analyze", "analyze_samples": 8, "analyze_splits": "val", "analyze_max_iter": 500}
+    chosen = {k: getattr(args, k) if getattr(args, k) is not None else grid.summary.get(k, v)
+              for k, v in builtin.items()}
+    splits = ("val", "hard") if chosen["analyze_splits"] == "both" else (chosen["analyze_splits"],)
+    options = RunOptions(summary=chosen["summary"], analyze_samples=chosen["analyze_samples"], analyze_splits=splits,
+                         analyze_max_iter=chosen["analyze_max_iter"])
 
     done = [c for c in cells if record_path(results, c.id).exists()]
     todo = [c for c in cells if not record_path(results, c.id).exists()]

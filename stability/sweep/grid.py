@@ -22,6 +22,12 @@ Both are tables of the RunConfig sections ``model``, ``task`` and ``train`` (``s
     partition = "gpu"
     timeout_min = 240
 
+    [summary]                                 # optional: how each cell is summarised (the sweep's options)
+    summary = "analyze"                       # or "monitor"
+    analyze_samples = 4                       # per split
+    analyze_splits = "both"                   # val, hard or both
+    analyze_max_iter = 500
+
 A file may instead (or also) ``include = ["other.toml", ...]`` (paths relative to it): its cells are the union of
 the included grids' cells and its own. The including file's ``fixed`` options apply to the included cells too,
 except where an included file makes that option an axis (an error: a fixed option cannot flatten an axis), and
@@ -60,7 +66,11 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 SECTIONS = {"model": ModelConfig, "task": TaskConfig, "train": TrainConfig}
-TOP_KEYS = ("name", "description", "include", "fixed", "axes", "slurm")
+TOP_KEYS = ("name", "description", "include", "fixed", "axes", "slurm", "summary")
+#: the ``[summary]`` table: how each cell is summarised after training (defaults of the sweep's --summary,
+#: --analyze-samples, --analyze-splits, --analyze-max-iter; the command line overrides them)
+SUMMARY_KEYS = {"summary": ("analyze", "monitor"), "analyze_samples": int, "analyze_splits": ("val", "hard", "both"),
+                "analyze_max_iter": int}
 #: resources of one SLURM job (submitit's AutoExecutor parameters, without the ``slurm_`` prefix where it has one)
 SLURM_KEYS = ("partition", "timeout_min", "gpus_per_node", "cpus_per_task", "mem_gb", "account", "qos",
               "constraint", "array_parallelism", "additional_parameters", "setup")
@@ -99,6 +109,7 @@ class Grid:
     cells: list = field(default_factory=list)
     slurm: dict = field(default_factory=dict)
     axes: dict = field(default_factory=dict)  # "section.option" -> values (union over included files)
+    summary: dict = field(default_factory=dict)  # the [summary] table (see SUMMARY_KEYS)
 
     def __len__(self) -> int:
         return len(self.cells)
@@ -247,8 +258,20 @@ def parse(data: dict, *, path: Optional[Path] = None, extra_fixed: Optional[dict
         raise ConfigError(f"{_where(path)}slurm: expected a table")
     _check_keys(path, "slurm", slurm, SLURM_KEYS)
 
+    summary = data.get("summary", {})
+    if not isinstance(summary, dict):
+        raise ConfigError(f"{_where(path)}summary: expected a table")
+    _check_keys(path, "summary", summary, SUMMARY_KEYS)
+    for key, allowed in SUMMARY_KEYS.items():
+        if key not in summary:
+            continue
+        v = summary[key]
+        if allowed is int and (isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "analyze_samples" else 1)):
+            raise ConfigError(f"{_where(path)}summary.{key}: expected a {'non-negative' if key == 'analyze_samples' else 'positive'} integer, got {v!r}")
+        if allowed is not int and v not in allowed:
+            raise ConfigError(f"{_where(path)}summary.{key}: {v!r} is not allowed; allowed: {', '.join(allowed)}")
     grid = Grid(name=name, path=path, description=description, slurm=dict(slurm),
-                axes={k: list(v) for k, v in axes.items()})
+                axes={k: list(v) for k, v in axes.items()}, summary=dict(summary))
     includes = data.get("include", [])
     if isinstance(includes, str):
         includes = [includes]
