@@ -58,7 +58,7 @@ def check_writable(path: Path | str, kind: Literal["file", "dir"] = "file", what
         if kind == "file" and path.is_dir():
             raise OutputError(f"{label}: is a directory; expected a file name")
         if kind == "dir" and not path.is_dir():
-            raise OutputError(f"{label}: is a file, not a directory")
+            raise OutputError(f"{label}: is a file, expected a directory")
         if kind == "file" and not path.is_file():
             raise OutputError(f"{label}: is not a regular file")
     probe_in = path if (kind == "dir" and path.is_dir()) else path.parent

@@ -55,7 +55,7 @@ def test_check_writable_refuses_a_directory_where_a_file_is_expected(tmp_path):
 def test_check_writable_refuses_a_file_where_a_directory_is_expected(tmp_path):
     f = tmp_path / "f"
     f.write_text("x")
-    with pytest.raises(OutputError, match="is a file, not a directory"):
+    with pytest.raises(OutputError, match="is a file, expected a directory"):
         atomic.check_writable(f, kind="dir")
     with pytest.raises(OutputError, match="is a file, not a directory"):
         atomic.check_writable(f / "sub" / "out.json")
@@ -183,7 +183,7 @@ def _bad_outputs(tmp_path, unwritable_dir, kind: str):
     if kind == "file":
         cases.append((tmp_path, "is a directory; expected a file name"))
     else:
-        cases.append((a_file, "is a file, not a directory"))
+        cases.append((a_file, "is a file, expected a directory"))
     return cases
 
 

@@ -43,7 +43,7 @@ def test_figures_refuses_an_out_path_that_is_a_file(tmp_path):
     target = tmp_path / "file"
     target.write_text("x")
     proc = _figures("--out", str(target), "--only", "fig2")
-    assert proc.returncode == 2 and "not a directory" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "is a file, expected a directory" in proc.stderr and "Traceback" not in proc.stderr
     proc = _figures("--out", str(tmp_path), "--only", "fig9")
     assert proc.returncode == 2 and "unknown figure fig9" in proc.stderr
     assert target.read_text() == "x" and sorted(p.name for p in tmp_path.iterdir()) == ["file"]
