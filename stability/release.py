@@ -307,24 +307,42 @@ def load_release(path: Path | str, obj: Optional[dict] = None, *, release_config
     cfg_path = config_path(path, release_config)
     cfg = run_config(read_config(cfg_path), where=str(cfg_path))
     model = model_from_release(obj, cfg, str(path)).to(device)
-    epoch = obj.get("epoch", 0)
-    return ckpt.Loaded(model=model, config=cfg, task=make_task(cfg.task), path=path,
-                       epoch=int(epoch) if isinstance(epoch, (int, float)) and math.isfinite(epoch) else 0,
+    return ckpt.Loaded(model=model, config=cfg, task=make_task(cfg.task), path=path, epoch=completed_epochs(obj),
                        history=[], final=None, package_version="release")
+
+
+def completed_epochs(obj: dict) -> int:
+    """Epochs completed when the release saved ``obj``: its ``epoch`` is the 0-based index of the last one."""
+    epoch = obj.get("epoch")
+    if isinstance(epoch, bool) or not isinstance(epoch, (int, float)) or not math.isfinite(epoch) or epoch < 0:
+        return 0
+    return int(epoch) + 1
 
 
 def import_checkpoint(path: Path | str, out: Path | str, *, release_config: Optional[Path | str] = None) -> Path:
     """Write the imported release checkpoint as a toolkit checkpoint (schema 1, atomic write) at ``out``.
 
-    The file has no optimizer or RNG state (the release's AdamW state is indexed by its own parameter order) and
-    records where it came from under ``source``; ``stability.load(out)`` gives the same model."""
+    ``stability.load(out)`` gives the same model; ``source`` records where it came from. The release's AdamW state
+    is indexed by its own parameter order, so the file carries a fresh optimizer state (and RNG states seeded with
+    the run's seed) instead: ``stability train --resume`` continues from the imported weights as a new optimizer
+    would."""
     from stability import __version__
     from stability.atomic import check_writable
     from stability.train import checkpoint as ckpt
+    from stability.train.loop import lr_factor, make_optimizer
 
     out = check_writable(out, "file", "--out")
-    loaded = load_release(path, release_config=release_config)
+    obj = ckpt.read_torch(path)
+    loaded = load_release(path, obj, release_config=release_config)
     cfg_path = config_path(path, release_config)
+    train = loaded.config.train
+    torch_rng = torch.random.get_rng_state()
+    torch.manual_seed(train.seed)
+    rng = {"torch": torch.random.get_rng_state(), "cuda": [],
+           "data": torch.Generator().manual_seed(train.seed).get_state()}
+    torch.random.set_rng_state(torch_rng)
+    epoch = loaded.epoch
+    lr = train.lr * lr_factor(min(epoch, train.epochs - 1), train)
     ckpt.atomic_save({
         "format": ckpt.FORMAT,
         "schema_version": ckpt.SCHEMA_VERSION,
@@ -332,14 +350,15 @@ def import_checkpoint(path: Path | str, out: Path | str, *, release_config: Opti
         "torch_version": str(torch.__version__),
         "config": to_dict(loaded.config),
         "model": loaded.model.state_dict(),
-        "optimizer": {},
-        "schedule": {},
+        "optimizer": make_optimizer(loaded.model, train).state_dict(),
+        "schedule": {"base_lr": train.lr, "epoch": epoch, "lr": lr},
         "scaler": {},
-        "rng": {},
-        "epoch": loaded.epoch,
+        "rng": rng,
+        "epoch": epoch,
         "step": 0,
         "history": [],
         "final": None,
-        "source": {"kind": "release", "checkpoint": str(Path(path).resolve()), "config": str(cfg_path.resolve())},
+        "source": {"kind": "release", "checkpoint": str(Path(path).resolve()), "config": str(cfg_path.resolve()),
+                   "epoch": obj.get("epoch")},
     }, out)
     return out

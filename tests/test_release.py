@@ -66,7 +66,8 @@ def _rope(x, spatial):
 
 
 def _neighbourhood_mask(spatial, kernel):
-    """Brute force: query p sees key q iff on every axis q_a ∈ [s_a, s_a + kernel), s_a = clamp(p_a − k//2, 0, n − k)."""
+    """Brute force: query p sees key q iff on every axis q_a ∈ [s_a, s_a + w), w = min(kernel, n),
+    s_a = clamp(p_a − kernel//2, 0, n − w)."""
     coords = list(itertools.product(*[range(s) for s in spatial]))
     mask = torch.zeros(len(coords), len(coords), dtype=torch.bool)
     for i, p in enumerate(coords):
@@ -215,7 +216,7 @@ def test_import_writes_a_toolkit_checkpoint_that_loads_to_the_same_function(tmp_
         assert main(["import", str(FIXTURES / run / "model_best.pth"), "--out", str(out)]) == 0
         assert str(out) in capsys.readouterr().out
         obj = ckpt.read(out)
-        assert obj["source"]["kind"] == "release"
+        assert obj["source"]["kind"] == "release" and obj["source"]["epoch"] == 0 and obj["epoch"] == 1
         loaded = stability.load(out)
         assert loaded.config.model.window_edges == "shift" and loaded.config.model.norm_eps is None
         ref = reference(run)
@@ -223,6 +224,11 @@ def test_import_writes_a_toolkit_checkpoint_that_loads_to_the_same_function(tmp_
         with torch.no_grad():
             logits = release.to_release_layout(m(ref["inputs_stability_layout"].double(), 50))
         assert (logits - ref["logits_float64"]).abs().max() <= 4e-15
+        # the file resumes as the trainer resumes: a fresh optimizer state of the right groups, seeded RNG states
+        from stability.train.loop import _set_rng_state, make_optimizer
+
+        make_optimizer(loaded.model, loaded.config.train).load_state_dict(obj["optimizer"])
+        _set_rng_state(obj["rng"], torch.Generator())
 
 
 def test_release_config_may_be_given_explicitly(tmp_path):

@@ -283,10 +283,10 @@ class LoopedTransformer(nn.Module):
 
 class FixedDepthTransformer(nn.Module):
     """The fixed-depth baseline: ``depth`` separately parameterised blocks of the same norm variant, no
-    recall, run once (docs/release-differences.md). ``forward(inputs, iterations)`` repeats its one output so that it can be
-    scored like a looped model (the release's code re-runs the stack at every "iteration"; its grid scores the
-    baseline at iteration 1 only: docs/release-differences.md); it has no loop map, so the fixed-point analysis
-    does not apply to it."""
+    recall, run once. ``forward(inputs, iterations)`` repeats its one output so that it can be scored like a
+    looped model (the release's code re-runs the stack at every "iteration"; its grid scores the baseline at
+    iteration 1 only: docs/release-differences.md); it has no loop map, so the fixed-point analysis does not
+    apply to it."""
 
     recall = "fixed"
 

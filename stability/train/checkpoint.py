@@ -19,7 +19,12 @@ Format (schema 1), a dict that ``torch.load(weights_only=True)`` reads (tensors,
 =================  ==========================================================================================
 
 Writes are atomic (temporary file in the same folder, fsync, rename): a killed writer never leaves a
-half-written checkpoint. Loading refuses, with one line, anything that is not such a file.
+half-written checkpoint. Loading refuses, with one line, anything that is not such a file, except one of the
+paper's release checkpoints (``{"net": state_dict, "epoch", "optimizer"}`` with its Hydra config), which
+:func:`load` imports (stability/release.py; docs/release-differences.md).
+
+A config written before an option existed loads with that option's legacy value (:func:`with_legacy_defaults`):
+old checkpoints keep the semantics they were trained with.
 """
 
 from __future__ import annotations
