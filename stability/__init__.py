@@ -1,6 +1,8 @@
 """stability: train looped (weight-tied) transformers and test whether their fixed points can be trusted.
 
-``stability.load(path)`` opens a checkpoint written by the trainer and returns its model, config and task.
+``stability.load(path)`` opens a checkpoint written by the trainer and returns its model, config and task;
+``stability.analyze(model, inputs, targets=None, options=None)`` runs the whole fixed-point analysis on any model
+that satisfies the :class:`stability.protocols.LoopedModel` contract (README, "The model contract").
 """
 
 __version__ = "0.1.0"
@@ -16,4 +18,14 @@ def load(path, *, device: str = "cpu", release_config=None):
     return _load(path, device=device, release_config=release_config)
 
 
-__all__ = ["__version__", "load"]
+def analyze(model, inputs, targets=None, options=None, *, log=None):
+    """The whole analysis of a :class:`~stability.protocols.LoopedModel` on a batch of inputs (reachability,
+    ρ(J*), Props. 4–5, App. A.8, accuracy when ``targets`` are given): a
+    :class:`~stability.analysis.pipeline.SplitAnalysis` with ``.to_json()``, ``.summary()`` and ``.plot(dir)``.
+    ``options``: :class:`~stability.analysis.pipeline.AnalysisOptions` (e.g. ``stages=("rho", "prop5")``)."""
+    from stability.analysis.pipeline import analyze as _analyze
+
+    return _analyze(model, inputs, targets, options, log=log)
+
+
+__all__ = ["__version__", "analyze", "load"]

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 from stability.atomic import check_writable, write_text
 from stability.cli import positive_float
 from stability.errors import StabilityError
+from stability.protocols import is_looped
 
 if TYPE_CHECKING:  # torch is imported where it is used, so that the command line starts fast
     import torch
@@ -182,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         check_writable(args.json, "file", "--json")
     run_ = stability.load(args.checkpoint, device=args.device)
-    if run_.model.recall == "fixed":
+    if not is_looped(run_.model):
         raise StabilityError("a fixed-depth baseline has no loop map: there is nothing to halt")
     train = run_.config.train
     if args.tol is None and train.method == "deep-supervision" and train.halt_tol not in taus:

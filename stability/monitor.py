@@ -110,7 +110,9 @@ class StabilityMonitor:
     # ---- the measurement ---------------------------------------------------------------------------
     def measure(self, model, inputs: Optional[torch.Tensor] = None) -> dict:
         """The monitor's quantities for ``model`` on ``inputs`` (default: the probe). JSON-ready."""
-        if getattr(model, "recall", None) == "fixed" or not hasattr(model, "step"):
+        from stability.protocols import is_looped
+
+        if not is_looped(model):
             raise ValueError("a fixed-depth baseline has no loop map: nothing to monitor")
         t0 = time.perf_counter()
         inputs = self.probe() if inputs is None else inputs.to(self.device)

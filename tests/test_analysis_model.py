@@ -187,8 +187,8 @@ def test_analysis_of_a_split_agrees_between_the_arpack_and_the_batched_arnoldi_r
                                 hard_length=8))
     m = make_contractive(small_model("external", "post", seed=7))
     opts = AnalysisOptions(samples=3, tol=1e-10, max_iter=80, iterations=5, probes=2, eig_tol=1e-10, eig_batch=3)
-    cpu = analyze_split(m, task, "val", opts)
-    gpu_route = analyze_split(m, task, "val", AnalysisOptions(**{**opts.to_dict(), "eig_route": "arpack"}))
+    cpu = analyze_split(m, task, "val", opts).to_json()
+    gpu_route = analyze_split(m, task, "val", AnalysisOptions(**{**opts.to_dict(), "eig_route": "arpack"})).to_json()
     assert cpu["fixed_point"]["status"] == ["converged"] * 3
     assert np.allclose(cpu["jacobian"]["spectral_radius"], gpu_route["jacobian"]["spectral_radius"], atol=1e-6)
     assert np.allclose(cpu["jacobian"]["sigma_max"], gpu_route["jacobian"]["sigma_max"], atol=1e-6)

@@ -1,8 +1,11 @@
-"""``stability analyze CKPT``: are the checkpoint's fixed points reachable, input-dependent, well-conditioned?
+"""``stability analyze``: are a looped model's fixed points reachable, input-dependent, independent of e?
 
-Finds x* per sample (Picard by default: reachability is about plain iteration), then reports ρ(J*), σ_max,
-Prop. 4's ρ(M) checked against autograd, ρ(W_x), the Prop. 5 check, ‖dx*/dx0‖_F, the A.8 independence of e, and
-accuracy against iteration (Sections 4–5, App. A). See docs/analysis.md.
+Two ways in: a checkpoint of this toolkit (``stability analyze CKPT``), or a model of one's own
+(``stability analyze --model PACKAGE.MODULE:FACTORY [--weights FILE] --inputs FILE.pt [--targets FILE.pt]``), checked
+against the :class:`~stability.protocols.LoopedModel` contract first. Finds x* per sample (Picard by default:
+reachability is about plain iteration), then reports ρ(J*), σ_max, Prop. 4's ρ(M) checked against autograd, ρ(W_x),
+the Prop. 5 check, ‖dx*/dx0‖_F, the A.8 independence of e, and accuracy against iteration (Sections 4–5, App. A),
+headed by a verdict on the paper's three axes. ``--only`` selects stages. See docs/analysis.md and the README.
 """
 
 from __future__ import annotations
@@ -12,17 +15,30 @@ import sys
 
 from stability.cli import positive_float, positive_int
 
-HELP = "analyse a checkpoint's fixed points: reachability, spectra (Props. 3-4), input-gradients (Prop. 5), accuracy"
+HELP = "analyse a looped model's fixed points: reachability, spectra (Props. 3-4), input-gradients (Prop. 5), accuracy"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("checkpoint", metavar="CKPT", help="a checkpoint written by `stability train`, or one of the "
-                   "paper's release checkpoints (RUN_DIR/model_best.pth)")
+    from stability.analysis.pipeline import STAGES
+
+    p.add_argument("checkpoint", metavar="CKPT", nargs="?", help="a checkpoint written by `stability train`, or "
+                   "one of the paper's release checkpoints (RUN_DIR/model_best.pth)")
     p.add_argument("--release-config", metavar="PATH", help="a release checkpoint's Hydra config, where it is not "
                    "RUN_DIR/.hydra/config.yaml (README: Release checkpoints and semantics)")
-    p.add_argument("--split", choices=["val", "hard", "both"], default="both", help="which split(s) (both)")
+    own = p.add_argument_group("a model of one's own (instead of CKPT)")
+    own.add_argument("--model", metavar="PACKAGE.MODULE:FACTORY",
+                     help="build the model by calling FACTORY() from an importable module (the current directory "
+                          "is on the path); it must satisfy the LoopedModel contract (README)")
+    own.add_argument("--weights", metavar="FILE", help="a state dict to load into the model (torch.save)")
+    own.add_argument("--inputs", metavar="FILE.pt", help="a tensor of inputs (B, ...) saved with torch.save")
+    own.add_argument("--targets", metavar="FILE.pt",
+                     help="class indices (B, *positions) for the accuracy (argmax of readout, per position and "
+                          "whole answer)")
+    p.add_argument("--split", choices=["val", "hard", "both"], default=None, help="which split(s) of CKPT (both)")
     p.add_argument("--samples", type=positive_int, default=32, metavar="N",
-                   help="analyse the first N samples of each split, in the task's order (32)")
+                   help="analyse the first N samples of each split (or of --inputs), in order (32)")
+    p.add_argument("--only", metavar="STAGES",
+                   help=f"comma-separated stages to run, of: {', '.join(STAGES)} (reachability always runs)")
     p.add_argument("--solver", choices=["picard", "anderson"], default="picard",
                    help="fixed-point solver (picard: plain iteration, the reachability the paper means)")
     p.add_argument("--tol", type=positive_float, default=1e-5, metavar="F",
@@ -32,6 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="accuracy is measured at iterations 1..T (500)")
     p.add_argument("--probes", type=positive_int, default=4, metavar="K",
                    help="random probes of the ‖dx*/dx0‖_F estimate (4)")
+    p.add_argument("--noise-std", type=positive_float, default=None, metavar="F",
+                   help="std of the noise start of App. A.8 (the checkpoint's noise_std; 1 for --model)")
     p.add_argument("--eig-route", choices=["arnoldi", "arpack"], default="arnoldi",
                    help="ρ(J*) and σ_max by the torch Krylov–Schur iteration (arnoldi: batched, GPU-capable) or "
                         "by scipy's ARPACK per sample (arpack) (arnoldi)")
@@ -44,19 +62,158 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
+# ---- a model of one's own ------------------------------------------------------------------------------------
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+def build_from_spec(spec: str):
+    """Import ``PACKAGE.MODULE`` and call ``FACTORY()``; every failure is one :class:`StabilityError` line."""
+    import importlib
+    import os
+
+    from stability.errors import StabilityError
+
+    module_name, sep, factory_name = spec.partition(":")
+    if not sep or not module_name or not factory_name:
+        raise StabilityError(f"--model expects PACKAGE.MODULE:FACTORY, got {spec!r}")
+    if os.getcwd() not in sys.path:  # as `python -m` does: modules in the current directory are importable
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise StabilityError(f"--model {spec}: no module named {exc.name!r} (is it importable from here?)") \
+                from None
+        raise StabilityError(f"--model {spec}: importing {module_name} failed: {_one_line(exc)}") from None
+    except Exception as exc:  # noqa: BLE001 - a user's module
+        raise StabilityError(f"--model {spec}: importing {module_name} failed: {_one_line(exc)}") from None
+    factory = getattr(module, factory_name, None)
+    if factory is None:
+        raise StabilityError(f"--model {spec}: module {module_name} has no attribute {factory_name!r}")
+    if not callable(factory):
+        raise StabilityError(f"--model {spec}: {module_name}.{factory_name} is not callable")
+    try:
+        model = factory()
+    except Exception as exc:  # noqa: BLE001
+        raise StabilityError(f"--model {spec}: calling {factory_name}() failed: {_one_line(exc)}") from None
+    return model
+
+
+def _torch_load(path: str, what: str):
+    from pathlib import Path
+
+    import torch
+
+    from stability.errors import StabilityError
+
+    p = Path(path)
+    if not p.exists():
+        raise StabilityError(f"{what} {path}: no such file")
+    if not p.is_file():
+        raise StabilityError(f"{what} {path}: not a file")
+    try:
+        return torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - truncated, not a torch file, or unsafe pickle
+        raise StabilityError(f"{what} {path}: corrupt or not a tensor file saved with torch.save "
+                             f"({_one_line(exc)})") from None
+
+
+def load_tensor(path: str, what: str, key: str):
+    """A tensor saved with ``torch.save`` (or a dict holding it under ``key``), checked finite."""
+    import torch
+
+    from stability.errors import StabilityError
+
+    obj = _torch_load(path, what)
+    if isinstance(obj, dict) and key in obj:
+        obj = obj[key]
+    if not isinstance(obj, torch.Tensor):
+        raise StabilityError(f"{what} {path}: expected a tensor, found {type(obj).__name__}")
+    if obj.dim() < 1 or obj.shape[0] < 1:
+        raise StabilityError(f"{what} {path}: expected a batch (B, ...), found shape {tuple(obj.shape)}")
+    if (obj.is_floating_point() or obj.is_complex()) and not bool(torch.isfinite(obj).all()):
+        raise StabilityError(f"{what} {path}: holds NaN or infinite values")
+    return obj
+
+
+def load_weights(model, path: str) -> None:
+    """Load a state dict (or a dict holding one under "state_dict", "model" or "net") into ``model``, strictly."""
+    import torch
+
+    from stability.errors import StabilityError
+
+    obj = _torch_load(path, "--weights")
+    if isinstance(obj, dict):
+        for key in ("state_dict", "model", "net"):
+            if isinstance(obj.get(key), dict):
+                obj = obj[key]
+                break
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise StabilityError(f"--weights {path}: not a state dict (a mapping of parameter names to tensors)")
+    if not hasattr(model, "load_state_dict"):
+        raise StabilityError(f"--weights {path}: the model is not a torch.nn.Module")
+    try:
+        result = model.load_state_dict(obj, strict=False)
+    except RuntimeError as exc:
+        raise StabilityError(f"--weights {path}: does not fit the model ({_one_line(exc)})") from None
+    missing, unexpected = list(result.missing_keys), list(result.unexpected_keys)
+    if missing or unexpected:
+        parts = ([f"missing {', '.join(missing[:4])}{' …' if len(missing) > 4 else ''}"] if missing else []) + \
+                ([f"unexpected {', '.join(unexpected[:4])}{' …' if len(unexpected) > 4 else ''}"] if unexpected else [])
+        raise StabilityError(f"--weights {path}: does not fit the model ({'; '.join(parts)})")
+
+
+def _own_model(args, options, log):
+    from stability.analysis.pipeline import analyze
+    from stability.errors import StabilityError
+
+    if args.checkpoint:
+        raise StabilityError("give either CKPT or --model, not both")
+    if not args.inputs:
+        raise StabilityError("--model needs --inputs FILE.pt (a tensor of inputs, batch first)")
+    if args.split is not None:
+        raise StabilityError("--split applies to checkpoints; with --model the samples are --inputs")
+    inputs = load_tensor(args.inputs, "--inputs", "inputs")
+    targets = load_tensor(args.targets, "--targets", "targets") if args.targets else None
+    model = build_from_spec(args.model)
+    if args.weights:
+        load_weights(model, args.weights)
+    analysis = analyze(model, inputs, targets, options, log=log)
+    source = {"model": args.model, "weights": args.weights, "inputs": args.inputs, "targets": args.targets}
+    return analysis.report(source)
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from stability.analysis.pipeline import AnalysisOptions, analyze_checkpoint
+    from stability.analysis.pipeline import STAGES, AnalysisOptions, analyze_checkpoint
     from stability.analysis.report import text_report, write_json, write_plots
+    from stability.atomic import check_writable
+    from stability.errors import StabilityError
 
-    splits = ("val", "hard") if args.split == "both" else (args.split,)
+    if not args.checkpoint and not args.model:
+        raise StabilityError("give a checkpoint (CKPT) or a model of one's own (--model PACKAGE.MODULE:FACTORY "
+                             "--inputs FILE.pt)")
+    if not args.model and (args.inputs or args.targets or args.weights):
+        raise StabilityError("--inputs, --targets and --weights go with --model")
     options = AnalysisOptions(samples=args.samples, solver=args.solver, tol=args.tol, max_iter=args.max_iter,
                               iterations=args.iterations, device=args.device, probes=args.probes,
-                              eig_route=args.eig_route, eig_precision=args.eig_precision)
+                              eig_route=args.eig_route, eig_precision=args.eig_precision,
+                              noise_std=args.noise_std, stages=args.only or STAGES)
+    if args.json:
+        check_writable(args.json, "file", "--json")
+    if args.plots:
+        check_writable(args.plots, "dir", "--plots")
     log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    report = analyze_checkpoint(Path(args.checkpoint), splits=splits, options=options, log=log,
-                                release_config=args.release_config)
+    if args.model:
+        report = _own_model(args, options, log)
+    else:
+        splits = ("val", "hard") if args.split in (None, "both") else (args.split,)
+        report = analyze_checkpoint(Path(args.checkpoint), splits=splits, options=options, log=log,
+                                    release_config=args.release_config).to_json()
     print(text_report(report), end="")
     if args.json:
         write_json(report, Path(args.json))

@@ -1,27 +1,66 @@
-"""The analysis of one split of a checkpoint, end to end: x* by the solver, then every quantity at x*.
+"""The analysis of one split, as a sequence of stages, gathered into one :class:`SplitAnalysis`.
 
-``analyze_split(model, task, split, options)`` returns one JSON-ready dict per split whose blocks are the
-result objects of the rooms (solver → reachability, operators → spectra, recall, sensitivity, accuracy);
-``stability analyze`` prints and writes them (``report.py``), nothing is recomputed there.
+A stage is a function of the run so far that returns its result object:
+
+==================  ====================================================  =====================================
+stage               what                                                  result (JSON key)
+==================  ====================================================  =====================================
+``reachability``    x* by the solver, statuses, cycles (Section 3.2)      :class:`Reachability` (fixed_point)
+``rho``             ρ(J*), σ_max, leading eigenvalues (Props. 3–4)        :class:`JacobianSpectra` (jacobian)
+``prop4``           ρ(M) from the named parts, against autograd           :class:`Prop4Result` (prop4)
+``rho_wx``          ρ(W_x) of the recall weight (Figs. 6–7)               :class:`RecallWeight` (recall)
+``prop5``           the unrolled input-gradient → the implicit one        :class:`Prop5Stage` (prop5)
+``input``           ‖dx*/dx0‖_F (Prop. 5)                                 :class:`InputDependence`
+``a8``              x* from e ∈ {x0, zeros, noise}, ‖dx_T/de‖ (App. A.8)  :class:`InitialIterate`
+``accuracy``        accuracy against iteration and at x* (Fig. 3)         :class:`AccuracyCurve`
+==================  ====================================================  =====================================
+
+``reachability`` always runs (every other stage reads x*). Prop. 4 and ρ(W_x) need a model with
+:class:`~stability.protocols.RecallParts` and are :class:`NotApplicable` otherwise; accuracy needs targets.
+The stages use the :class:`~stability.protocols.LoopedModel` contract only. ``SplitAnalysis.to_json()`` is the
+JSON block ``stability analyze`` writes per split; the text report, the plots and the sweep summary read it.
 """
 
 from __future__ import annotations
 
 import copy
 import time
-from dataclasses import asdict, dataclass
-from typing import Optional
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
 
 from stability.errors import StabilityError
 
+#: stage names, in the order they run
+STAGES = ("reachability", "rho", "prop4", "rho_wx", "prop5", "input", "a8", "accuracy")
+#: the JSON block of each stage
+STAGE_KEYS = {"reachability": "fixed_point", "rho": "jacobian", "prop4": "prop4", "rho_wx": "recall",
+              "prop5": "prop5", "input": "input_dependence", "a8": "initial_iterate", "accuracy": "accuracy"}
+FORMAT = "stability-analysis"
+SCHEMA_VERSION = 2
+
+
+def parse_stages(text) -> tuple:
+    """``"rho,prop5"`` (or a sequence of names) → the stages to run, in run order, ``reachability`` included."""
+    names = [s.strip() for s in (text.split(",") if isinstance(text, str) else text) if s.strip()]
+    bad = [s for s in names if s not in STAGES]
+    if bad or not names:
+        what = f"unknown stage {', '.join(map(repr, bad))}" if bad else "no stage given"
+        raise StabilityError(f"{what}; allowed: {', '.join(STAGES)}")
+    return tuple(s for s in STAGES if s in names or s == "reachability")
+
 
 @dataclass(frozen=True)
 class AnalysisOptions:
-    """What ``stability analyze`` exposes (samples, solver, tol, max_iter, iterations, device) and the numerical
-    settings below it (fixed, reported in the JSON)."""
+    """What ``stability analyze`` exposes (samples, solver, tol, max_iter, iterations, device, stages) and the
+    numerical settings below it (reported in the JSON).
+
+    ``noise_std``: std of the Gaussian start of App. A.8 (None: the checkpoint's configured ``noise_std``, 1 for a
+    model of one's own). ``stages``: which stages to run (:data:`STAGES`; ``reachability`` always runs).
+    """
 
     samples: int = 32
     solver: str = "picard"
@@ -38,15 +77,22 @@ class AnalysisOptions:
     eig_route: str = "arnoldi"  # ρ, σ_max: "arnoldi" (torch Krylov–Schur, batched) or "arpack" (scipy, per sample)
     eig_batch: Optional[int] = None  # samples per Arnoldi batch; None: 1 on the CPU, all on CUDA
     eig_precision: str = "mixed"  # ρ's products: "mixed" (float32, each result certified in float64) or "float64"
+    noise_std: Optional[float] = None
+    stages: tuple = STAGES
 
     def __post_init__(self):
         for name, allowed in (("eig_route", ("arnoldi", "arpack")), ("eig_precision", ("mixed", "float64")),
                               ("solver", ("picard", "anderson"))):
             if getattr(self, name) not in allowed:
                 raise StabilityError(f"unknown {name} {getattr(self, name)!r}; allowed: {', '.join(allowed)}")
+        object.__setattr__(self, "stages", parse_stages(self.stages))
+        if self.noise_std is not None and not (np.isfinite(self.noise_std) and self.noise_std >= 0):
+            raise StabilityError(f"noise_std must be a finite number ≥ 0, got {self.noise_std!r}")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        out["stages"] = list(self.stages)
+        return out
 
 
 def analysis_model(model: torch.nn.Module, dtype: torch.dtype = torch.float64, device: Optional[str] = None):
@@ -65,187 +111,635 @@ def _median(values) -> Optional[float]:
     return float(np.median(vals)) if vals else None
 
 
-def _initial_states(model, x0: torch.Tensor, seed: int) -> dict:
-    """e ∈ {x0, zeros, noise} (Def. 3.1; App. A.8), noise with the model's noise_std and a fixed seed."""
-    gen = torch.Generator().manual_seed(seed)
-    std = float(getattr(model.config, "noise_std", 1.0))
-    noise = torch.randn(x0.shape, generator=gen, dtype=torch.float64).to(x0) * std
-    return {"x0": x0, "zeros": torch.zeros_like(x0), "noise": noise}
+def _to_dict(obj) -> Any:
+    return obj.to_dict() if hasattr(obj, "to_dict") else obj
 
 
-def analyze_split(model, task, split: str, options: AnalysisOptions, *, log=None) -> dict:
-    """Every quantity of the analysis on the first ``options.samples`` samples of ``split``, in task order.
+# ---- result objects of the stages that have none elsewhere ------------------------------------------------
 
-    ``model`` must be the analysis copy (:func:`analysis_model`). Returns the per-split JSON block.
-    """
-    from stability.analysis.accuracy import accuracy_at, accuracy_vs_iteration
-    from stability.analysis.operators import BatchedJacobian, JacobianOperator
+@dataclass
+class NotApplicable:
+    """A stage that does not apply to this model (e.g. Prop. 4 without named recall parts), and why."""
+
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"applicable": False, "reason": self.reason}
+
+
+@dataclass
+class JacobianSpectra:
+    """ρ(J*), σ_max(J*) and the leading eigenvalues per sample (Props. 3–4, App. A.4), at x_best."""
+
+    method: str
+    spectral_radius: list
+    sigma_max: list
+    eigenvalues: list
+    eigen_converged: list
+    converged: list  # the solver's converged mask, for the medians
+
+    def to_dict(self) -> dict:
+        c = self.converged
+        return {
+            "evaluated_at": "x_best: the fixed point where status is converged, else the lowest-residual iterate",
+            "method": self.method,
+            "spectral_radius": self.spectral_radius,
+            "spectral_radius_median": _median([r for r, ok in zip(self.spectral_radius, c) if ok]),
+            "spectral_radius_median_all": _median(self.spectral_radius),
+            "sigma_max": self.sigma_max,
+            "sigma_max_median": _median([s for s, ok in zip(self.sigma_max, c) if ok]),
+            "eigenvalues": self.eigenvalues,
+            "eigen_converged": self.eigen_converged,
+        }
+
+
+@dataclass
+class RecallWeight:
+    """ρ(W_x) and the leading eigenvalues of the recall weight (bias ignored; Figs. 6–7)."""
+
+    rho_Wx: float
+    eigenvalues: list
+
+    def to_dict(self) -> dict:
+        return {"rho_Wx": self.rho_Wx, "eigenvalues": self.eigenvalues}
+
+
+@dataclass
+class Prop5Stage:
+    """Prop. 5 on the first converged sample: :class:`~stability.analysis.sensitivity.Prop5Check`, or why not."""
+
+    check: Any = None
+    sample: Optional[int] = None
+    x_star_residual: Optional[float] = None
+    skipped: Optional[str] = None
+
+    def to_dict(self) -> dict:
+        base = ({"T": [], "rel_error": [], "gmres_residual": None} if self.check is None else self.check.to_dict())
+        out = {**base, "sample": self.sample}
+        if self.x_star_residual is not None:
+            out["x_star_residual"] = self.x_star_residual
+        if self.skipped:
+            out["skipped"] = self.skipped
+        out["note"] = "dx_T/dx0 unrolled from e held fixed, as Prop. 5 states it (by A.8 the limit is the same)"
+        return out
+
+
+@dataclass
+class InputDependence:
+    """‖dx*/dx0‖_F per converged sample (Hutchinson estimate; Prop. 5), None elsewhere."""
+
+    frobenius: list
+    probes: int
+
+    def to_dict(self) -> dict:
+        return {"frobenius": self.frobenius, "frobenius_median": _median(self.frobenius), "probes": self.probes,
+                "quantity": "‖dx*/dx0‖_F (Hutchinson estimate, Prop. 5)"}
+
+
+@dataclass
+class InitialIterate:
+    """App. A.8: the fixed points reached from e ∈ {x0, zeros, noise} and ‖dx_T/de‖ against T."""
+
+    starts: list
+    fixed_point_distance: list
+    converged_fraction: dict
+    noise_std: float
+    T: list = field(default_factory=list)
+    dxT_de_norm: list = field(default_factory=list)
+    sample: Optional[int] = None
+
+    def to_dict(self) -> dict:
+        out = {"starts": self.starts, "fixed_point_distance": self.fixed_point_distance,
+               "fixed_point_distance_max": max([d for d in self.fixed_point_distance if d is not None],
+                                               default=None),
+               "converged_fraction": self.converged_fraction, "noise_std": self.noise_std}
+        if self.sample is not None:
+            out.update({"T": self.T, "dxT_de_norm": self.dxT_de_norm, "sample": self.sample})
+        return out
+
+
+# ---- the verdict ------------------------------------------------------------------------------------------
+
+#: thresholds of the verdict (stated in the report and in the JSON)
+THRESHOLDS = {
+    "reachable_share": 0.9,  # share of samples whose plain iteration converges
+    "rho_margin": 0.0,  # median ρ(J*) over converged samples must be below 1 − margin
+    "input_grad_min": 1e-3,  # median ‖dx*/dx0‖_F at least this
+    "prop5_rel_error_max": 1e-4,  # the unrolled gradient at T_max within this of the implicit one
+    "e_distance_max": 1e-3,  # largest relative distance between the x* from different e (or 100·τ if larger)
+}
+
+
+@dataclass
+class Verdict:
+    """The paper's three axes (Section 3.2) in words and numbers: reachable, input-dependent, independent of e.
+
+    Each axis is "yes", "no", "partly" or "not measured", with the numbers it was decided on and the thresholds
+    (:data:`THRESHOLDS`)."""
+
+    reachable: str
+    input_dependent: str
+    independent_of_e: str
+    numbers: dict
+    thresholds: dict
+    reasons: dict
+
+    def to_dict(self) -> dict:
+        return {"reachable": self.reachable, "input_dependent": self.input_dependent,
+                "independent_of_e": self.independent_of_e, "numbers": self.numbers, "thresholds": self.thresholds,
+                "reasons": self.reasons}
+
+
+def verdict(results: dict, *, tol: float) -> Verdict:
+    """Decide the three axes from the stages' JSON blocks (``results``: stage key → block or None)."""
+    th = {**THRESHOLDS, "e_distance_max": max(THRESHOLDS["e_distance_max"], 100 * tol)}
+    fp, jac = results.get("fixed_point") or {}, results.get("jacobian")
+    ind, p5, a8 = results.get("input_dependence"), results.get("prop5"), results.get("initial_iterate")
+    share = fp.get("converged_fraction")
+    rho = (jac or {}).get("spectral_radius_median")
+    nums = {"converged_fraction": share, "rho_J_median": rho, "rho_margin": None if rho is None else 1.0 - rho,
+            "distinct_fixed_points": fp.get("distinct_fixed_points"),
+            "converged": None if share is None else int(round(share * fp.get("samples", len(fp.get("status", []))))),
+            "input_grad_median": (ind or {}).get("frobenius_median"),
+            "prop5_rel_error": (p5 or {}).get("rel_error", [None])[-1] if (p5 or {}).get("rel_error") else None,
+            "e_distance_max": (a8 or {}).get("fixed_point_distance_max")}
+    reasons = {}
+    # reachable: share converged, median ρ(J*) < 1 − margin
+    limit = 1.0 - th["rho_margin"]
+    if not share:
+        reach, reasons["reachable"] = "no", "no sample converged under plain iteration"
+    elif jac is None:
+        reach = "yes" if share >= th["reachable_share"] else "partly"
+        reasons["reachable"] = f"{share:.0%} converged; ρ(J*) not measured"
+    elif rho is None:
+        reach, reasons["reachable"] = "partly", f"{share:.0%} converged; ρ(J*) not available"
+    elif rho >= limit:
+        reach, reasons["reachable"] = "no", f"median ρ(J*) = {rho:.4g} ≥ {limit:g}: x* is not attracting"
+    else:
+        reach = "yes" if share >= th["reachable_share"] else "partly"
+        reasons["reachable"] = (f"{share:.0%} converged (threshold {th['reachable_share']:.0%}), median ρ(J*) = "
+                                f"{rho:.4g}, margin {1 - rho:.3g} to 1")
+    # input-dependent: ‖dx*/dx0‖_F, distinct fixed points, Prop. 5 agreement
+    g = nums["input_grad_median"]
+    distinct, conv_n = nums["distinct_fixed_points"], nums["converged"] or 0
+    if ind is None or g is None:
+        dep = "not measured"
+        reasons["input_dependent"] = ("stage not run" if ind is None else "no converged sample with a solved "
+                                      "implicit gradient")
+    else:
+        several = conv_n >= 2 and distinct is not None
+        if g < th["input_grad_min"]:
+            dep = "no"
+            reasons["input_dependent"] = f"median ‖dx*/dx0‖_F = {g:.3g} < {th['input_grad_min']:g}"
+        elif several and distinct == 1:
+            dep = "partly"
+            reasons["input_dependent"] = (f"‖dx*/dx0‖_F = {g:.3g}, but all {conv_n} converged samples share one "
+                                          f"fixed point")
+        else:
+            dep = "yes"
+            reasons["input_dependent"] = (f"median ‖dx*/dx0‖_F = {g:.3g} ≥ {th['input_grad_min']:g}"
+                                          + (f"; {distinct} distinct fixed points among {conv_n}" if several else ""))
+        e5 = nums["prop5_rel_error"]
+        if e5 is not None:
+            ok = e5 <= th["prop5_rel_error_max"]
+            reasons["input_dependent"] += (f"; Prop. 5 {'agrees' if ok else 'does not agree'} (unrolled vs implicit "
+                                           f"gradient {e5:.2g} {'≤' if ok else '>'} {th['prop5_rel_error_max']:g})")
+    # independent of e (A.8)
+    d = nums["e_distance_max"]
+    if a8 is None:
+        ind_e, reasons["independent_of_e"] = "not measured", "stage not run"
+    elif d is None:
+        ind_e, reasons["independent_of_e"] = "not measured", "no sample converged from every start"
+    else:
+        fr = a8.get("converged_fraction", {})
+        all_conv = all(v == 1.0 for v in fr.values())
+        if d > th["e_distance_max"]:
+            ind_e = "no"
+        else:
+            ind_e = "yes" if all_conv else "partly"
+        reasons["independent_of_e"] = (f"largest relative distance between x* from e ∈ {{{', '.join(fr)}}} = "
+                                       f"{d:.3g} {'≤' if d <= th['e_distance_max'] else '>'} "
+                                       f"{th['e_distance_max']:g}"
+                                       + ("" if all_conv else "; not every start converged"))
+    return Verdict(reachable=reach, input_dependent=dep, independent_of_e=ind_e, numbers=nums, thresholds=th,
+                   reasons=reasons)
+
+
+# ---- the split analysis --------------------------------------------------------------------------------------
+
+class _JSONView(Mapping):
+    """Read access to the object's JSON (``analysis["jacobian"]["spectral_radius"]``), as to the file it writes."""
+
+    def __getitem__(self, key):
+        return self.to_json()[key]
+
+    def __iter__(self):
+        return iter(self.to_json())
+
+    def __len__(self):
+        return len(self.to_json())
+
+
+@dataclass(eq=False)
+class SplitAnalysis(_JSONView):
+    """Every stage's result on one split (or one batch of inputs): the object the report, the JSON, the plots and
+    the sweep summary read. Stages that did not run are None; see the module docstring for the fields. ``x0`` and
+    ``x_star`` keep the tensors the numbers were computed at (float64; not part of the JSON)."""
+
+    split: str
+    samples: int
+    state_shape: list
+    stages: tuple
+    options: AnalysisOptions
+    reachability: Any = None
+    spectra: Any = None
+    prop4: Any = None
+    recall: Any = None
+    prop5: Any = None
+    input_dependence: Any = None
+    initial_iterate: Any = None
+    accuracy: Any = None
+    timings: dict = field(default_factory=dict)
+    model: Optional[str] = None  # the model's class name
+    x0: Optional[torch.Tensor] = field(default=None, repr=False)  # (B, *S0) the analysed inputs' x0 (not in JSON)
+    x_star: Optional[torch.Tensor] = field(default=None, repr=False)  # (B, *S) x_best of the solve (not in JSON)
+
+    def blocks(self) -> dict:
+        """The stage key → JSON block (None for a stage that did not run)."""
+        objs = {"fixed_point": self.reachability, "jacobian": self.spectra, "prop4": self.prop4,
+                "recall": self.recall, "prop5": self.prop5, "input_dependence": self.input_dependence,
+                "initial_iterate": self.initial_iterate, "accuracy": self.accuracy}
+        return {k: None if v is None else _to_dict(v) for k, v in objs.items()}
+
+    def to_dict(self) -> dict:
+        """The per-split JSON block (the keys of ``stability analyze --json`` under each split's name)."""
+        from stability.analysis.report import clean
+
+        blocks = self.blocks()
+        out = {"split": self.split, "samples": self.samples, "state_shape": self.state_shape,
+               "stages": list(self.stages), **blocks,
+               "verdict": verdict(blocks, tol=self.options.tol).to_dict(),
+               "timings": dict(self.timings)}
+        return clean(out)
+
+    @property
+    def verdict(self) -> Verdict:
+        return verdict(self.blocks(), tol=self.options.tol)
+
+    def report(self, source: Optional[dict] = None) -> dict:
+        """A whole-report JSON with this one split (what ``stability analyze --model`` writes)."""
+        from stability.analysis.report import clean
+
+        block = self.to_dict()
+        return clean({"format": FORMAT, "schema_version": SCHEMA_VERSION, "source": source or {"model": self.model},
+                      "options": self.options.to_dict(), "splits": [self.split], self.split: block,
+                      "verdict": {self.split: block["verdict"]}})
+
+    def to_json(self) -> dict:
+        """JSON-ready dict: ``format``, ``schema_version``, ``options`` and the split's block (NaN → null)."""
+        return {"format": FORMAT, "schema_version": SCHEMA_VERSION, "options": self.options.to_dict(),
+                **self.to_dict()}
+
+    def write_json(self, path) -> None:
+        from stability.analysis.report import write_json
+
+        write_json(self.report(), path)
+
+    def summary(self) -> str:
+        """The text report: the verdict, then the table of every quantity."""
+        from stability.analysis.report import text_report
+
+        return text_report(self.report())
+
+    def plot(self, directory) -> list:
+        """Write the PNG plots (residuals, eigenvalues, accuracy, Prop. 5) into ``directory``; returns paths."""
+        from stability.analysis.report import write_plots
+
+        return write_plots(self.report(), directory)
+
+
+# ---- the run: what the stages share -------------------------------------------------------------------------
+
+@dataclass
+class _Run:
+    model: Any
+    options: AnalysisOptions
+    x0: torch.Tensor
+    e: torch.Tensor
+    targets: Optional[torch.Tensor]
+    score: Optional[Callable]
+    log: Callable
+    split: str
+    result: Any = None  # SolveResult
+
+    @property
+    def f(self):
+        return self.model.step
+
+    @property
+    def conv(self) -> torch.Tensor:
+        return self.result.converged
+
+    @property
+    def x_star(self) -> torch.Tensor:
+        return self.result.x_best
+
+    @property
+    def first(self) -> Optional[int]:
+        c = self.conv
+        return int(c.nonzero()[0]) if bool(c.any()) else None
+
+
+def stage_reachability(run: _Run):
+    """x* per sample by the solver from e (Def. 3.3), and the reachability summary (Section 3.2)."""
     from stability.analysis.reachability import reachability
-    from stability.analysis.recall import prop4, rho_W_x
-    from stability.analysis.sensitivity import (KrylovError, default_T_grid, fixed_point_distance,
-                                                initial_iterate_sensitivity, input_dependence_frobenius,
-                                                prop5_check)
-    from stability.analysis.spectra import batched_sigma_max, jacobian_spectral_radius, sigma_max, spectral_radius
     from stability.solvers import solve
 
-    say = log or (lambda msg: None)
-    timings: dict = {}
-    dtype = next(model.parameters()).dtype
-    dev = next(model.parameters()).device
-    inputs, targets = task.dataset(split)
-    N = min(options.samples, inputs.shape[0])
-    inputs, targets = inputs[:N].to(dev, dtype), targets[:N].to(dev)
-    with torch.no_grad():
-        x0 = model.embed(inputs)
-        e = model.initial_state(x0, generator=torch.Generator(device=dev).manual_seed(options.seed))
-    f = model.step
-    out: dict = {"split": split, "samples": N, "state_shape": list(x0.shape[1:])}
+    o = run.options
+    run.result = solve(run.f, run.e, run.x0, method=o.solver, tol=o.tol, max_iter=o.max_iter)
+    reach = reachability(run.result, solver=o.solver, max_iter=o.max_iter)
+    run.log(f"{run.split}: {int(run.conv.sum())}/{run.conv.numel()} converged ({o.solver}, τ={o.tol:g})")
+    return reach
 
-    # ---- x*: the fixed point (reachability) --------------------------------------------------------
-    t = time.perf_counter()
-    result = solve(f, e, x0, method=options.solver, tol=options.tol, max_iter=options.max_iter)
-    timings["solve"] = time.perf_counter() - t
-    reach = reachability(result)
-    conv = result.converged
-    x_star = result.x_best
-    fp = reach.to_dict()
-    fp.update({"solver": options.solver, "tol": options.tol, "max_iter": options.max_iter,
-               "residual_trace": [[None if not np.isfinite(v) else float(v) for v in row]
-                                  for row in result.residuals.tolist()]})
-    out["fixed_point"] = fp
-    say(f"{split}: {int(conv.sum())}/{N} converged ({options.solver}, τ={options.tol:g})")
 
-    # ---- J at x*: spectral radius, leading eigenvalues, σ_max ---------------------------------------
-    t = time.perf_counter()
-    rhos, sigmas, eigs, conv_flags = [], [], [], []
-    if options.eig_route == "arnoldi":
-        chunk = options.eig_batch or (N if dev.type == "cuda" else 1)
-        mixed = options.eig_precision == "mixed" and dtype == torch.float64
-        fast_model = copy.deepcopy(model).float() if mixed else None
+def stage_rho(run: _Run) -> JacobianSpectra:
+    """ρ(J*), σ_max and the leading eigenvalues of J = ∂step/∂x at x_best (Props. 3–4)."""
+    from stability.analysis.operators import BatchedJacobian, JacobianOperator
+    from stability.analysis.spectra import batched_sigma_max, jacobian_spectral_radius, sigma_max, spectral_radius
+
+    o, f, x_star, x0 = run.options, run.f, run.x_star, run.x0
+    N, dtype, dev = x_star.shape[0], x_star.dtype, x_star.device
+    rhos, sigmas, eigs, flags = [], [], [], []
+    if o.eig_route == "arnoldi":
+        chunk = o.eig_batch or (N if dev.type == "cuda" else 1)
+        mixed = o.eig_precision == "mixed" and dtype == torch.float64
+        fast_model = copy.deepcopy(run.model).float() if mixed else None
         for i in range(0, N, chunk):
             xs, xb = x_star[i:i + chunk], x0[i:i + chunk]
             bj = BatchedJacobian(f, xs, xb)
-            spec = jacobian_spectral_radius(f, xs, xb, fast_f=fast_model.step if mixed else None, k=options.eig_k,
-                                            tol=options.eig_tol, seed=options.seed)
+            spec = jacobian_spectral_radius(f, xs, xb, fast_f=fast_model.step if mixed else None, k=o.eig_k,
+                                            tol=o.eig_tol, seed=o.seed)
             sig = batched_sigma_max(bj.apply_reuse, bj.rapply, tuple(xs.shape), dtype=dtype, device=dev,
-                                    tol=options.eig_tol, seed=options.seed)
+                                    tol=o.eig_tol, seed=o.seed)
             rhos += spec.rho.cpu().tolist()
             sigmas += sig.cpu().tolist()
             eigs += [[[float(z.real), float(z.imag)] for z in row] for row in spec.eigenvalues.cpu()]
-            conv_flags += (spec.ritz_residual < options.eig_tol).cpu().tolist()
+            flags += (spec.ritz_residual < o.eig_tol).cpu().tolist()
         method = (f"Krylov–Schur on Jᵀ (torch, {chunk} sample(s) per batch; "
                   + ("float32 products, each leading Ritz pair certified by float64 products)" if mixed
                      else "float64 products)"))
-    elif options.eig_route == "arpack":
+    else:
         for b in range(N):
             op = JacobianOperator(f, x_star[b], x0[b], mode="vjp")
-            s = spectral_radius(op, k=options.eig_k, tol=options.eig_tol, transpose=True)
+            s = spectral_radius(op, k=o.eig_k, tol=o.eig_tol, transpose=True)
             rhos.append(s.rho)
             eigs.append(s.to_dict()["eigenvalues"])
-            conv_flags.append(s.converged)
-            sigmas.append(sigma_max(op, tol=options.eig_tol))
+            flags.append(s.converged)
+            sigmas.append(sigma_max(op, tol=o.eig_tol))
         method = "ARPACK (scipy eigs on Jᵀ, reused vjp)"
-    cmask = conv.tolist()
-    out["jacobian"] = {
-        "evaluated_at": "x_best: the fixed point where status is converged, else the lowest-residual iterate",
-        "method": method,
-        "spectral_radius": rhos,
-        "spectral_radius_median": _median([r for r, c in zip(rhos, cmask) if c]),
-        "spectral_radius_median_all": _median(rhos),
-        "sigma_max": sigmas,
-        "sigma_max_median": _median([s for s, c in zip(sigmas, cmask) if c]),
-        "eigenvalues": eigs,
-        "eigen_converged": conv_flags,
-    }
-    timings["jacobian"] = time.perf_counter() - t
+    return JacobianSpectra(method=method, spectral_radius=rhos, sigma_max=sigmas, eigenvalues=eigs,
+                           eigen_converged=flags, converged=run.conv.tolist())
 
-    # ---- Prop. 4 / App. A.7 and ρ(W_x) -------------------------------------------------------------
-    t = time.perf_counter()
-    p4 = prop4(model, x_star, x0, columns=options.prop4_columns, k=options.eig_k, tol=options.eig_tol)
-    out["prop4"] = None if p4 is None else p4.to_dict()
-    w = rho_W_x(model)
-    out["recall"] = None if w is None else {"rho_Wx": w.rho, "eigenvalues": w.to_dict()["eigenvalues"]}
-    timings["prop4"] = time.perf_counter() - t
 
-    # ---- Prop. 5 and input-dependence --------------------------------------------------------------
-    t = time.perf_counter()
-    first = int(conv.nonzero()[0]) if bool(conv.any()) else None
-    e_is_x0 = getattr(model.config, "initial_state", "x0") == "x0"
+def stage_prop4(run: _Run):
+    """Prop. 4 / App. A.7: ρ(M) of the matrix assembled from the named parts, checked against autograd."""
+    from stability.analysis.recall import prop4
+    from stability.protocols import has_recall_parts, recall_parts_missing
+
+    if not has_recall_parts(run.model):
+        return NotApplicable(f"the model does not expose the named recall parts (RecallParts: missing "
+                             f"{', '.join(recall_parts_missing(run.model))})")
+    if run.model.recall == "none":
+        return NotApplicable("no recall (recall none): Prop. 4 concerns recall models")
+    o = run.options
+    return prop4(run.model, run.x_star, run.x0, columns=o.prop4_columns, k=o.eig_k, tol=o.eig_tol)
+
+
+def stage_rho_wx(run: _Run):
+    """ρ(W_x) of the recall weight (bias ignored), the one quantity the paper's release computes."""
+    from stability.analysis.recall import rho_W_x
+    from stability.protocols import has_recall_parts
+
+    if not has_recall_parts(run.model):
+        return NotApplicable("the model does not expose the named recall parts (RecallParts), so no W_x")
+    w = rho_W_x(run.model)
+    if w is None:
+        return NotApplicable("no recall weight (W_x is None)")
+    return RecallWeight(rho_Wx=w.rho, eigenvalues=w.to_dict()["eigenvalues"])
+
+
+def stage_prop5(run: _Run) -> Prop5Stage:
+    """Prop. 5 on the first converged sample: dx_T/dx0·u (unrolled from e, held fixed) against the implicit
+    (I − J)⁻¹ ∂f/∂x0 u (GMRES), by the batched routes of :mod:`stability.analysis.sensitivity`."""
+    from stability.analysis.sensitivity import KrylovError, default_T_grid, prop5_check, prop5_check_batched
+    from stability.solvers import solve
+
+    o, first = run.options, run.first
     if first is None:
-        out["prop5"] = {"T": [], "rel_error": [], "gmres_residual": None, "sample": None,
-                        "skipped": "no sample converged: Prop. 5 needs a fixed point"}
-    else:
-        # polish x* of that sample by further Picard steps, so that the error floor is set by GMRES and the
-        # unrolled T, not by the solver's τ
-        polish = solve(f, x_star[first:first + 1], x0[first:first + 1], tol=1e-13, max_iter=options.max_iter,
-                       max_period=0)
+        return Prop5Stage(skipped="no sample converged: Prop. 5 needs a fixed point")
+    # polish x* of that sample by further Picard steps, so that the error floor is set by GMRES and the
+    # unrolled T, not by the solver's τ
+    sl = slice(first, first + 1)
+    polish = solve(run.f, run.x_star[sl], run.x0[sl], tol=1e-13, max_iter=o.max_iter, max_period=0)
+    Ts = default_T_grid(o.max_iter)
+    try:
         try:
-            chk = prop5_check(f, polish.x_best[0], x0[first], e[first], default_T_grid(options.max_iter),
-                              e_tangent=None, tol=options.gmres_tol, seed=options.seed)
-            out["prop5"] = {**chk.to_dict(), "sample": first,
-                            "x_star_residual": float(polish.best_residual[0])}
-        except KrylovError as exc:
-            out["prop5"] = {"T": [], "rel_error": [], "gmres_residual": None, "sample": first, "skipped": str(exc)}
-    out["prop5"]["note"] = "dx_T/dx0 unrolled from e held fixed, as Prop. 5 states it (by A.8 the limit is the same)"
-    frob: list = []
-    for b in range(N):
-        if not cmask[b]:
-            frob.append(None)
-            continue
-        try:
-            frob.append(input_dependence_frobenius(f, x_star[b], x0[b], probes=options.probes,
-                                                   tol=max(options.gmres_tol, 1e-8), seed=options.seed).value)
-        except KrylovError:
-            frob.append(None)
-    out["input_dependence"] = {"frobenius": frob, "frobenius_median": _median(frob), "probes": options.probes,
-                               "quantity": "‖dx*/dx0‖_F (Hutchinson estimate, Prop. 5)"}
-    timings["prop5"] = time.perf_counter() - t
+            chk = prop5_check_batched(run.f, polish.x_best, run.x0[sl], run.e[sl], Ts, tol=o.gmres_tol,
+                                      seed=o.seed).sample(0)
+        except RuntimeError as exc:  # the batched route's reverse-mode tangent needs x0 to enter f
+            if "not have been used in the graph" not in str(exc):
+                raise
+            chk = prop5_check(run.f, polish.x_best[0], run.x0[first], run.e[first], Ts, tol=o.gmres_tol,
+                              seed=o.seed)
+    except KrylovError as exc:
+        return Prop5Stage(sample=first, skipped=str(exc))
+    return Prop5Stage(check=chk, sample=first, x_star_residual=float(polish.best_residual[0]))
 
-    # ---- App. A.8: independence of the initial iterate ---------------------------------------------
-    t = time.perf_counter()
-    starts = _initial_states(model, x0, options.seed)
+
+def stage_input(run: _Run) -> InputDependence:
+    """‖dx*/dx0‖_F per converged sample (Hutchinson; Prop. 5), every sample's probes in one batched solve."""
+    from stability.analysis.sensitivity import input_dependence_frobenius_batched
+
+    o, conv = run.options, run.conv
+    frob: list = [None] * conv.numel()
+    idx = conv.nonzero().flatten()
+    if idx.numel():
+        dev = run.x_star.device
+        est = input_dependence_frobenius_batched(run.f, run.x_star[idx.to(dev)], run.x0[idx.to(dev)],
+                                                 probes=o.probes, tol=max(o.gmres_tol, 1e-8), seed=o.seed)
+        for j, b in enumerate(idx.tolist()):
+            frob[b] = float(est.value[j]) if bool(est.converged[j]) else None
+    return InputDependence(frobenius=frob, probes=o.probes)
+
+
+def stage_a8(run: _Run) -> InitialIterate:
+    """App. A.8: solve from e ∈ {x0, zeros, noise}; x* should not depend on e. Noise of std ``noise_std``;
+    ‖dx_T/de·u‖ against T on the first converged sample (batched route)."""
+    from stability.analysis.sensitivity import (default_T_grid, fixed_point_distance, initial_iterate_sensitivity,
+                                                initial_iterate_sensitivity_batched)
+    from stability.solvers import solve
+
+    o, x0, e = run.options, run.x0, run.e
+    std = 1.0 if o.noise_std is None else float(o.noise_std)
+    gen = torch.Generator().manual_seed(o.seed)
+    starts = {"x0": x0 if x0.shape == e.shape else None, "zeros": torch.zeros_like(e),
+              "noise": torch.randn(e.shape, generator=gen, dtype=torch.float64).to(e) * std}
+    starts = {k: v for k, v in starts.items() if v is not None}  # e = x0 needs a state shaped like x0
     solved = {}
-    for name, e_start in starts.items():
-        r = result if (name == "x0" and e_is_x0) else solve(f, e_start, x0, method=options.solver, tol=options.tol,
-                                                            max_iter=options.max_iter)
-        solved[name] = r
+    for name, start in starts.items():
+        same = torch.equal(start, e)
+        solved[name] = run.result if same else solve(run.f, start, x0, method=o.solver, tol=o.tol,
+                                                     max_iter=o.max_iter)
     all_conv = torch.stack([r.converged for r in solved.values()]).all(0)
     dist = fixed_point_distance([r.x_best for r in solved.values()])
-    dist_list = [float(d) if bool(c) else None for d, c in zip(dist, all_conv)]
-    a8 = {"starts": list(starts), "fixed_point_distance": dist_list,
-          "fixed_point_distance_max": max([d for d in dist_list if d is not None], default=None),
-          "converged_fraction": {k: float(r.converged.double().mean()) for k, r in solved.items()}}
+    a8 = InitialIterate(starts=list(starts), fixed_point_distance=[float(d) if bool(c) else None
+                                                                   for d, c in zip(dist, all_conv)],
+                        converged_fraction={k: float(r.converged.double().mean()) for k, r in solved.items()},
+                        noise_std=std)
+    first = run.first
     if first is not None:
-        sens = initial_iterate_sensitivity(f, e[first], x0[first], default_T_grid(options.max_iter), seed=options.seed)
-        a8.update({"T": sens["T"], "dxT_de_norm": sens["norm"], "sample": first})
-    out["initial_iterate"] = a8
-    timings["initial_iterate"] = time.perf_counter() - t
+        sl = slice(first, first + 1)
+        Ts = default_T_grid(o.max_iter)
+        try:
+            sens = initial_iterate_sensitivity_batched(run.f, e[sl], x0[sl], Ts, seed=o.seed).sample(0)
+        except RuntimeError as exc:  # the batched route's reverse-mode tangent needs x0 to enter f
+            if "not have been used in the graph" not in str(exc):
+                raise
+            sens = initial_iterate_sensitivity(run.f, e[first], x0[first], Ts, seed=o.seed)
+        a8.T, a8.dxT_de_norm, a8.sample = sens["T"], sens["norm"], first
+    return a8
 
-    # ---- accuracy against iteration and at x* -------------------------------------------------------
-    t = time.perf_counter()
-    acc = accuracy_vs_iteration(model, task, x0, e, targets, options.iterations)
-    acc.at_fixed_point = accuracy_at(model, task, x_star, targets)
-    acc.at_fixed_point_converged = accuracy_at(model, task, x_star, targets, conv)
-    out["accuracy"] = acc.to_dict()
-    timings["accuracy"] = time.perf_counter() - t
-    out["timings_s"] = timings
+
+def stage_accuracy(run: _Run):
+    """Accuracy against the iteration count 1..T and at x* (Fig. 3), by the task's (or argmax) scoring."""
+    from stability.analysis.accuracy import accuracy_at, accuracy_vs_iteration
+
+    if run.targets is None:
+        return NotApplicable("no targets given")
+    acc = accuracy_vs_iteration(run.model, run.score, run.x0, run.e, run.targets, run.options.iterations)
+    acc.at_fixed_point = accuracy_at(run.model, run.score, run.x_star, run.targets)
+    acc.at_fixed_point_converged = accuracy_at(run.model, run.score, run.x_star, run.targets, run.conv)
+    return acc
+
+
+STAGE_FUNCTIONS = {"reachability": stage_reachability, "rho": stage_rho, "prop4": stage_prop4,
+                   "rho_wx": stage_rho_wx, "prop5": stage_prop5, "input": stage_input, "a8": stage_a8,
+                   "accuracy": stage_accuracy}
+_FIELDS = {"reachability": "reachability", "rho": "spectra", "prop4": "prop4", "rho_wx": "recall",
+           "prop5": "prop5", "input": "input_dependence", "a8": "initial_iterate", "accuracy": "accuracy"}
+
+
+def run_stages(model, inputs: torch.Tensor, targets: Optional[torch.Tensor], options: AnalysisOptions, *,
+               score: Optional[Callable] = None, split: str = "inputs", log=None) -> SplitAnalysis:
+    """Run ``options.stages`` on one batch of inputs. ``model`` is the analysis copy (:func:`analysis_model`);
+    ``score(logits, targets) -> (correct, position_accuracy)`` defaults to
+    :func:`~stability.analysis.accuracy.argmax_score`."""
+    say = log or (lambda msg: None)
+    param = next(iter(model.parameters()), None)
+    dtype = param.dtype if param is not None else torch.float64
+    dev = param.device if param is not None else torch.device(options.device)
+    inputs = inputs.to(dev, dtype) if inputs.is_floating_point() else inputs.to(dev)
+    if targets is not None:
+        targets = targets.to(dev)
+    with torch.no_grad():
+        x0 = model.embed(inputs)
+        e = model.initial_state(x0, generator=torch.Generator(device=dev).manual_seed(options.seed))
+    run = _Run(model=model, options=options, x0=x0, e=e, targets=targets, score=score, log=say,
+               split=split)
+    out = SplitAnalysis(split=split, samples=int(x0.shape[0]), state_shape=list(e.shape[1:]), stages=options.stages,
+                        options=options, model=type(model).__name__)
+    for name in options.stages:
+        t = time.perf_counter()
+        setattr(out, _FIELDS[name], STAGE_FUNCTIONS[name](run))
+        out.timings[name] = time.perf_counter() - t
+    out.x0, out.x_star = x0, run.x_star
     return out
 
 
-def analyze_checkpoint(path, *, splits=("val", "hard"), options: AnalysisOptions = AnalysisOptions(), log=None,
-                       release_config=None) -> dict:
-    """Load a checkpoint and analyse each split; the top level of the returned dict holds ``checkpoint``,
-    ``config``, ``options``, ``splits`` (their names) and one block per split under its name."""
+def analyze_split(model, task, split: str, options: AnalysisOptions, *, log=None) -> SplitAnalysis:
+    """The stages on the first ``options.samples`` samples of a task's ``split``, in task order, scored by the
+    task. ``model`` must be the analysis copy (:func:`analysis_model`)."""
+    inputs, targets = task.dataset(split)
+    N = min(options.samples, inputs.shape[0])
+    return run_stages(model, inputs[:N], targets[:N], options, score=task.score, split=split, log=log)
+
+
+def analyze(model, inputs: torch.Tensor, targets: Optional[torch.Tensor] = None,
+            options: Optional[AnalysisOptions] = None, *, log=None) -> SplitAnalysis:
+    """The whole analysis of any :class:`~stability.protocols.LoopedModel` on ``inputs`` (all of them, or the first
+    ``options.samples`` when options are given); accuracy, per position and whole answer (argmax over the last
+    axis of ``readout``), when ``targets`` are given. The model is checked against the contract first
+    (:func:`~stability.protocols.check_model`) and analysed as a float64 copy. Returns a :class:`SplitAnalysis`
+    (``.to_json()``, ``.summary()``, ``.plot(dir)``)."""
+    from stability.protocols import check_contract, check_model
+
+    if options is None:
+        options = AnalysisOptions(samples=int(inputs.shape[0]) if isinstance(inputs, torch.Tensor) else 1)
+    if options.device == "cuda" and not torch.cuda.is_available():
+        raise StabilityError("--device cuda: no CUDA device is available on this machine")
+    check_contract(model)
+    if not isinstance(model, torch.nn.Module):
+        raise StabilityError(f"{type(model).__name__} must be a torch.nn.Module (the analysis runs on a float64 "
+                             f"copy of its parameters)")
+    m = analysis_model(model, torch.float64, options.device)
+    check_model(m, inputs, targets)
+    N = min(options.samples, int(inputs.shape[0]))
+    return run_stages(m, inputs[:N], None if targets is None else targets[:N], options, log=log)
+
+
+# ---- a checkpoint: every split ------------------------------------------------------------------------------
+
+@dataclass(eq=False)
+class CheckpointAnalysis(_JSONView):
+    """The analysis of a checkpoint: one :class:`SplitAnalysis` per split, with the checkpoint's config."""
+
+    source: dict
+    config: Optional[dict]
+    options: AnalysisOptions
+    epoch: Any
+    splits: dict  # name → SplitAnalysis
+
+    def to_json(self) -> dict:
+        """``stability analyze --json``: format, schema_version, checkpoint, config, options, epoch, splits, one
+        block per split under its name, and the verdict of each split."""
+        from stability.analysis.report import clean
+
+        out = {"format": FORMAT, "schema_version": SCHEMA_VERSION, **self.source, "config": self.config,
+               "options": self.options.to_dict(), "epoch": self.epoch, "splits": list(self.splits)}
+        for name, split in self.splits.items():
+            out[name] = split.to_dict()
+        out["verdict"] = {name: out[name]["verdict"] for name in self.splits}
+        return clean(out)
+
+    def summary(self) -> str:
+        from stability.analysis.report import text_report
+
+        return text_report(self.to_json())
+
+    def plot(self, directory) -> list:
+        from stability.analysis.report import write_plots
+
+        return write_plots(self.to_json(), directory)
+
+
+def analyze_checkpoint(path, *, splits=("val", "hard"), options: AnalysisOptions = AnalysisOptions(),
+                       log=None, release_config=None) -> CheckpointAnalysis:
+    """Load a checkpoint of this toolkit and analyse each split (the A.8 noise std defaults to the run's)."""
+    import dataclasses
+
     import stability
+    from stability.protocols import is_looped
 
     if options.device == "cuda" and not torch.cuda.is_available():
         raise StabilityError("--device cuda: no CUDA device is available on this machine")
     loaded = stability.load(path, device=options.device, release_config=release_config)
-    if not hasattr(loaded.model, "step"):
+    if not is_looped(loaded.model):
         raise StabilityError(f"{path}: a fixed-depth baseline has no loop map, so it has no fixed points to analyse")
+    if options.noise_std is None:
+        options = dataclasses.replace(options, noise_std=float(getattr(loaded.config.model, "noise_std", 1.0)))
     model = analysis_model(loaded.model, torch.float64, options.device)
-    report = {"checkpoint": str(path), "config": loaded.config.to_dict(), "options": options.to_dict(),
-              "epoch": loaded.epoch, "splits": list(splits)}
+    out = CheckpointAnalysis(source={"checkpoint": str(path)}, config=loaded.config.to_dict(), options=options,
+                             epoch=loaded.epoch, splits={})
     for split in splits:
-        report[split] = analyze_split(model, loaded.task, split, options, log=log)
-    return report
+        out.splits[split] = analyze_split(model, loaded.task, split, options, log=log)
+    return out

@@ -6,6 +6,7 @@ Built from a :class:`~stability.solvers.SolveResult`; nothing is recomputed.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -29,9 +30,18 @@ class Reachability:
     cycles: dict = field(default_factory=dict)  # {period k: number of samples on a period-k orbit}
     distinct_fixed_points: Optional[int] = None
     distinct_tol: Optional[float] = None
+    solver: Optional[str] = None
+    tol: Optional[float] = None
+    max_iter: Optional[int] = None
+    residual_trace: list = field(default_factory=list)  # (B, N) relative residual at every evaluation
+
+    @property
+    def samples(self) -> int:
+        return len(self.status)
 
     def to_dict(self) -> dict:
         return {
+            "samples": self.samples,
             "converged_fraction": self.converged_fraction,
             "status_counts": self.status_counts,
             "nfe_median": self.nfe_median,
@@ -43,6 +53,10 @@ class Reachability:
             "cycles": {str(k): v for k, v in self.cycles.items()},
             "distinct_fixed_points": self.distinct_fixed_points,
             "distinct_tol": self.distinct_tol,
+            "solver": self.solver,
+            "tol": self.tol,
+            "max_iter": self.max_iter,
+            "residual_trace": self.residual_trace,
         }
 
 
@@ -71,10 +85,18 @@ def distinct_fixed_points(x_star: torch.Tensor, mask: Optional[torch.Tensor] = N
     return len(centres), labels
 
 
-def reachability(result: SolveResult, *, distinct_tol: Optional[float] = None) -> Reachability:
+def status_counts(status: list) -> dict:
+    """{status: count} over the solver's statuses (every one listed, in the solver's order), and any other
+    status a solver reports (counted generically, never dropped)."""
+    from stability.solvers import STATUSES
+
+    return {s: sum(1 for t in status if t == s) for s in dict.fromkeys([*STATUSES, *status])}
+
+
+def reachability(result: SolveResult, *, distinct_tol: Optional[float] = None, solver: Optional[str] = None,
+                 max_iter: Optional[int] = None) -> Reachability:
     """Summarise a solve: statuses (why a sample did not converge), cycles, and distinct fixed points among the
     converged samples (tolerance default max(1e-3, 100·τ))."""
-    summ = result.summary()
     cycles: dict = {}
     for p in result.period.tolist():
         if p >= 2:
@@ -83,8 +105,12 @@ def reachability(result: SolveResult, *, distinct_tol: Optional[float] = None) -
     conv = result.converged
     count = distinct_fixed_points(result.x_best, conv, tol=tol)[0] if bool(conv.any()) else 0
     res = [None if not torch.isfinite(r) else float(r) for r in result.best_residual.double()]
-    return Reachability(status=list(result.status), period=result.period.tolist(), nfe=result.nfe.tolist(),
-                        residual=res, converged_fraction=summ["converged_fraction"],
-                        status_counts=summ["status_counts"], nfe_median=summ["nfe_median"],
-                        residual_median=summ["residual_median"], cycles=cycles, distinct_fixed_points=count,
-                        distinct_tol=tol)
+    summ = result.summary()  # the solver's own medians (torch's median: the lower middle value)
+    nfe = result.nfe.tolist()
+    trace = [[None if not math.isfinite(v) else float(v) for v in row] for row in result.residuals.tolist()]
+    return Reachability(status=list(result.status), period=result.period.tolist(), nfe=nfe, residual=res,
+                        converged_fraction=float(conv.double().mean()) if len(result.status) else 0.0,
+                        status_counts=status_counts(list(result.status)),
+                        nfe_median=summ["nfe_median"], residual_median=summ["residual_median"], cycles=cycles,
+                        distinct_fixed_points=count, distinct_tol=tol, solver=solver or result.method, tol=result.tol,
+                        max_iter=max_iter, residual_trace=trace)

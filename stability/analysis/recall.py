@@ -12,13 +12,16 @@ A.7 multiplies in the norm Jacobians: with z̃ = R1(·), x̃ = R2(·) the pre-φ
     M_ext = Jφ2(x̃*) [∂_u R2 + ∂_v R2 J[h2∘pre2](z*)] Jφ1(z̃*) [∂_u R1 + ∂_v R1 J[h1∘pre1](u*)] W_x
     M_int = Jφ2(x̃*) [∂_u R2 + ∂_v R2 J[h2](a2*) W_x J[pre2](z*)] Jφ1(z̃*) [∂_u R1 + ∂_v R1 J[h1](a1*) W_x J[pre1](x*)]
 
-(a1* = g(pre1 x*, x0), a2* = g(pre2 z*, x0); for post ∂_u R = ∂_v R = I, for gru φ = I). W_x acts per token on the
-channel axis. Each factor is a Jacobian-vector product of one named part at its point, so the assembled M is a
-matrix-free operator; it must equal the autograd Jacobian of ``step`` (tested for every recall × norm).
+(a1* = g(pre1 x*, x0), a2* = g(pre2 z*, x0); for post ∂_u R = ∂_v R = I, for gru φ = I). Each factor is a
+Jacobian-vector product of one named part of the model's :class:`~stability.protocols.RecallParts` at its point
+(∂g/∂x = W_x is the jvp of g, ∂R the jvp of ``residual``, Jφ the jvp of ``phi``), so the assembled M is a
+matrix-free operator that never asks which norm the model uses; it must equal the autograd Jacobian of ``step``
+(tested for every recall × norm, and on a model that is not ours).
 
-The Fixed-Point Reasoner options of the model enter as the model defines them: residual scaling β gives
-∂_u R = (1 − β) I, ∂_v R = β I; the latent convolution c(x) = x + DWConv(x) puts the forms at c(x*) and multiplies
-J[c](x*) on the right; damping η makes the step's Jacobian (1 − η) I + η M.
+The Fixed-Point Reasoner options enter as the parts define them: residual scaling β lives in ``residual``
+(∂_u R = (1 − β) I, ∂_v R = β I); the latent convolution ``conv`` c(x) = x + DWConv(x) puts the forms at c(x*) and
+multiplies J[c](x*) on the right; damping η (``variant_options["damping"]``) makes the step's Jacobian
+(1 − η) I + η M.
 ρ(W_x) is the recall matrix's own spectral radius (bias ignored), the one quantity the release computes.
 """
 
@@ -39,58 +42,71 @@ def _jvp(fn, primals: tuple, tangents: tuple) -> torch.Tensor:
     return torch.func.jvp(fn, prim, tangents)[1]
 
 
-def W_x_apply(model, v: torch.Tensor) -> torch.Tensor:
-    """∂g/∂x v = W_x v per token: v[..., :] @ W_xᵀ."""
-    return v @ model.W_x.T
+def _g_x(model, x0: torch.Tensor):
+    """x ↦ g(x, x0) at fixed x0 (batch of one, broadcast to the tangents' count by :func:`_jvp`)."""
+    def fn(t):
+        X0 = x0 if t.shape[0] == x0.shape[0] else x0.expand(t.shape[0], *x0.shape[1:])
+        return model.g(t, X0)
+    return fn
 
 
 def recall_form(model) -> str:
     """Which matrix describes J: "M_ext" / "M_int" (Prop. 4) or their A.7 outer-norm forms."""
     name = {"external": "M_ext", "internal": "M_int"}.get(model.recall, "J_autonomous")
-    name += " (App. A.7, with outer-norm Jacobians)" if model.has_outer_norm else " (Prop. 4)"
-    variants = getattr(model, "variant_options", {})
+    name += " (App. A.7, with outer-norm Jacobians)" if getattr(model, "has_outer_norm", False) else " (Prop. 4)"
+    variants = getattr(model, "variant_options", None) or {}
     if variants:
         name += "; with " + ", ".join(f"{k} {v}" for k, v in variants.items())
     return name
 
 
 class RecallMatrixOperator(TorchLinearOperator):
-    """M_ext or M_int of Prop. 4 / App. A.7 at one sample's (x*, x0), assembled from g, pre, h, R, φ.
+    """M_ext or M_int of Prop. 4 / App. A.7 at one sample's (x*, x0), assembled from the named parts of a
+    :class:`~stability.protocols.RecallParts` model: g, pre, h, residual R, φ (and conv, damping when present).
 
-    x_star, x0: (*S) without the batch dimension. For an autonomous model (recall none) the same product with
-    g = I is assembled (it is J of Def. 3.2's map); Prop. 4 itself concerns recall models.
+    Every factor is a jvp of one part at its point: ∂g/∂x (= W_x, g is linear in x), J[pre_s], J[h_s], the two
+    partials of R_s, Jφ_s, J[conv]; no norm name is consulted. x_star, x0: (*S) / (*S0) without the batch
+    dimension. For an autonomous model (recall none) the same product with g = I is assembled (J of Def. 3.2's
+    map); Prop. 4 itself concerns recall models.
     """
 
     def __init__(self, model, x_star: torch.Tensor, x0: torch.Tensor):
-        self.model = model
-        m = model
+        from stability.protocols import damping
+
+        self.model = m = model
         x, X0 = x_star.detach().unsqueeze(0), x0.detach().unsqueeze(0)
-        self.x_in = x
-        self.has_conv = getattr(m, "latent_conv", None) is not None
-        self.damping = float(getattr(m, "damping", 1.0))
-        self.beta = getattr(m.config, "residual_scale", None)
+        self.x_in, self.X0 = x, X0
+        self.has_conv = callable(getattr(m, "conv", None))
+        self.damping = damping(m)
+        self.g_x = _g_x(m, X0)
         with torch.no_grad():
             if self.has_conv:
                 x = m.conv(x)  # the forms read at c(x*)
             if m.recall == "internal":
-                self.a1 = m.g(m.pre1(x), X0)
-                self.v1 = m.h1(self.a1)
+                self.a1 = m.g(m.pre(1, x), X0)
+                self.v1 = m.h(1, self.a1)
                 self.u1 = x
             else:
                 self.u1 = m.g(x, X0) if m.recall == "external" else x  # u* = g(x*, x0)
-                self.v1 = m.h1(m.pre1(self.u1))
+                self.v1 = m.h(1, m.pre(1, self.u1))
+            self.x_forms = x  # where ∂g/∂x is taken (external: at c(x*); g is linear in x anyway)
             self.zt = m.residual(1, self.u1, self.v1)  # z̃*
-            self.z = m.phi1(self.zt)  # z*
+            self.z = m.phi(1, self.zt)  # z*
             if m.recall == "internal":
-                self.a2 = m.g(m.pre2(self.z), X0)
-                self.v2 = m.h2(self.a2)
+                self.a2 = m.g(m.pre(2, self.z), X0)
+                self.v2 = m.h(2, self.a2)
             else:
-                self.v2 = m.h2(m.pre2(self.z))
+                self.v2 = m.h(2, m.pre(2, self.z))
             self.xt = m.residual(2, self.z, self.v2)  # x̃*
-            self.p1, self.p2 = m.pre1(self.u1), m.pre2(self.z)  # the points where h1, h2 are linearised
+            self.p1, self.p2 = m.pre(1, self.u1), m.pre(2, self.z)  # the points where h1, h2 are linearised
+            if m.recall == "internal":
+                self.q1, self.q2 = m.pre(1, self.u1), m.pre(2, self.z)  # where ∂g/∂x is taken
         super().__init__(self.apply_M, x_star.shape, x_star.shape, x_star.dtype, x_star.device)
 
     # J[part] products at the stored points ------------------------------------------------------
+    def _g(self, point, v):
+        return _jvp(self.g_x, (point,), (v,))
+
     def _pre(self, s, point, v):
         return _jvp(lambda t: self.model.pre(s, t), (point,), (v,))
 
@@ -98,23 +114,15 @@ class RecallMatrixOperator(TorchLinearOperator):
         return _jvp(lambda t: self.model.h(s, t), (point,), (v,))
 
     def _R(self, s, u, vv, du, dv):
-        """∂_u R_s du + ∂_v R_s dv: du + dv for the additive residual, (1 − β) du + β dv with residual scaling,
-        a jvp of the GRU cell for "gru"."""
-        if self.model.norm == "gru":
-            return _jvp(lambda p, q: self.model.residual(s, p, q), (u, vv), (du, dv))
-        if self.beta is None:
-            return du + dv
-        return (1.0 - self.beta) * du + self.beta * dv
+        """∂_u R_s du + ∂_v R_s dv, one jvp of the part ``residual`` (u + v gives du + dv; residual scaling β gives
+        (1 − β) du + β dv; a GRU cell its own linearisation)."""
+        return _jvp(lambda p, q: self.model.residual(s, p, q), (u, vv), (du, dv))
 
     def _phi(self, s, point, v):
-        if self.model.norm != "post":
-            return v
         return _jvp(lambda t: self.model.phi(s, t), (point,), (v,))
 
     def apply_M(self, V: torch.Tensor) -> torch.Tensor:
         """∂step/∂x V for V: (k, *S): the product below, with the model's conv and damping around it."""
-        if not self.has_conv and self.damping == 1.0:
-            return self._apply_forms(V)
         inner = _jvp(self.model.conv, (self.x_in,), (V,)) if self.has_conv else V  # J[c](x*) V
         out = self._apply_forms(inner)
         return out if self.damping == 1.0 else (1.0 - self.damping) * V + self.damping * out
@@ -124,12 +132,12 @@ class RecallMatrixOperator(TorchLinearOperator):
         m = self.model
         if m.recall == "internal":
             # first factor: ∂_u R1 + ∂_v R1 J[h1](a1*) W_x J[pre1](x*), then Jφ1(z̃*)
-            c = self._h(1, self.a1, W_x_apply(m, self._pre(1, self.u1, V)))
+            c = self._h(1, self.a1, self._g(self.q1, self._pre(1, self.u1, V)))
             E = self._phi(1, self.zt, self._R(1, self.u1, self.v1, V, c))
             # second factor: ∂_u R2 + ∂_v R2 J[h2](a2*) W_x J[pre2](z*), then Jφ2(x̃*)
-            h = self._h(2, self.a2, W_x_apply(m, self._pre(2, self.z, E)))
+            h = self._h(2, self.a2, self._g(self.q2, self._pre(2, self.z, E)))
             return self._phi(2, self.xt, self._R(2, self.z, self.v2, E, h))
-        A = W_x_apply(m, V) if m.recall == "external" else V  # ∂g/∂x* (= I without recall)
+        A = self._g(self.x_forms, V) if m.recall == "external" else V  # ∂g/∂x* (= I without recall)
         c = self._h(1, self.p1, self._pre(1, self.u1, A))  # J[h1∘pre1](u*) A
         E = self._phi(1, self.zt, self._R(1, self.u1, self.v1, A, c))
         h = self._h(2, self.p2, self._pre(2, self.z, E))  # J[h2∘pre2](z*) E
@@ -137,10 +145,11 @@ class RecallMatrixOperator(TorchLinearOperator):
 
 
 def rho_W_x(model) -> Optional[Spectrum]:
-    """ρ(W_x) and the leading eigenvalues of the recall weight (bias ignored; Figs. 6–7); None without recall."""
-    if model.W_x is None:
+    """ρ(W_x) and the leading eigenvalues of the recall weight (bias ignored; Figs. 6–7); None without one."""
+    W = getattr(model, "W_x", None)
+    if W is None:
         return None
-    return dense_spectrum(model.W_x.detach().double(), k=6)
+    return dense_spectrum(W.detach().double(), k=6)
 
 
 @dataclass

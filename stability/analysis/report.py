@@ -1,6 +1,9 @@
-"""Reporting the analysis: a text report (one table per split), JSON, and PNG plots, all from the result dict.
+"""Reporting the analysis: a text report (the verdict, then one table per split), JSON, and PNG plots.
 
-Nothing here recomputes a quantity: the dict built by :mod:`stability.analysis.pipeline` is the single source.
+Everything here reads the JSON of a :class:`~stability.analysis.pipeline.SplitAnalysis` /
+:class:`~stability.analysis.pipeline.CheckpointAnalysis` (``.to_json()``; the objects themselves are accepted
+too); nothing is recomputed. Stages that did not run (``--only``) are ``null`` and left out of the table; a stage
+that does not apply to the model is ``{"applicable": false, "reason": ...}`` and shown as "not applicable".
 Non-finite numbers become ``null`` in the JSON (strict JSON has no NaN).
 """
 
@@ -27,8 +30,17 @@ def clean(obj: Any) -> Any:
     return obj
 
 
-def write_json(report: dict, path: Path) -> None:
-    atomic.write_json(path, clean(report))
+def as_report(report) -> dict:
+    """The whole-report JSON of an analysis object, or the dict itself."""
+    if isinstance(report, dict):
+        return report
+    if hasattr(report, "report"):  # a SplitAnalysis: a report of its one split
+        return report.report()
+    return report.to_json()
+
+
+def write_json(report, path: Path) -> None:
+    atomic.write_json(path, clean(as_report(report)))
 
 
 def _fmt(v: Any, spec: str = ".4g") -> str:
@@ -46,9 +58,13 @@ def _spread(values: list) -> str:
     return f"{vals[0]:.4g} … {vals[-1]:.4g}"
 
 
+def _applies(block) -> bool:
+    return isinstance(block, dict) and block.get("applicable", True)
+
+
 def split_table(block: dict) -> str:
-    """One split's table: quantity, value, and what it means."""
-    fp, jac, acc = block["fixed_point"], block["jacobian"], block["accuracy"]
+    """One split's table: quantity, value, and what it means (rows of stages that did not run are left out)."""
+    fp = block["fixed_point"]
     counts = ", ".join(f"{k} {v}" for k, v in fp["status_counts"].items() if v)
     cycles = ", ".join(f"period {k}: {v}" for k, v in fp.get("cycles", {}).items()) or "none"
     rows = [
@@ -59,43 +75,86 @@ def split_table(block: dict) -> str:
         ("nfe median", _fmt(fp["nfe_median"]), "evaluations of f per sample"),
         ("residual median", _fmt(fp["residual_median"]), "lowest ‖f(x)−x‖∞/‖f(x)‖∞"),
         ("distinct fixed points", _fmt(fp.get("distinct_fixed_points")), "among converged samples (Prop. 2)"),
-        ("ρ(J*) median", _fmt(jac["spectral_radius_median"]), f"converged samples; all: {_spread(jac['spectral_radius'])}"),
-        ("σ_max(J*) median", _fmt(jac["sigma_max_median"]), "‖J*‖₂, converged samples"),
     ]
+    jac = block.get("jacobian")
+    if jac is not None:
+        rows += [("ρ(J*) median", _fmt(jac["spectral_radius_median"]),
+                  f"converged samples; all: {_spread(jac['spectral_radius'])}"),
+                 ("σ_max(J*) median", _fmt(jac["sigma_max_median"]), "‖J*‖₂, converged samples")]
     p4 = block.get("prop4")
-    if p4 is not None:
+    if _applies(p4):
         conv_rho_M = [r for r, st in zip(p4["rho_M"], fp["status"]) if st == "converged"]
         rows.append(("ρ(M) median", _fmt(_med(conv_rho_M)),
                      f"{p4['form']}; max |M − J_autograd| = {_fmt(p4['max_abs_diff_vs_autograd'], '.2e')}"))
+    elif p4 is not None:
+        rows.append(("ρ(M) (Prop. 4)", "not applicable", p4.get("reason", "")))
     rec = block.get("recall")
-    if rec is not None:
+    if _applies(rec):
         rows.append(("ρ(W_x)", _fmt(rec["rho_Wx"]), "recall weight (bias ignored)"))
-    p5 = block["prop5"]
-    if p5.get("rel_error"):
+    elif rec is not None:
+        rows.append(("ρ(W_x)", "not applicable", rec.get("reason", "")))
+    p5 = block.get("prop5")
+    if p5 is not None and p5.get("rel_error"):
         rows.append(("Prop. 5 error", f"{p5['rel_error'][0]:.3g} (T={p5['T'][0]}) → {p5['rel_error'][-1]:.3g} "
                      f"(T={p5['T'][-1]})", f"‖dx_T/dx0·u − dx*/dx0·u‖/‖·‖; GMRES residual {_fmt(p5['gmres_residual'], '.2e')}"))
-    else:
+    elif p5 is not None:
         rows.append(("Prop. 5 error", "—", p5.get("skipped", "")))
-    ind = block.get("input_dependence", {})
-    rows.append(("‖dx*/dx0‖_F median", _fmt(ind.get("frobenius_median")), f"Hutchinson, {ind.get('probes')} probes"))
-    a8 = block["initial_iterate"]
-    rows.append(("x* distance across e", _fmt(a8["fixed_point_distance_max"], ".3g"),
-                 "max over samples, e ∈ {x0, zeros, noise} (A.8)"))
-    if a8.get("dxT_de_norm"):
-        rows.append(("‖dx_T/de‖", f"{a8['dxT_de_norm'][0]:.3g} (T={a8['T'][0]}) → {a8['dxT_de_norm'][-1]:.3g} "
-                     f"(T={a8['T'][-1]})", "A.8: → 0 in the stable regime"))
-    curve = acc["accuracy"]
-    if curve:
-        best_t = max(range(len(curve)), key=lambda i: curve[i])
-        rows.append(("accuracy", f"{curve[0]:.1%} (T=1) · best {curve[best_t]:.1%} (T={best_t + 1}) · "
-                     f"{curve[-1]:.1%} (T={len(curve)})", "whole answer right"))
-    rows.append(("accuracy at x*", _fmt(acc["at_fixed_point"], ".1%") if acc["at_fixed_point"] is not None else "—",
-                 f"converged only: {_fmt(acc.get('at_fixed_point_converged'), '.1%') if acc.get('at_fixed_point_converged') is not None else '—'}"))
+    ind = block.get("input_dependence")
+    if ind is not None:
+        rows.append(("‖dx*/dx0‖_F median", _fmt(ind.get("frobenius_median")), f"Hutchinson, {ind.get('probes')} probes"))
+    a8 = block.get("initial_iterate")
+    if a8 is not None:
+        rows.append(("x* distance across e", _fmt(a8["fixed_point_distance_max"], ".3g"),
+                     f"max over samples, e ∈ {{{', '.join(a8.get('starts', []))}}} (A.8)"))
+        if a8.get("dxT_de_norm"):
+            rows.append(("‖dx_T/de‖", f"{a8['dxT_de_norm'][0]:.3g} (T={a8['T'][0]}) → {a8['dxT_de_norm'][-1]:.3g} "
+                         f"(T={a8['T'][-1]})", "A.8: → 0 in the stable regime"))
+    acc = block.get("accuracy")
+    if _applies(acc):
+        curve = acc["accuracy"]
+        pos = acc.get("position_accuracy") or []
+        if curve:
+            best_t = max(range(len(curve)), key=lambda i: curve[i])
+            rows.append(("accuracy", f"{curve[0]:.1%} (T=1) · best {curve[best_t]:.1%} (T={best_t + 1}) · "
+                         f"{curve[-1]:.1%} (T={len(curve)})", "whole answer right"))
+        if pos:
+            rows.append(("per-position accuracy", f"{pos[0]:.1%} (T=1) · {pos[-1]:.1%} (T={len(pos)})",
+                         "share of positions right"))
+        rows.append(("accuracy at x*", _fmt(acc["at_fixed_point"], ".1%") if acc["at_fixed_point"] is not None else "—",
+                     f"converged only: {_fmt(acc.get('at_fixed_point_converged'), '.1%') if acc.get('at_fixed_point_converged') is not None else '—'}"))
+    elif acc is not None:
+        rows.append(("accuracy", "not applicable", acc.get("reason", "")))
+    if block.get("timings"):
+        rows.append(("time", f"{sum(block['timings'].values()):.1f} s",
+                     ", ".join(f"{k} {v:.1f}" for k, v in block["timings"].items())))
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)
     line = "-" * (w0 + w1 + 40)
     body = [f"{a:<{w0}}  {b:<{w1}}  {c}".rstrip() for a, b, c in rows]
     return "\n".join([f"split: {block['split']}", line, *body, line])
+
+
+_AXES = (("reachable", "reachable"), ("input_dependent", "input-dependent"), ("independent_of_e", "independent of e"))
+
+
+def verdict_text(report: dict) -> str:
+    """The VERDICT: for each split, the paper's three axes in words and numbers, and the thresholds used."""
+    lines = ["VERDICT (the paper's three axes, Section 3.2)"]
+    th = None
+    for split in report["splits"]:
+        v = report[split].get("verdict")
+        if not v:
+            continue
+        th = v["thresholds"]
+        for key, label in _AXES:
+            lines.append(f"  {split:<6} {label + ':':<19} {v[key].upper():<12} {v['reasons'].get(key, '')}")
+    if th:
+        lines.append(f"  thresholds: reachable if ≥ {th['reachable_share']:.0%} of samples converge under plain "
+                     f"iteration and median ρ(J*) < {1 - th['rho_margin']:g}; input-dependent if median "
+                     f"‖dx*/dx0‖_F ≥ {th['input_grad_min']:g} and the converged samples reach more than one fixed "
+                     f"point (Prop. 5 agrees if the unrolled gradient is within {th['prop5_rel_error_max']:g}); "
+                     f"independent of e if x* from every start lie within {th['e_distance_max']:g} (relative L∞)")
+    return "\n".join(lines)
 
 
 def _med(values) -> Optional[float]:
@@ -106,13 +165,23 @@ def _med(values) -> Optional[float]:
     return vals[mid] if len(vals) % 2 else 0.5 * (vals[mid - 1] + vals[mid])
 
 
-def text_report(report: dict) -> str:
-    cfg = report["config"]
-    m = cfg["model"]
-    head = (f"checkpoint: {report['checkpoint']}  (epoch {report.get('epoch')})\n"
-            f"model: recall {m['recall']}, norm {m['norm']}, width {m['width']}, heads {m['heads']}; "
-            f"task {cfg['task']['name']}")
-    return "\n\n".join([head] + [split_table(report[s]) for s in report["splits"]]) + "\n"
+def _head(report: dict) -> str:
+    cfg = report.get("config")
+    if report.get("checkpoint") is not None and cfg:
+        m = cfg["model"]
+        return (f"checkpoint: {report['checkpoint']}  (epoch {report.get('epoch')})\n"
+                f"model: recall {m['recall']}, norm {m['norm']}, width {m['width']}, heads {m['heads']}; "
+                f"task {cfg['task']['name']}")
+    src = report.get("source") or {}
+    parts = [f"model: {src.get('model') or 'a LoopedModel'}"]
+    parts += [f"{k} {src[k]}" for k in ("weights", "inputs", "targets") if src.get(k)]
+    return "; ".join(parts)
+
+
+def text_report(report) -> str:
+    """The verdict, then one table per split."""
+    report = as_report(report)
+    return "\n\n".join([_head(report), verdict_text(report)] + [split_table(report[s]) for s in report["splits"]]) + "\n"
 
 
 # ---- plots ---------------------------------------------------------------------------------------------
@@ -131,8 +200,10 @@ def _figure(n: int, width: float = 5.0, height: float = 4.0):
     return fig, axes[0], plt
 
 
-def write_plots(report: dict, directory: Path) -> list[Path]:
-    """residuals.png, eigenvalues.png, accuracy.png, prop5.png (one panel per split). Returns their paths."""
+def write_plots(report, directory: Path) -> list[Path]:
+    """residuals.png, eigenvalues.png, accuracy.png, prop5.png (one panel per split; a plot whose stage did not
+    run, or does not apply, is left out). Returns their paths."""
+    report = as_report(report)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     splits = report["splits"]
@@ -163,7 +234,19 @@ def write_plots(report: dict, directory: Path) -> list[Path]:
         ax.legend(fontsize=8)
     save(fig, plt, "residuals.png")
 
-    # eigenvalues of J* with the unit circle
+    def ran(key):
+        return [sp for sp in splits if _applies(report[sp].get(key))]
+
+    if ran("jacobian"):
+        _eigen_plot(report, ran("jacobian"), save)
+    if ran("accuracy"):
+        _accuracy_plot(report, ran("accuracy"), save)
+    if ran("prop5"):
+        _prop5_plot(report, ran("prop5"), save)
+    return paths
+
+
+def _eigen_plot(report, splits, save):
     import numpy as np
 
     fig, axes, plt = _figure(len(splits), 4.6, 4.6)
@@ -184,7 +267,8 @@ def write_plots(report: dict, directory: Path) -> list[Path]:
         ax.legend(fontsize=8, loc="lower left")
     save(fig, plt, "eigenvalues.png")
 
-    # accuracy against iteration
+
+def _accuracy_plot(report, splits, save):
     fig, axes, plt = _figure(1, 6.0, 4.0)
     ax = axes[0]
     for s in splits:
@@ -199,7 +283,8 @@ def write_plots(report: dict, directory: Path) -> list[Path]:
     ax.legend(fontsize=8)
     save(fig, plt, "accuracy.png")
 
-    # Prop. 5 relative error against T
+
+def _prop5_plot(report, splits, save):
     fig, axes, plt = _figure(len(splits))
     for ax, s in zip(axes, splits):
         p5 = report[s]["prop5"]
@@ -214,4 +299,3 @@ def write_plots(report: dict, directory: Path) -> list[Path]:
                     transform=ax.transAxes, fontsize=8)
         ax.set(title=f"{s}: Prop. 5 check", xlabel="T", ylabel="relative error")
     save(fig, plt, "prop5.png")
-    return paths
