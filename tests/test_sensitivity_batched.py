@@ -187,6 +187,21 @@ def test_frobenius_batched_equals_per_sample_and_the_dense_norm(setup):
     assert abs(float(many.value[0]) - exact) < 4 * float(many.stderr[0]) + 1e-3 * exact
 
 
+def test_an_autonomous_map_that_ignores_x0_gets_the_per_sample_results():
+    """recall none: f does not read x0, so ∂f/∂x0 = 0 and dx*/dx0 = 0; A.8 still decays."""
+    m = contractive_model(recall="none", norm="pre", seed=12)
+    g = torch.Generator().manual_seed(12)
+    x0 = m.embed(torch.randint(0, 2, (2, L, 1), generator=g).double() - 0.5)
+    xs = solve(m.step, x0, x0, tol=1e-14, max_iter=400, max_period=0).x_best
+    Ts = [1, 5, 20]
+    p5, a8 = prop5_and_initial_iterate_batched(m.step, xs, x0, x0, Ts, tol=1e-10)
+    ref = prop5_check(m.step, xs[0], x0[0], x0[0], Ts, tol=1e-10)
+    assert float(p5.w.abs().max()) == 0.0 and p5.sample(0).rel_error == ref.rel_error == [0.0] * 3
+    ref_a8 = initial_iterate_sensitivity(m.step, x0[1], x0[1], Ts)
+    np.testing.assert_allclose(a8.sample(1)["norm"], ref_a8["norm"], rtol=1e-9)
+    assert input_dependence_frobenius_batched(m.step, xs, x0, probes=2).value.tolist() == [0.0, 0.0]
+
+
 def test_a_sample_whose_gmres_misses_the_tolerance_is_flagged_and_raises_only_for_itself():
     """f(x, x0) = A_b x + x0 with ρ(A_0) = 0.99 and ρ(A_1) = 0.02: within 12 products GMRES solves sample 1
     to 1e-12 but not sample 0, and only sample 0 is reported as failed."""

@@ -298,9 +298,13 @@ def _tangent_step(f: Callable, x: torch.Tensor, X0: torch.Tensor, dx: torch.Tens
         c = X0.detach().requires_grad_(True)
         y = f(a, c)
         v = torch.zeros_like(y, requires_grad=True)
-        ga, gc = torch.autograd.grad(y, (a, c), v, create_graph=True)
-        (jv,) = torch.autograd.grad((ga * dx).sum() + (gc * U).sum(), v)
-    return y.detach(), jv.detach()
+        # allow_unused: an autonomous map (recall none) ignores x0, a constant map its state
+        ga, gc = torch.autograd.grad(y, (a, c), v, create_graph=True, allow_unused=True)
+        terms = [(g * d).sum() for g, d in ((ga, dx), (gc, U)) if g is not None]
+        jv = None
+        if terms:
+            (jv,) = torch.autograd.grad(sum(terms), v, allow_unused=True)
+    return y.detach(), (torch.zeros_like(y) if jv is None else jv).detach()
 
 
 @dataclass
