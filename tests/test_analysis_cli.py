@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from stability.analysis.pipeline import STAGES
+
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 FAST = ["--samples", "2", "--max-iter", "150", "--iterations", "30", "--probes", "2", "--quiet"]
 
@@ -38,8 +40,18 @@ def test_analyze_writes_text_json_and_plots_for_both_splits(tiny_checkpoint, tmp
     report = json.loads(js.read_text())
     assert report["checkpoint"] == str(tiny_checkpoint)
     assert report["config"]["model"]["width"] == 16
+    assert report["format"] == "stability-analysis" and report["schema_version"] == 2
+    assert proc.stdout.index("VERDICT") < proc.stdout.index("split: val")
     for split in ("val", "hard"):
         block = report[split]
+        assert report["verdict"][split] == block["verdict"]
+        assert set(block["timings"]) == set(block["stages"]) == set(STAGES)
+        v = block["verdict"]
+        assert v["numbers"]["converged_fraction"] == block["fixed_point"]["converged_fraction"]
+        assert v["numbers"]["rho_J_median"] == block["jacobian"]["spectral_radius_median"]
+        for axis in ("reachable", "input_dependent", "independent_of_e"):
+            assert f"{split:<6} {axis.replace('_', '-').replace('-of-e', ' of e')}:" in proc.stdout
+            assert v[axis] in ("yes", "no", "partly", "not measured")
         fp = block["fixed_point"]
         assert set(fp) >= {"converged_fraction", "status_counts", "nfe_median", "residual_median"}
         assert sum(fp["status_counts"].values()) == 2 and len(fp["status"]) == 2
@@ -149,3 +161,26 @@ def test_bad_flags_and_an_absent_gpu_give_one_line(tiny_checkpoint):
         assert proc.returncode == 0, proc.stderr
     else:
         _assert_one_line_error(proc, "no CUDA device")
+
+
+def test_only_runs_the_named_stages_of_a_checkpoint(tiny_checkpoint, tmp_path, capsys):
+    """In process (no subprocess): --only rho,a8 gives those blocks (and reachability), the others null, and only
+    the plots whose stage ran; a wrong stage name is one line listing the allowed ones, nothing written."""
+    from stability.cli import main
+
+    js, plots = tmp_path / "only.json", tmp_path / "only-plots"
+    assert main(["analyze", str(tiny_checkpoint), "--split", "val", "--only", "rho,a8", "--json", str(js),
+                 "--plots", str(plots), *FAST]) == 0
+    block = json.loads(js.read_text())["val"]
+    assert block["stages"] == ["reachability", "rho", "a8"] and set(block["timings"]) == set(block["stages"])
+    assert block["jacobian"]["spectral_radius"] and block["initial_iterate"]["starts"] == ["x0", "zeros", "noise"]
+    assert all(block[k] is None for k in ("prop4", "recall", "prop5", "input_dependence", "accuracy"))
+    assert block["verdict"]["input_dependent"] == "not measured"
+    assert sorted(p.name for p in plots.iterdir()) == ["eigenvalues.png", "residuals.png"]
+    out = capsys.readouterr().out
+    assert "ρ(J*) median" in out and "accuracy at x*" not in out
+    bad = tmp_path / "bad.json"
+    assert main(["analyze", str(tiny_checkpoint), "--only", "rho,eigen", "--json", str(bad), *FAST]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown stage 'eigen'" in err[0] and ", ".join(STAGES) in err[0]
+    assert not bad.exists()
