@@ -14,7 +14,8 @@ new length in one go exactly when the two schedules agree on the epochs already 
 ``cooldown_at = 1``) and no evaluation drew random numbers (initial state ``x0`` or ``zeros``). Otherwise the
 first epochs keep the old run's learning rates (a run that had entered its cooldown goes back up to the peak
 until the new cooldown point) and only the epochs from the old end on follow the new schedule. The final
-evaluation is redone at the new end (README, section `stability train`).
+evaluation is redone at the new end (README, section `stability train`); the old last epoch's record has no
+periodic evaluation (``eval_every``), since that epoch had the final one instead.
 
 Besides the JSONL metrics (``run.metrics.jsonl``), every checkpoint gets ``run.metrics.csv`` (one row per epoch,
 nested values flattened to ``eval.val.accuracy_last`` etc.) and, after the final evaluation, ``run.accuracy.csv``
@@ -40,7 +41,6 @@ from stability.atomic import check_writable, write_text
 from stability.config import RunConfig, TrainConfig, to_dict
 from stability.errors import CheckpointError, ConfigError, DivergenceError
 from stability.model import build_model
-from stability.protocols import is_looped
 from stability.tasks import Task, make_task
 from stability.train import checkpoint as ckpt
 from stability.train.deep_supervision import deep_supervision_batch
@@ -155,7 +155,7 @@ def progressive_loss(model, task: Task, inputs: torch.Tensor, targets: torch.Ten
 def training_loss(model, task: Task, inputs, targets, cfg: TrainConfig, gen: torch.Generator) -> torch.Tensor:
     """The progressive loss of one batch with (n, k) drawn from ``gen``; the fixed-depth baseline is trained
     on its one output."""
-    if not is_looped(model):
+    if model.recall == "fixed":
         return task.loss(model(inputs, 1)[0], targets)
     T = cfg.iterations
     n = int(torch.randint(0, T, (1,), generator=gen))
@@ -228,7 +228,7 @@ def estimate_eval_seconds(model, task: Task, split: str, iterations: int, *, bat
     model.eval()
     try:
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16):
-            if not is_looped(model):
+            if model.recall == "fixed":
                 t0 = time.perf_counter()
                 model(xb, 1)
                 return (time.perf_counter() - t0) * N / b
@@ -272,13 +272,13 @@ def evaluate(model, task: Task, split: str, iterations: int, *, batch_size: int 
     model.eval()
     model.attention_impl = "math" if getattr(task, "attention_window", None) else "sdpa"
     batches = -(-N // batch_size)
-    steps = batches * (1 if not is_looped(model) else iterations)
+    steps = batches * (1 if model.recall == "fixed" else iterations)
     bar = _bar(progress, steps, f"{progress if isinstance(progress, str) else 'eval'} {split}", "it")
     try:
         for i in range(0, N, batch_size):
             xb, yb = inputs[i:i + batch_size].to(device), targets[i:i + batch_size].to(device)
             with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16):
-                if not is_looped(model):
+                if model.recall == "fixed":
                     c, p = task.score(model(xb, 1)[0].float(), yb)
                     correct += c.sum().item()
                     positions += p.sum().item()
@@ -504,7 +504,7 @@ def train(config: RunConfig, out: Path | str, *, resume: bool = False, progress:
         }, out)
         _write_metrics(metrics_path(out), history, final)
 
-    if cfg.monitor_every and is_looped(model):
+    if cfg.monitor_every and model.recall != "fixed":
         from stability.monitor import StabilityMonitor
 
         callbacks = (*callbacks, StabilityMonitor(task, every=cfg.monitor_every, samples=cfg.monitor_samples,
