@@ -113,6 +113,14 @@ def _missing_note(missing: list[dict]) -> str:
     return "; ".join(parts)
 
 
+def _caption(fig, text: str) -> None:
+    """A caption under the figure (the constrained layout keeps room for it), wrapped to the figure's width."""
+    import textwrap
+
+    width = max(60, int(fig.get_figwidth() * 17))
+    fig.supxlabel("\n".join(textwrap.wrap(text, width)), fontsize=6, color="0.25")
+
+
 def _cell_name(rec: dict) -> str:
     return rec.get("cell_id") or rec.get("id", "?")
 
@@ -291,7 +299,7 @@ def figure6(records: list[dict]):
     fig.suptitle("Figure 6: learning rate against ρ(W_x)\n(norm none / pre / peri; line: mean, dots: runs)",
                  fontsize=10)
     if missing:
-        fig.text(0.5, 0.0, _missing_note(missing), ha="center", va="bottom", fontsize=6, wrap=True)
+        _caption(fig, _missing_note(missing))
     fig.stability_data = {"points": [{"cell_id": _cell_name(r), "value": _stab(r, "rho_Wx")} for r in sel],
                           "missing": missing}
     return fig
@@ -369,15 +377,21 @@ def figure6_rho_J(records: list[dict]):
                 ax.set_ylim(0, top * 1.16)
             ax.set_xscale("log")
             _unity(ax)
-            if by_norm:
-                ax.legend(fontsize=6, title="colour: norm", title_fontsize=6, loc="center left")
+            norms = sorted({pt["norm"] for pt in panel["points"]} | {m["norm"] for m in strip},
+                           key=lambda n: NORM_ORDER.index(n) if n in NORM_ORDER else 9)
+            if norms:
+                from matplotlib.lines import Line2D
+
+                ax.legend(handles=[Line2D([], [], color=norm_colors.get(n, "tab:blue"), marker=NORM_MARKERS.get(n, "o"),
+                                          ms=3, label=n) for n in norms],
+                          fontsize=6, title="colour: norm", title_fontsize=6, loc="center left")
             ax.set_title(f"{TASK_TITLE.get(task, task)}, {recall} recall", fontsize=9)
             ax.set_xlabel("learning rate")
             ax.set_ylabel("median ρ(J*) over converged samples")
-    fig.suptitle("Figure 6J: learning rate against the fixed-point ρ(J*)\n(line: mean per norm, markers: runs; "
+    fig.suptitle("Figure 6J: learning rate against the fixed-point ρ(J*)\n(line: mean per norm, markers: runs;\n"
                  "× in the grey strip: no probe sample converged, ρ(J*) undefined)", fontsize=10)
     if data["caption"]:
-        fig.text(0.5, 0.0, data["caption"], ha="center", va="bottom", fontsize=6, wrap=True)
+        _caption(fig, data["caption"])
     fig.stability_data = data
     return fig
 
@@ -424,10 +438,10 @@ def _acc_panels(fig, data: dict, color_of: Callable, xlabel: str, legend_title: 
         ax.set_ylim(-2, 102)
         ax.set_title("validation" if split == "val" else "hard", fontsize=9)
         if seen:
-            ax.legend(fontsize=7, title=f"colour: {legend_title}", title_fontsize=7, loc="upper right")
-        _norm_legend(ax, {p["norm"] for p in data["points"] + strip}, loc="center right")
+            ax.legend(fontsize=7, title=f"colour: {legend_title}", title_fontsize=7, loc="upper left")
+        _norm_legend(ax, {p["norm"] for p in data["points"] + strip}, loc="center left")
     if data["caption"]:
-        fig.text(0.5, 0.0, data["caption"], ha="center", va="bottom", fontsize=6, wrap=True)
+        _caption(fig, data["caption"])
     fig.stability_data = data
 
 
@@ -539,7 +553,7 @@ def figure_hard_vs_fixed_point(records: list[dict]):
     fig.suptitle("Hard accuracy against the fixed point: ρ(J*) (left) and the share of samples that converge (right)",
                  fontsize=10)
     if data["caption"]:
-        fig.text(0.5, 0.0, data["caption"], ha="center", va="bottom", fontsize=6, wrap=True)
+        _caption(fig, data["caption"])
     fig.stability_data = data
     return fig
 
