@@ -41,6 +41,7 @@ from stability.atomic import check_writable, write_text
 from stability.config import RunConfig, TrainConfig, to_dict
 from stability.errors import CheckpointError, ConfigError, DivergenceError
 from stability.model import build_model
+from stability.protocols import is_looped
 from stability.tasks import Task, make_task
 from stability.train import checkpoint as ckpt
 from stability.train.deep_supervision import deep_supervision_batch
@@ -155,7 +156,7 @@ def progressive_loss(model, task: Task, inputs: torch.Tensor, targets: torch.Ten
 def training_loss(model, task: Task, inputs, targets, cfg: TrainConfig, gen: torch.Generator) -> torch.Tensor:
     """The progressive loss of one batch with (n, k) drawn from ``gen``; the fixed-depth baseline is trained
     on its one output."""
-    if model.recall == "fixed":
+    if not is_looped(model):
         return task.loss(model(inputs, 1)[0], targets)
     T = cfg.iterations
     n = int(torch.randint(0, T, (1,), generator=gen))
@@ -228,7 +229,7 @@ def estimate_eval_seconds(model, task: Task, split: str, iterations: int, *, bat
     model.eval()
     try:
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16):
-            if model.recall == "fixed":
+            if not is_looped(model):
                 t0 = time.perf_counter()
                 model(xb, 1)
                 return (time.perf_counter() - t0) * N / b
@@ -272,13 +273,13 @@ def evaluate(model, task: Task, split: str, iterations: int, *, batch_size: int 
     model.eval()
     model.attention_impl = "math" if getattr(task, "attention_window", None) else "sdpa"
     batches = -(-N // batch_size)
-    steps = batches * (1 if model.recall == "fixed" else iterations)
+    steps = batches * (1 if not is_looped(model) else iterations)
     bar = _bar(progress, steps, f"{progress if isinstance(progress, str) else 'eval'} {split}", "it")
     try:
         for i in range(0, N, batch_size):
             xb, yb = inputs[i:i + batch_size].to(device), targets[i:i + batch_size].to(device)
             with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16):
-                if model.recall == "fixed":
+                if not is_looped(model):
                     c, p = task.score(model(xb, 1)[0].float(), yb)
                     correct += c.sum().item()
                     positions += p.sum().item()
@@ -504,7 +505,7 @@ def train(config: RunConfig, out: Path | str, *, resume: bool = False, progress:
         }, out)
         _write_metrics(metrics_path(out), history, final)
 
-    if cfg.monitor_every and model.recall != "fixed":
+    if cfg.monitor_every and is_looped(model):
         from stability.monitor import StabilityMonitor
 
         callbacks = (*callbacks, StabilityMonitor(task, every=cfg.monitor_every, samples=cfg.monitor_samples,
