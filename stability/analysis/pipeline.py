@@ -531,7 +531,7 @@ def stage_rho_wx(run: _Run):
 def stage_prop5(run: _Run) -> Prop5Stage:
     """Prop. 5 on the first converged sample: dx_T/dx0·u (unrolled from e, held fixed) against the implicit
     (I − J)⁻¹ ∂f/∂x0 u (GMRES), by the batched routes of :mod:`stability.analysis.sensitivity`."""
-    from stability.analysis.sensitivity import KrylovError, default_T_grid, prop5_check, prop5_check_batched
+    from stability.analysis.sensitivity import KrylovError, default_T_grid, prop5_check_batched
     from stability.solvers import solve
 
     o, first = run.options, run.first
@@ -543,14 +543,8 @@ def stage_prop5(run: _Run) -> Prop5Stage:
     polish = solve(run.f, run.x_star[sl], run.x0[sl], tol=1e-13, max_iter=o.max_iter, max_period=0)
     Ts = default_T_grid(o.max_iter)
     try:
-        try:
-            chk = prop5_check_batched(run.f, polish.x_best, run.x0[sl], run.e[sl], Ts, tol=o.gmres_tol,
-                                      seed=o.seed).sample(0)
-        except RuntimeError as exc:  # the batched route's reverse-mode tangent needs x0 to enter f
-            if "not have been used in the graph" not in str(exc):
-                raise
-            chk = prop5_check(run.f, polish.x_best[0], run.x0[first], run.e[first], Ts, tol=o.gmres_tol,
-                              seed=o.seed)
+        chk = prop5_check_batched(run.f, polish.x_best, run.x0[sl], run.e[sl], Ts, tol=o.gmres_tol,
+                                  seed=o.seed).sample(0)
     except KrylovError as exc:
         return Prop5Stage(sample=first, skipped=str(exc))
     return Prop5Stage(check=chk, sample=first, x_star_residual=float(polish.best_residual[0]))
@@ -575,7 +569,7 @@ def stage_input(run: _Run) -> InputDependence:
 def stage_a8(run: _Run) -> InitialIterate:
     """App. A.8: solve from e ∈ {x0, zeros, noise}; x* should not depend on e. Noise of std ``noise_std``;
     ‖dx_T/de·u‖ against T on the first converged sample (batched route)."""
-    from stability.analysis.sensitivity import (default_T_grid, fixed_point_distance, initial_iterate_sensitivity,
+    from stability.analysis.sensitivity import (default_T_grid, fixed_point_distance,
                                                 initial_iterate_sensitivity_batched)
     from stability.solvers import solve
 
@@ -600,12 +594,7 @@ def stage_a8(run: _Run) -> InitialIterate:
     if first is not None:
         sl = slice(first, first + 1)
         Ts = default_T_grid(o.max_iter)
-        try:
-            sens = initial_iterate_sensitivity_batched(run.f, e[sl], x0[sl], Ts, seed=o.seed).sample(0)
-        except RuntimeError as exc:  # the batched route's reverse-mode tangent needs x0 to enter f
-            if "not have been used in the graph" not in str(exc):
-                raise
-            sens = initial_iterate_sensitivity(run.f, e[first], x0[first], Ts, seed=o.seed)
+        sens = initial_iterate_sensitivity_batched(run.f, e[sl], x0[sl], Ts, seed=o.seed).sample(0)
         a8.T, a8.dxT_de_norm, a8.sample = sens["T"], sens["norm"], first
     return a8
 
