@@ -262,3 +262,11 @@ def test_records_export_is_one_jsonl_line_and_one_csv_row_per_record(tmp_path):
     view = export.deterministic_view(rec)
     assert "timing" not in view and "environment" not in view and "timings_s" not in view["analysis"]["val"]
     assert view["final"] == recs[0]["final"]
+
+
+def test_caption_says_one_seed_in_the_singular():
+    recs = [record("prefix-sums", "post", "external", 1e-3, 0, 50, 20)]
+    t4 = tables.build_tables(tables.collect(recs))[0]
+    assert "over 1 seed (" in tables.markdown(t4) and "over 1 seeds" not in tables.markdown(t4)
+    two = recs + [record("prefix-sums", "post", "external", 1e-3, 1, 60, 30)]
+    assert "over 2 seeds (" in tables.markdown(tables.build_tables(tables.collect(two))[0])

@@ -189,7 +189,8 @@ def _entry(table: Table, norm: str, recall: str, col) -> tuple[Optional[dict], O
 
 def _caption(table: Table, *, latex: bool = False) -> str:
     T = ", ".join(map(str, table.test_iterations)) or "?"
-    seeds = f"{table.seeds_common} seeds" if table.seeds_common else "seeds"
+    n = table.seeds_common
+    seeds = (f"{n} seed" if n == 1 else f"{n} seeds") if n else "seeds"
     count = "fewer seeds in parentheses where fewer finished" if latex else "seed count in parentheses"
     dagger = " † includes diverged runs, counted as 0." if any(c.diverged for c in table.cells.values()) else ""
     return ("" if latex else f"Table {table.number}: ") + (
