@@ -293,6 +293,7 @@ def resumed(tmp_path_factory):
     return {"grid": grid, "results": results, "before": before, "killed_epochs": killed_epochs, "second": second}
 
 
+@pytest.mark.slow
 def test_a_killed_sweep_resumes_skipping_finished_cells_and_continuing_the_one_in_flight(resumed):
     results, before, killed = resumed["results"], resumed["before"], resumed["killed_epochs"]
     assert 1 <= len(before) < 4 and killed
@@ -309,6 +310,7 @@ def test_a_killed_sweep_resumes_skipping_finished_cells_and_continuing_the_one_i
     assert f"{4 - len(before)} done" in out.splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_records_hold_config_final_metrics_and_stability_summary(resumed):
     for path in (resumed["results"] / "records").glob("*.json"):
         rec = json.loads(path.read_text())
@@ -329,6 +331,7 @@ def test_records_hold_config_final_metrics_and_stability_summary(resumed):
         assert rec["timing"]["run_seconds"] > 0 and rec["environment"]["device"] == "cpu"
 
 
+@pytest.mark.slow
 def test_dry_run_lists_cell_states_and_estimates_the_cost_of_the_rest(resumed):
     grid = write_grid(resumed["grid"].parent / "more.toml", fixed=SWEPT,
                       axes={"model": {"recall": ["external", "none"]}, "train": {"seed": [0, 1, 2]}})
@@ -343,6 +346,7 @@ def test_dry_run_lists_cell_states_and_estimates_the_cost_of_the_rest(resumed):
     assert len(list((resumed["results"] / "records").glob("*.json"))) == 4  # a dry run runs nothing
 
 
+@pytest.mark.slow
 def test_only_reruns_one_cell_from_scratch_showing_its_progress(resumed, capfd):
     from stability.cli import main
 
@@ -367,6 +371,7 @@ def test_only_reruns_one_cell_from_scratch_showing_its_progress(resumed, capfd):
     assert (results / "records.jsonl").exists() and len((results / "records.jsonl").read_text().splitlines()) == 4
 
 
+@pytest.mark.slow
 def test_tables_of_a_real_sweep_are_the_seed_means_of_its_records(resumed, tmp_path):
     results = resumed["results"]
     proc = cli("tables", results, "--out", tmp_path / "tables")
@@ -389,6 +394,7 @@ def test_tables_of_a_real_sweep_are_the_seed_means_of_its_records(resumed, tmp_p
     assert "Table 4" in proc.stdout and "Prefix sums 3e-3" in proc.stdout
 
 
+@pytest.mark.slow
 def test_result_figures_of_a_real_sweep_are_written(resumed, tmp_path):
     import matplotlib
 
@@ -418,6 +424,7 @@ def test_result_figures_of_a_real_sweep_are_written(resumed, tmp_path):
 
 
 # ---- the SLURM path, through submitit's local executor -------------------------------------------------------
+@pytest.mark.slow
 def test_slurm_path_through_submitit_local_executor_with_analysis_and_a_diverged_run(tmp_path):
     grid = write_grid(tmp_path / "slurm.toml", fixed=tiny_fixed(model__recall="internal", model__norm="pre", train__epochs=3),
                       axes={"train": {"lr": [3e-3, 1e6]}}, extra="[slurm]\ntimeout_min = 20\n")
