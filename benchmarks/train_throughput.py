@@ -22,9 +22,10 @@ from stability.tasks import make_task
 from stability.train.loop import make_optimizer, resolve_device, training_loss
 
 
-def measure(device, *, impl: str, bf16: bool, compile_: bool, steps: int, batch: int, width: int) -> float:
+def measure(device, *, impl: str, bf16: bool, compile_: bool, steps: int, batch: int, width: int,
+            iterations: int = 30, warmup: int = 3) -> float:
     task = make_task(TaskConfig(train_size=batch * 4))
-    cfg = TrainConfig(batch_size=batch)
+    cfg = TrainConfig(batch_size=batch, iterations=iterations)
     torch.manual_seed(0)
     model = build_model(ModelConfig(width=width, **task.model_options())).to(device)
     model.attention_impl = impl
@@ -47,7 +48,7 @@ def measure(device, *, impl: str, bf16: bool, compile_: bool, steps: int, batch:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
 
-    for i in range(3):  # warm-up (and compilation)
+    for i in range(warmup):  # warm-up (and compilation)
         one(i)
     gen.manual_seed(1)
     if device.type == "cuda":

@@ -152,11 +152,11 @@ def _anderson_mix(X: torch.Tensor, F: torch.Tensor, filled: torch.Tensor, beta: 
 
 
 # ---- the per-method proposals ---------------------------------------------------------------------------------
-# Each method keeps its own per-sample state for the whole batch (B rows) and proposes the next iterate of the
-# running samples ``idx`` from their iterates x, images fx and residuals r; it returns (next (A, n), reset (A,))
-# where ``reset`` marks samples whose proposal was refused by a safeguard (the loop then restarts them from
-# the image of their best iterate, a Picard step from the lowest-residual point, and the method forgets their
-# history through ``forget``).
+# Each method keeps its own per-sample state for the samples still running, in the loop's order (rows are dropped
+# by ``keep`` as samples finish, so every step works on whole tensors, without gathers), and proposes the next
+# iterate from the running samples' iterates x, images fx (both (A, n)) and residuals r; it returns
+# (next (A, n), reset (A,)) where ``reset`` marks samples whose proposal a safeguard refused (the loop then
+# restarts them with a Picard step from their lowest-residual iterate, and ``forget`` clears their history).
 
 class _Picard:
     name = "picard"
@@ -164,11 +164,14 @@ class _Picard:
     def __init__(self, B, n, dtype, device, *, damping=1.0, **_):
         self.eta = damping
 
-    def propose(self, idx, x, fx, r, best_r):
+    def propose(self, x, fx, r, best_r):
         nxt = fx if self.eta == 1.0 else (1 - self.eta) * x + self.eta * fx
-        return nxt, torch.zeros(idx.numel(), dtype=torch.bool, device=x.device)
+        return nxt, None
 
-    def forget(self, idx):
+    def keep(self, mask):
+        pass
+
+    def forget(self, mask):
         pass
 
     def info(self):
@@ -185,20 +188,21 @@ class _Anderson:
         self.filled = torch.zeros(B, memory, dtype=torch.bool, device=device)
         self.slot = torch.zeros(B, dtype=torch.long, device=device)
 
-    def propose(self, idx, x, fx, r, best_r):
-        Xa, Fa, fl, sl = self.X[idx], self.F[idx], self.filled[idx], self.slot[idx]
-        rows = torch.arange(idx.numel(), device=x.device)
-        Xa[rows, sl] = x
-        Fa[rows, sl] = fx
-        fl[rows, sl] = True
-        mixed, good = _anderson_mix(Xa, Fa, fl, self.eta, self.reg)
-        self.X[idx], self.F[idx], self.filled[idx] = Xa, Fa, fl
-        self.slot[idx] = (sl + 1) % self.m
+    def propose(self, x, fx, r, best_r):
+        rows = torch.arange(x.shape[0], device=x.device)
+        self.X[rows, self.slot] = x
+        self.F[rows, self.slot] = fx
+        self.filled[rows, self.slot] = True
+        mixed, good = _anderson_mix(self.X, self.F, self.filled, self.eta, self.reg)
+        self.slot = (self.slot + 1) % self.m
         return mixed, (~good) | (r > self.restart_factor * best_r)
 
-    def forget(self, idx):
-        self.filled[idx] = False
-        self.slot[idx] = 0
+    def keep(self, mask):
+        self.X, self.F, self.filled, self.slot = self.X[mask], self.F[mask], self.filled[mask], self.slot[mask]
+
+    def forget(self, mask):
+        self.filled[mask] = False
+        self.slot[mask] = 0
 
     def info(self):
         return {"damping": self.eta, "memory": self.m, "reg": self.reg}
@@ -207,16 +211,17 @@ class _Anderson:
 class _Broyden:
     """Limited-memory "good" Broyden on g(x) = f(x) − x (Broyden 1965, the inverse-Jacobian update DEQ solvers
     use): H ≈ (∂g/∂x)⁻¹ = −I + Σ uᵢ vᵢᵀ, step x ← x − η H g (the first step, H = −I, is a Picard step). With
-    Δx, Δg the last differences: v = Hᵀ Δx, u = (Δx − H Δg) / (vᵀ Δg). When the ``memory`` m pairs are full, the
-    correction Σ uᵢvᵢᵀ is compressed to its best rank-⌊m/2⌋ approximation (Broyden rank reduction, van de Rotten
-    & Verduyn Lunel 2003: thin QR of U and V, SVD of the m × m core) instead of dropping the oldest pair, which
-    measured far worse (``benchmarks/RESULTS.md``)."""
+    Δx, Δg the last differences: v = Hᵀ Δx, u = (Δx − H Δg) / (vᵀ Δg), where H Δg = H g + Δx/η reuses the
+    previous step (Δx = −η H g_prev), so a step costs two products with the stored pairs. When the ``memory`` m
+    pairs are full, the correction Σ uᵢvᵢᵀ is compressed to its best rank-⌊m/2⌋ approximation (Broyden rank
+    reduction, van de Rotten & Verduyn Lunel 2003: thin QR of U and V, SVD of the m × m core) instead of
+    dropping the oldest pair, which measured far worse (``benchmarks/RESULTS.md``)."""
 
     name = "broyden"
 
     def __init__(self, B, n, dtype, device, *, memory=20, damping=1.0, restart_factor=1e2, **_):
         self.m, self.eta, self.restart_factor = memory, damping, restart_factor
-        self.keep = max(1, memory // 2) if memory > 1 else 0
+        self.q = memory // 2
         self.U = torch.zeros(B, memory, n, dtype=dtype, device=device)
         self.V = torch.zeros(B, memory, n, dtype=dtype, device=device)
         self.px = torch.zeros(B, n, dtype=dtype, device=device)
@@ -227,63 +232,67 @@ class _Broyden:
 
     @staticmethod
     def _H(U, V, w):  # H w = −w + Σ u_i (v_i · w)
-        return -w + torch.einsum("am,amn->an", torch.einsum("amn,an->am", V, w), U)
+        return -w + torch.bmm(torch.bmm(V, w.unsqueeze(2)).transpose(1, 2), U).squeeze(1)
 
     @staticmethod
     def _HT(U, V, w):  # Hᵀ w = −w + Σ v_i (u_i · w)
-        return -w + torch.einsum("am,amn->an", torch.einsum("amn,an->am", U, w), V)
+        return -w + torch.bmm(torch.bmm(U, w.unsqueeze(2)).transpose(1, 2), V).squeeze(1)
 
-    def _compress(self, U, V):
-        """Best rank-``keep`` approximation of Σ uᵢvᵢᵀ (rows (A, m, n)), returned as (A, m, n) with zero tails."""
-        q = self.keep
+    def _compress(self, rows):
+        """Replace the pairs of ``rows`` by the best rank-q approximation of Σ uᵢvᵢᵀ (zero pairs after q)."""
+        q = self.q
+        U, V = self.U[rows], self.V[rows]
         Qu, Ru = torch.linalg.qr(U.transpose(1, 2).double())  # (A, n, m), (A, m, m)
         Qv, Rv = torch.linalg.qr(V.transpose(1, 2).double())
         W, sig, Zh = torch.linalg.svd(Ru @ Rv.transpose(1, 2))
-        Un = (Qu @ (W[:, :, :q] * sig[:, None, :q])).transpose(1, 2)
-        Vn = (Qv @ Zh[:, :q, :].transpose(1, 2)).transpose(1, 2)
         U2, V2 = torch.zeros_like(U), torch.zeros_like(V)
-        U2[:, :q], V2[:, :q] = Un.to(U.dtype), Vn.to(V.dtype)
-        return U2, V2
+        if q:
+            U2[:, :q] = (Qu @ (W[:, :, :q] * sig[:, None, :q])).transpose(1, 2).to(U.dtype)
+            V2[:, :q] = (Qv @ Zh[:, :q, :].transpose(1, 2)).transpose(1, 2).to(V.dtype)
+        self.U[rows], self.V[rows] = U2, V2
+        self.count[rows] = q
+        self.compressions += int(rows.numel())
 
-    def propose(self, idx, x, fx, r, best_r):
+    def propose(self, x, fx, r, best_r):
         g = fx - x
-        U, V, hp = self.U[idx], self.V[idx], self.has_prev[idx]
+        U, V = self.U, self.V
+        Hg = self._H(U, V, g)
+        hp = self.has_prev
         if bool(hp.any()):
-            dx = x - self.px[idx]
-            dg = g - self.pg[idx]
+            dx = x - self.px
+            dg = g - self.pg
             v = self._HT(U, V, dx)
             den = (v * dg).sum(1)
             ok = hp & torch.isfinite(den) & (den.abs() > 1e-30 * v.norm(dim=1) * dg.norm(dim=1))
-            u = (dx - self._H(U, V, dg)) / torch.where(ok, den, torch.ones_like(den))[:, None]
+            u = (dx - (Hg + dx / self.eta)) / torch.where(ok, den, torch.ones_like(den))[:, None]
             ok &= _finite(u) & _finite(v)
-            if bool(ok.any()):
-                cnt = self.count[idx]
-                full = ok & (cnt >= self.m)
-                if bool(full.any()):
-                    rows = full.nonzero().flatten()
-                    if self.keep:
-                        U[rows], V[rows] = self._compress(U[rows], V[rows])
-                    else:
-                        U[rows], V[rows] = 0, 0
-                    cnt = torch.where(full, torch.full_like(cnt, self.keep), cnt)
-                    self.compressions += int(rows.numel())
-                rows = ok.nonzero().flatten()
-                sl = cnt[rows]
+            full = ok & (self.count >= self.m)
+            if bool(full.any()):
+                self._compress(full.nonzero().flatten())
+            rows = ok.nonzero().flatten()
+            if rows.numel():
+                sl = self.count[rows]
                 U[rows, sl] = u[rows]
                 V[rows, sl] = v[rows]
-                cnt = torch.where(ok, cnt + 1, cnt)
-                self.count[idx] = cnt
-                self.U[idx], self.V[idx] = U, V
-        nxt = x - self.eta * self._H(U, V, g)
-        self.px[idx], self.pg[idx] = x, g
-        self.has_prev[idx] = True
+                self.count[rows] += 1
+                Hg = torch.where(ok[:, None], Hg + u * (v * g).sum(1, keepdim=True), Hg)
+                if bool(full.any()):  # the compressed H is another operator: its product anew
+                    fr = full.nonzero().flatten()
+                    Hg[fr] = self._H(U[fr], V[fr], g[fr])
+        nxt = x - self.eta * Hg
+        self.px, self.pg = x, g
+        self.has_prev = torch.ones_like(hp)
         return nxt, (~_finite(nxt)) | (r > self.restart_factor * best_r)
 
-    def forget(self, idx):
-        self.U[idx] = 0
-        self.V[idx] = 0
-        self.has_prev[idx] = False
-        self.count[idx] = 0
+    def keep(self, mask):
+        self.U, self.V, self.px, self.pg = self.U[mask], self.V[mask], self.px[mask], self.pg[mask]
+        self.has_prev, self.count = self.has_prev[mask], self.count[mask]
+
+    def forget(self, mask):
+        self.U[mask] = 0
+        self.V[mask] = 0
+        self.has_prev[mask] = False
+        self.count[mask] = 0
 
     def info(self):
         return {"damping": self.eta, "memory": self.m, "compressions": self.compressions}
@@ -295,7 +304,7 @@ AUTO = "broyden"
 METHODS = (*SOLVERS, "auto")
 ROOT_FINDERS = ("anderson", "broyden")
 _DEFAULT_DAMPING = {"picard": 1.0, "damped": 0.5, "anderson": 1.0, "broyden": 1.0}
-_DEFAULT_MEMORY = {"anderson": 5, "broyden": 20}
+_DEFAULT_MEMORY = {"anderson": 20, "broyden": 40}  # measured: benchmarks/RESULTS.md, "Fixed-point solvers"
 
 
 def register_solver(name: str, cls: type) -> None:
@@ -370,7 +379,7 @@ def solve(f: Callable, x_init: torch.Tensor, x0: Optional[torch.Tensor] = None, 
         x_init: (B, *S) the first iterate e (Def. 3.1). x0: (B, *S') or None, passed through to f.
         method: one of :data:`METHODS` (module docstring); ``auto`` runs :data:`AUTO`.
         tol: τ of the relative L∞ residual. damping: η (default 1, 0.5 for damped; Anderson's mixing, Broyden's
-            step length). memory: Anderson's m past iterates (5) or Broyden's stored update pairs (20).
+            step length). memory: Anderson's m past iterates (20) or Broyden's stored update pairs (40).
         reg: Anderson's Tikhonov λ, relative to the largest diagonal entry of the Gram matrix.
         stall_patience: evaluations without a 1 % improvement of the best residual after which an unconverged
             sample is reported stalled. diverge_ratio: ‖f(x)‖∞ or ‖x‖∞ above this times
@@ -462,21 +471,21 @@ def solve(f: Callable, x_init: torch.Tensor, x0: Optional[torch.Tensor] = None, 
 
             # next iterate for the samples still running
             run = new_code < 0
-            if not bool(run.any()):
-                act = act[:0]
-                continue
-            ridx = act[run]
-            xr, fr = xa[run].flatten(1), fa[run].flatten(1)
-            nxt, reset = solver.propose(ridx, xr, fr, r[run], best_r[ridx])
+            if not bool(run.all()):
+                if not bool(run.any()):
+                    act = act[:0]
+                    continue
+                solver.keep(run)
+                act, xa, fa, r = act[run], xa[run], fa[run], r[run]
+            nxt, reset = solver.propose(xa.flatten(1), fa.flatten(1), r, best_r[act])
             nxt = nxt.view(-1, *S)
-            if bool(reset.any()):
+            if reset is not None and bool(reset.any()):
                 # safeguard: forget the history and restart with a Picard step from the best iterate, never
                 # worse than plain iteration from there
-                nxt = torch.where(reset.view(-1, *[1] * len(S)), fx_best[ridx], nxt)
-                solver.forget(ridx[reset])
-                restarts[ridx[reset]] += 1
-            x[ridx] = nxt
-            act = ridx
+                nxt = torch.where(reset.view(-1, *[1] * len(S)), fx_best[act], nxt)
+                solver.forget(reset)
+                restarts[act[reset]] += 1
+            x[act] = nxt
 
         # samples still running: stalled or out of budget
         running = code < 0
@@ -494,7 +503,8 @@ def solve(f: Callable, x_init: torch.Tensor, x0: Optional[torch.Tensor] = None, 
             code[check[cyc]] = _STALL
 
     info = {"damping": eta, "memory": mem if method in ROOT_FINDERS else None, "iterations": iters,
-            "restarts": restarts.cpu().tolist() if method in ROOT_FINDERS else None, "requested": requested}
+            "restarts": restarts.cpu().tolist() if method in ROOT_FINDERS else None, "requested": requested,
+            **{k: v for k, v in solver.info().items() if k not in ("damping", "memory")}}
     result = SolveResult(
         x_last=x_last, x_best=x_best, residuals=trace[:, :iters].cpu(), best_residual=best_r.cpu(), nfe=nfe.cpu(),
         status=[STATUSES[int(c)] for c in code.cpu()], period=period.cpu(), method=method, tol=tol, info=info)

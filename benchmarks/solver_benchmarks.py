@@ -1,0 +1,228 @@
+"""Fixed-point solvers side by side on four maps (issue 13): evaluations of f to the same tolerance, statuses,
+ρ(J*) at the points the root-finders return, and time per evaluation relative to Picard's.
+
+Maps (float64 analysis copies, τ = 1e-6 on the relative L∞ residual, at most 300 evaluations):
+
+1. a trained prefix-sums checkpoint (width 32; ``--checkpoint``, else trained here as
+   ``benchmarks/analysis_benchmarks.py`` does), 32 val samples from the model's initial state;
+2.–4. the sudoku-size map of ``analysis_benchmarks.py`` (81 tokens × 256, untrained) with its recall weight
+   scaled ×0.5 (8 samples), ×1.0 (8 samples; ρ(J*) ≈ 0.985) and ×2.0 (4 samples), started from x0.
+
+Solvers: ours (``stability.solvers.solve``: picard, anderson, broyden, auto) and, when the optional benchmark
+dependency is installed (``pip install --no-deps torchdeq``), torchdeq 0.1.0's Anderson and Broyden with their
+defaults. torchdeq stops a batch on its own (L2, batch-max) criterion, so each of its runs here is one sample at
+a time, wrapped so that it stops at the first evaluation whose pre-image meets *our* criterion: the counts
+compare like with like. ρ(J*) at every point a solver calls converged is computed by the certified Krylov–Schur
+route (float32 products certified in float64, Ritz residual 1e-6); ρ > 1 is a repelling fixed point.
+
+Counts of evaluations are the main figure (no machine noise changes them). Times: time per evaluation of each of
+our solvers divided by Picard's on the same map in the same run, and the solver's own overhead (wall time not
+spent inside f) per evaluation as a fraction of f's time — the latter does not depend on how loaded the machine
+was, only on the relative cost of the solver's algebra.
+
+Usage: python benchmarks/solver_benchmarks.py [--checkpoint CKPT] [--threads N] [--quick] [--out results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+TOL = 1e-6
+MAX_ITER = 300
+OURS = ("picard", "anderson", "broyden", "auto")
+THEIRS = ("torchdeq-anderson", "torchdeq-broyden")
+
+
+def build_maps(checkpoint: Path, quick: bool = False) -> list[dict]:
+    """The four maps: name, f, its float32 copy (for the certified ρ), start e, x0."""
+    import copy
+
+    import stability
+    from analysis_benchmarks import sudoku_inputs, sudoku_model
+    from stability.analysis.pipeline import analysis_model
+
+    maps = []
+    loaded = stability.load(checkpoint)
+    m = analysis_model(loaded.model)
+    inputs, _ = loaded.task.dataset("val")
+    n = 8 if quick else 32
+    x0 = m.embed(inputs[:n].double())
+    maps.append({"name": "prefix-sums checkpoint (width 32)", "model": m, "fast": copy.deepcopy(m).float(),
+                 "e": m.initial_state(x0), "x0": x0})
+    for scale, n in ((0.5, 8), (1.0, 8), (2.0, 4)):
+        if quick:
+            n = 2
+        m = sudoku_model(256, recall_scale=scale)
+        x0 = m.embed(sudoku_inputs(n))
+        maps.append({"name": f"sudoku-size, width 256, recall ×{scale}", "model": m,
+                     "fast": sudoku_model(256, recall_scale=scale).float(), "e": x0, "x0": x0})
+    return maps
+
+
+class _Timed:
+    """f with a stopwatch: seconds spent inside f, to split a solve's wall time into f and solver algebra."""
+
+    def __init__(self, f):
+        self.f, self.seconds = f, 0.0
+
+    def __call__(self, x, x0):
+        t = time.perf_counter()
+        out = self.f(x, x0)
+        self.seconds += time.perf_counter() - t
+        return out
+
+
+class _Stop(Exception):
+    pass
+
+
+def run_ours(method: str, mp: dict) -> dict:
+    from stability.solvers import classify, solve
+
+    f = _Timed(mp["model"].step)
+    t = time.perf_counter()
+    r = solve(f, mp["e"], mp["x0"], method=method, tol=TOL, max_iter=MAX_ITER, certify_rho=False)
+    wall = time.perf_counter() - t
+    classify(r, mp["model"].step, mp["x0"], fast_f=mp["fast"].step)
+    total = int(r.nfe.sum())
+    return {"nfe": r.nfe.tolist(), "status": r.status, "rho": [None if not math.isfinite(v) else v
+                                                                 for v in r.rho.tolist()],
+            "best_residual": r.best_residual.tolist(), "wall_s": wall, "f_s": f.seconds,
+            "s_per_eval": wall / total, "overhead_per_eval_fraction": (wall - f.seconds) / max(f.seconds, 1e-12),
+            "method_run": r.method, "memory": r.info.get("memory")}
+
+
+def run_torchdeq(name: str, mp: dict) -> dict:
+    """torchdeq's solver on one sample at a time, stopped at the first evaluation whose pre-image meets our
+    criterion r(x) < τ (or after MAX_ITER evaluations)."""
+    from stability.solvers import classify, residual, SolveResult
+    from torchdeq.solver import get_solver
+
+    solver = get_solver(name.split("-")[1])
+    f = mp["model"].step
+    B = mp["e"].shape[0]
+    nfe, status, best_r, points = [], [], [], []
+    wall = 0.0
+    for b in range(B):
+        xb0 = mp["x0"][b:b + 1]
+        st = {"calls": 0, "best": math.inf, "x": mp["e"][b:b + 1].clone(), "hit": False}
+
+        def func(z):
+            with torch.no_grad():
+                fz = f(z, xb0)
+            st["calls"] += 1
+            r = float(residual(fz, z))
+            if not math.isfinite(r):
+                raise _Stop
+            if r < st["best"]:
+                st["best"], st["x"] = r, z.detach().clone()
+            if r < TOL:
+                st["hit"] = True
+                raise _Stop
+            if st["calls"] >= MAX_ITER:
+                raise _Stop
+            return fz
+
+        t = time.perf_counter()
+        try:
+            with torch.no_grad():
+                solver(func, mp["e"][b:b + 1].clone(), max_iter=MAX_ITER + 5, tol=1e-300, stop_mode="rel")
+        except _Stop:
+            pass
+        wall += time.perf_counter() - t
+        nfe.append(st["calls"])
+        status.append("converged" if st["hit"] else ("non-finite" if not math.isfinite(st["best"])
+                                                      else "max-iterations"))
+        best_r.append(st["best"])
+        points.append(st["x"])
+    x = torch.cat(points)
+    res = SolveResult(x_last=x, x_best=x, residuals=torch.zeros(B, 0), best_residual=torch.tensor(best_r),
+                      nfe=torch.tensor(nfe), status=status, period=torch.zeros(B, dtype=torch.long), method=name,
+                      tol=TOL)
+    classify(res, f, mp["x0"], fast_f=mp["fast"].step)
+    return {"nfe": nfe, "status": res.status, "rho": [None if not math.isfinite(v) else v for v in res.rho.tolist()],
+            "best_residual": best_r, "wall_s": wall, "s_per_eval": wall / max(sum(nfe), 1), "batch": 1}
+
+
+def summarise(row: dict) -> dict:
+    st = row["status"]
+    conv = sum(s in ("converged", "repelling") for s in st)
+    rep = sum(s == "repelling" for s in st)
+    rho_conv = [r for r, s in zip(row["rho"], st) if s in ("converged", "repelling") and r is not None]
+    return {"nfe_median": float(np.median(row["nfe"])), "converged": conv, "repelling": rep, "samples": len(st),
+            "rho_range": [min(rho_conv), max(rho_conv)] if rho_conv else None}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoint", help="the trained prefix-sums checkpoint (default: train one, ~1 minute)")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1)")
+    ap.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
+    ap.add_argument("--only", type=int, action="append", help="run only map i (0-3); repeatable")
+    ap.add_argument("--out", default=str(HERE / "results-solvers.json"))
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    try:
+        import torchdeq  # noqa: F401
+        theirs = THEIRS
+    except ImportError:
+        theirs = ()
+        print("torchdeq not installed (pip install --no-deps torchdeq): its columns are left out", flush=True)
+    if args.checkpoint:
+        ckpt = Path(args.checkpoint)
+    else:
+        from analysis_benchmarks import train_checkpoint
+        ckpt = train_checkpoint(Path(tempfile.mkdtemp()))
+    maps = build_maps(ckpt, quick=args.quick)
+    from stability.solvers import AUTO
+
+    out = {"tol": TOL, "max_iter": MAX_ITER, "threads": args.threads, "torch": torch.__version__, "auto": AUTO,
+           "cpu_count": os.cpu_count(), "checkpoint": str(ckpt), "maps": []}
+    cols = (*OURS, *theirs)
+    for i, mp in enumerate(maps):
+        if args.only and i not in args.only:
+            continue
+        print(f"{mp['name']}: {mp['e'].shape[0]} samples", flush=True)
+        rows = {}
+        for name in cols:
+            rows[name] = run_ours(name, mp) if name in OURS else run_torchdeq(name, mp)
+            rows[name]["summary"] = summarise(rows[name])
+            sm = rows[name]["summary"]
+            extra = ""
+            if name in OURS:
+                extra = (f", {rows[name]['s_per_eval'] / rows['picard']['s_per_eval']:.2f}× Picard's time per "
+                         f"evaluation, solver overhead {rows[name]['overhead_per_eval_fraction']:.1%} of f")
+            rr = sm["rho_range"]
+            print(f"  {name:18s} median {sm['nfe_median']:5.0f} evaluations, {sm['converged']}/{sm['samples']} "
+                  f"converged ({sm['repelling']} repelling"
+                  + (f", ρ(J*) {rr[0]:.3f}–{rr[1]:.3f}" if rr else "") + ")" + extra, flush=True)
+        pic = rows["picard"]["summary"]
+        ratios = {}
+        for name in cols:
+            sm = rows[name]["summary"]
+            ratios[name] = {"nfe_vs_picard": sm["nfe_median"] / pic["nfe_median"],
+                            "nfe_vs_torchdeq_broyden": (sm["nfe_median"] / rows["torchdeq-broyden"]["summary"]
+                                                        ["nfe_median"]) if "torchdeq-broyden" in rows else None,
+                            "time_per_eval_vs_picard": rows[name]["s_per_eval"] / rows["picard"]["s_per_eval"]}
+        out["maps"].append({"name": mp["name"], "samples": int(mp["e"].shape[0]), "solvers": rows, "ratios": ratios,
+                            "picard_converged_all": pic["converged"] == pic["samples"]})
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(f"numbers: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
