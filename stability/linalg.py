@@ -47,7 +47,8 @@ def solve_I_minus_J(apply_J: Callable[[torch.Tensor], torch.Tensor], b: torch.Te
 
     apply_J: (B, *S) → (B, *S), V ↦ (J_b V_b)_b, samples independent (each row of the output depends on the same
     row of the input only). b: (B, *S). tol: relative residual per sample. max_iter: products with J per sample
-    (default 20·n, n = prod(S), for GMRES; 20·n or 10,000, whichever is smaller, for Neumann). x_init: a first
+    (the residual checks included; default 20·n, n = prod(S), for GMRES; 20·n or 10,000, whichever is smaller, for
+    Neumann). x_init: a first
     guess (default 0). Returns :class:`IJSolve`; residuals above ``tol`` mark samples that did not converge.
     """
     if method not in METHODS:
@@ -96,7 +97,10 @@ def _gmres(A, b, bnorm, x, have_guess, tol, budget, m):
     active = (res > tol) & torch.isfinite(res)
     eps = torch.finfo(dt).eps
     V = torch.zeros(B, m + 1, n, dtype=dt, device=dev)  # the Krylov basis, sample-major for bmm
-    while bool(active.any()):
+    while True:
+        active = active & (its < budget - 1)  # room for one Arnoldi step and the residual check
+        if not bool(active.any()):
+            break
         beta = torch.linalg.vector_norm(r, dim=1)
         V.zero_()
         V[:, 0] = torch.where(active[:, None], r / beta.clamp_min(torch.finfo(dt).tiny)[:, None], 0)
@@ -106,7 +110,7 @@ def _gmres(A, b, bnorm, x, have_guess, tol, budget, m):
         g = torch.zeros(B, m + 1, dtype=dt, device=dev)
         g[:, 0] = torch.where(active, beta, 0)
         k_used = torch.zeros(B, dtype=torch.int64, device=dev)
-        live = active & (its < budget)
+        live = active.clone()
         for j in range(m):
             if not bool(live.any()):
                 break
@@ -136,7 +140,7 @@ def _gmres(A, b, bnorm, x, have_guess, tol, budget, m):
             k_used = torch.where(live, j + 1, k_used)
             est = _rel(g[:, j + 1].abs(), bnorm)
             breakdown = hn <= 10 * eps * torch.linalg.vector_norm(col, dim=1).clamp_min(torch.finfo(dt).tiny)
-            done = live & ((est <= tol) | breakdown | ~torch.isfinite(est) | (its >= budget))
+            done = live & ((est <= tol) | breakdown | ~torch.isfinite(est) | (its >= budget - 1))
             live = live & ~done
             V[:, j + 1] = torch.where(live[:, None], w / hn.clamp_min(torch.finfo(dt).tiny)[:, None], 0)
         # y = R⁻¹ g on each sample's first k_used columns (identity padding beyond them gives y = 0 there)
@@ -151,7 +155,7 @@ def _gmres(A, b, bnorm, x, have_guess, tol, budget, m):
         new = _rel(torch.linalg.vector_norm(r, dim=1), bnorm)
         stalled = ~(new < res)  # no progress in a whole cycle (or not finite): a repeat would do the same
         res = torch.where(active, new, res)
-        active = active & (res > tol) & ~stalled & (its < budget)
+        active = active & (res > tol) & ~stalled
     return x, res, its
 
 

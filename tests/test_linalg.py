@@ -102,6 +102,21 @@ def test_gmres_solves_a_system_neumann_cannot_and_reports_a_budget_shortfall():
     assert torch.allclose(res, relative_residual(apply(A), x, b), rtol=1e-6)
 
 
+@pytest.mark.parametrize("method", ["gmres", "neumann"])
+def test_the_product_budget_is_kept_residual_checks_included(method):
+    A, b = batch_of_maps(seed=4)
+    for budget in (2, 5, 13):
+        counted = [0]
+
+        def counting(V):
+            counted[0] += 1
+            return apply(A)(V)
+
+        x, res, its = solve_I_minus_J(counting, b, method=method, tol=1e-14, max_iter=budget, restart=4)
+        assert (its <= budget).all() and counted[0] <= budget
+        assert torch.allclose(res, relative_residual(apply(A), x, b), rtol=1e-6)
+
+
 def test_zero_right_hand_side_and_structured_states():
     A, b = batch_of_maps(n=24)
     b[1] = 0
