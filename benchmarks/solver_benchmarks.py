@@ -172,6 +172,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1)")
     ap.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
     ap.add_argument("--only", type=int, action="append", help="run only map i (0-3); repeatable")
+    ap.add_argument("--methods", help="comma-separated subset of the columns (picard is always run)")
     ap.add_argument("--out", default=str(HERE / "results-solvers.json"))
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -192,6 +193,9 @@ def main(argv=None) -> int:
     out = {"tol": TOL, "max_iter": MAX_ITER, "threads": args.threads, "torch": torch.__version__, "auto": AUTO,
            "cpu_count": os.cpu_count(), "checkpoint": str(ckpt), "maps": []}
     cols = (*OURS, *theirs)
+    if args.methods:
+        pick = {"picard", *args.methods.split(",")}
+        cols = tuple(c for c in cols if c in pick)
     for i, mp in enumerate(maps):
         if args.only and i not in args.only:
             continue

@@ -215,15 +215,19 @@ class _Broyden:
     previous step (Δx = −η H g_prev), so a step costs two products with the stored pairs. When the ``memory`` m
     pairs are full, the correction Σ uᵢvᵢᵀ is compressed to its best rank-⌊m/2⌋ approximation (Broyden rank
     reduction, van de Rotten & Verduyn Lunel 2003: thin QR of U and V, SVD of the m × m core) instead of
-    dropping the oldest pair, which measured far worse (``benchmarks/RESULTS.md``)."""
+    dropping the oldest pair, which measured far worse (``benchmarks/RESULTS.md``). A float64 state keeps its
+    pairs in float32: they only shape the step (an error of 1e-7 relative to the correction, which does not
+    limit the attainable residual: f and r stay float64), and the products with them, memory-bound at sudoku
+    size, cost half."""
 
     name = "broyden"
 
     def __init__(self, B, n, dtype, device, *, memory=20, damping=1.0, restart_factor=1e2, **_):
         self.m, self.eta, self.restart_factor = memory, damping, restart_factor
         self.q = memory // 2
-        self.U = torch.zeros(B, memory, n, dtype=dtype, device=device)
-        self.V = torch.zeros(B, memory, n, dtype=dtype, device=device)
+        hd = torch.float32 if dtype == torch.float64 else dtype
+        self.U = torch.zeros(B, memory, n, dtype=hd, device=device)
+        self.V = torch.zeros(B, memory, n, dtype=hd, device=device)
         self.px = torch.zeros(B, n, dtype=dtype, device=device)
         self.pg = torch.zeros(B, n, dtype=dtype, device=device)
         self.has_prev = torch.zeros(B, dtype=torch.bool, device=device)
@@ -232,11 +236,11 @@ class _Broyden:
 
     @staticmethod
     def _H(U, V, w):  # H w = −w + Σ u_i (v_i · w)
-        return -w + torch.bmm(torch.bmm(V, w.unsqueeze(2)).transpose(1, 2), U).squeeze(1)
+        return -w + torch.bmm(torch.bmm(V, w.to(V.dtype).unsqueeze(2)).transpose(1, 2), U).squeeze(1).to(w.dtype)
 
     @staticmethod
     def _HT(U, V, w):  # Hᵀ w = −w + Σ v_i (u_i · w)
-        return -w + torch.bmm(torch.bmm(U, w.unsqueeze(2)).transpose(1, 2), V).squeeze(1)
+        return -w + torch.bmm(torch.bmm(U, w.to(U.dtype).unsqueeze(2)).transpose(1, 2), V).squeeze(1).to(w.dtype)
 
     def _compress(self, rows):
         """Replace the pairs of ``rows`` by the best rank-q approximation of Σ uᵢvᵢᵀ (zero pairs after q)."""
@@ -272,8 +276,8 @@ class _Broyden:
             rows = ok.nonzero().flatten()
             if rows.numel():
                 sl = self.count[rows]
-                U[rows, sl] = u[rows]
-                V[rows, sl] = v[rows]
+                U[rows, sl] = u[rows].to(U.dtype)
+                V[rows, sl] = v[rows].to(V.dtype)
                 self.count[rows] += 1
                 Hg = torch.where(ok[:, None], Hg + u * (v * g).sum(1, keepdim=True), Hg)
                 if bool(full.any()):  # the compressed H is another operator: its product anew
