@@ -1,5 +1,10 @@
-"""The GPU speed paths (bf16 autocast, torch.compile) run on the CPU too, so they are never untested here."""
+"""The GPU speed paths (bf16 autocast, torch.compile) run on the CPU too, so they are never untested here.
 
+The torch.compile test is in the slow set (~60 s of Inductor compilation on a loaded 2-core machine, whatever the
+model size): `python -m pytest -m slow` runs it, and so does CI.
+"""
+
+import pytest
 import torch
 
 from stability.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
@@ -25,6 +30,7 @@ def test_progressive_loss_and_evaluation_run_under_bf16_autocast():
     assert len(ev["accuracy"]) == 4 and all(0.0 <= a <= 1.0 for a in ev["accuracy"])
 
 
+@pytest.mark.slow
 def test_compiled_loop_map_trains_like_the_eager_one(tmp_path):
     from stability.train import train
 

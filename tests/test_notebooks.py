@@ -119,6 +119,7 @@ def test_the_three_notebooks_are_there():
     assert [p.name for p in NOTEBOOKS] == ["01-quickstart.ipynb", "02-theory.ipynb", "03-your-own-model.ipynb"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_top_to_bottom(path, tmp_path, monkeypatch):
     import nbformat

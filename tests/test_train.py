@@ -104,6 +104,7 @@ def test_training_is_deterministic_on_the_cpu(tmp_path):
         assert torch.equal(p, q), n
 
 
+@pytest.mark.slow
 def test_resume_after_a_real_kill_is_bitwise_identical(tmp_path, cli):
     args = SMALL + ["--epochs", "12", "--train-size", "400"]
     cli("train", *args, "--out", tmp_path / "whole.pt")
@@ -199,6 +200,7 @@ def test_cli_rejects_bad_options_naming_the_allowed_ones(argv, needle, tmp_path,
     assert not (tmp_path / "x.pt").exists()
 
 
+@pytest.mark.slow
 def test_demo_run_learns_prefix_sums_and_reports_accuracy_against_iterations(tmp_path, cli):
     """The README's main job: a real CPU run inside the CI budget reaching ≥ 95 % whole-string val accuracy."""
     proc = cli("demo", "--out", tmp_path, "--quiet")
