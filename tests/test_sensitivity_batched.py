@@ -202,6 +202,21 @@ def test_an_autonomous_map_that_ignores_x0_gets_the_per_sample_results():
     assert input_dependence_frobenius_batched(m.step, xs, x0, probes=2).value.tolist() == [0.0, 0.0]
 
 
+def test_the_analysis_reuses_the_prop5_unroll_for_A8_with_the_same_numbers():
+    """run_stages: with stage prop5 the A.8 ‖dx_T/de‖ comes from Prop. 5's unroll; without it, from its own."""
+    from stability.analysis.pipeline import AnalysisOptions, parse_stages, run_stages
+
+    m = contractive_model(seed=13)
+    inputs = torch.randint(0, 2, (2, L, 1), generator=torch.Generator().manual_seed(13)).double() - 0.5
+    base = dict(samples=2, max_iter=60, iterations=5, tol=1e-8)
+    both = run_stages(m, inputs, None, AnalysisOptions(stages=parse_stages("prop5,a8"), **base)).to_dict()
+    alone = run_stages(m, inputs, None, AnalysisOptions(stages=parse_stages("a8"), **base)).to_dict()
+    got, ref = both["initial_iterate"], alone["initial_iterate"]
+    assert got["sample"] == ref["sample"] == 0 and got["T"] == ref["T"] == default_T_grid(60)
+    np.testing.assert_allclose(got["dxT_de_norm"], ref["dxT_de_norm"], rtol=1e-9)
+    assert both["prop5"]["rel_error"][-1] < 1e-8
+
+
 def test_a_sample_whose_gmres_misses_the_tolerance_is_flagged_and_raises_only_for_itself():
     """f(x, x0) = A_b x + x0 with ρ(A_0) = 0.99 and ρ(A_1) = 0.02: within 12 products GMRES solves sample 1
     to 1e-12 but not sample 0, and only sample 0 is reported as failed."""

@@ -431,6 +431,7 @@ class _Run:
     log: Callable
     split: str
     result: Any = None  # SolveResult
+    shared: dict = field(default_factory=dict)  # what one stage computes for a later one
 
     @property
     def f(self):
@@ -531,7 +532,7 @@ def stage_rho_wx(run: _Run):
 def stage_prop5(run: _Run) -> Prop5Stage:
     """Prop. 5 on the first converged sample: dx_T/dx0·u (unrolled from e, held fixed) against the implicit
     (I − J)⁻¹ ∂f/∂x0 u (GMRES), by the batched routes of :mod:`stability.analysis.sensitivity`."""
-    from stability.analysis.sensitivity import KrylovError, default_T_grid, prop5_check_batched
+    from stability.analysis.sensitivity import KrylovError, default_T_grid, prop5_and_initial_iterate_batched
     from stability.solvers import solve
 
     o, first = run.options, run.first
@@ -542,9 +543,12 @@ def stage_prop5(run: _Run) -> Prop5Stage:
     sl = slice(first, first + 1)
     polish = solve(run.f, run.x_star[sl], run.x0[sl], tol=1e-13, max_iter=o.max_iter, max_period=0)
     Ts = default_T_grid(o.max_iter)
+    # one unroll from e carries both tangents: dx_T/dx0·u here and A.8's dx_T/de·u (kept for stage a8)
+    p5, a8 = prop5_and_initial_iterate_batched(run.f, polish.x_best, run.x0[sl], run.e[sl], Ts, tol=o.gmres_tol,
+                                               seed=o.seed)
+    run.shared["a8_sensitivity"] = (first, Ts, a8)
     try:
-        chk = prop5_check_batched(run.f, polish.x_best, run.x0[sl], run.e[sl], Ts, tol=o.gmres_tol,
-                                  seed=o.seed).sample(0)
+        chk = p5.sample(0)
     except KrylovError as exc:
         return Prop5Stage(sample=first, skipped=str(exc))
     return Prop5Stage(check=chk, sample=first, x_star_residual=float(polish.best_residual[0]))
@@ -594,7 +598,10 @@ def stage_a8(run: _Run) -> InitialIterate:
     if first is not None:
         sl = slice(first, first + 1)
         Ts = default_T_grid(o.max_iter)
-        sens = initial_iterate_sensitivity_batched(run.f, e[sl], x0[sl], Ts, seed=o.seed).sample(0)
+        first_p5, Ts_p5, sens = run.shared.get("a8_sensitivity", (None, None, None))
+        if first_p5 != first or Ts_p5 != Ts:  # stage prop5 did not run (or on another sample)
+            sens = initial_iterate_sensitivity_batched(run.f, e[sl], x0[sl], Ts, seed=o.seed)
+        sens = sens.sample(0)
         a8.T, a8.dxT_de_norm, a8.sample = sens["T"], sens["norm"], first
     return a8
 
