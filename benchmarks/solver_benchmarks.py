@@ -89,6 +89,9 @@ class _Stop(Exception):
     pass
 
 
+RHO_TOL = 1e-6  # the Ritz-residual tolerance of the ρ(J*) certification (--rho-tol)
+
+
 def run_ours(method: str, mp: dict) -> dict:
     from stability.solvers import classify, solve
 
@@ -96,7 +99,7 @@ def run_ours(method: str, mp: dict) -> dict:
     t = time.perf_counter()
     r = solve(f, mp["e"], mp["x0"], method=method, tol=TOL, max_iter=MAX_ITER, certify_rho=False)
     wall = time.perf_counter() - t
-    classify(r, mp["model"].step, mp["x0"], fast_f=mp["fast"].step)
+    classify(r, mp["model"].step, mp["x0"], fast_f=mp["fast"].step, tol=RHO_TOL)
     total = int(r.nfe.sum())
     return {"nfe": r.nfe.tolist(), "status": r.status, "rho": [None if not math.isfinite(v) else v
                                                                  for v in r.rho.tolist()],
@@ -152,7 +155,7 @@ def run_torchdeq(name: str, mp: dict) -> dict:
     res = SolveResult(x_last=x, x_best=x, residuals=torch.zeros(B, 0), best_residual=torch.tensor(best_r),
                       nfe=torch.tensor(nfe), status=status, period=torch.zeros(B, dtype=torch.long), method=name,
                       tol=TOL)
-    classify(res, f, mp["x0"], fast_f=mp["fast"].step)
+    classify(res, f, mp["x0"], fast_f=mp["fast"].step, tol=RHO_TOL)
     return {"nfe": nfe, "status": res.status, "rho": [None if not math.isfinite(v) else v for v in res.rho.tolist()],
             "best_residual": best_r, "wall_s": wall, "s_per_eval": wall / max(sum(nfe), 1), "batch": 1}
 
@@ -173,8 +176,11 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
     ap.add_argument("--only", type=int, action="append", help="run only map i (0-3); repeatable")
     ap.add_argument("--methods", help="comma-separated subset of the columns (picard is always run)")
+    ap.add_argument("--rho-tol", type=float, default=RHO_TOL,
+                    help="Ritz-residual tolerance of the ρ(J*) at converged points (1e-6)")
     ap.add_argument("--out", default=str(HERE / "results-solvers.json"))
     args = ap.parse_args(argv)
+    globals()["RHO_TOL"] = args.rho_tol
     torch.set_num_threads(args.threads)
     try:
         import torchdeq  # noqa: F401
