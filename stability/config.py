@@ -310,8 +310,8 @@ class TrainConfig(_Config):
     gradient by the implicit function theorem, ``implicit_backward`` krylov (GMRES on (I − Jᵀ) u = ∂L/∂x*),
     neumann (u ← Jᵀu + ∂L/∂x*), or one-step (Jacobian-free: through one application of f at x*), solved to
     ``backward_tol`` within ``backward_iterations`` products, or, with ``backward_max_iterations`` > 0 (the
-    adaptive budget, the default), until ``backward_tol`` or the larger of the two; Jacobian regularisation ``jac_reg`` · ‖J‖_F²/n
-    estimated with ``jac_reg_probes`` Gaussian probes). ``iterations`` is every method's cap on the loop.
+    adaptive budget, the default), until ``backward_tol`` or the larger of the two; Jacobian regularisation
+    ``jac_reg`` · ‖J‖_F²/n estimated with ``jac_reg_probes`` Gaussian probes). ``iterations`` is every method's cap on the loop.
     Options of one method must stay at their defaults with the others.
     """
 
