@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from stability.analysis.pipeline import STAGES
+from conftest import run_cli
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 FAST = ["--samples", "2", "--max-iter", "150", "--iterations", "30", "--probes", "2", "--quiet"]
 
 
 def stability(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "stability", *map(str, args)], capture_output=True, text=True,
-                          env=ENV, timeout=timeout)
+    return run_cli(*args, check=False, env=ENV, timeout=timeout)
 
 
 @pytest.fixture(scope="session")

@@ -17,11 +17,11 @@ import pytest
 from stability.config import TaskConfig
 from stability.errors import DataError
 from stability.tasks import cache, make_task
+from conftest import run_cli
 
 
 def stability(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "stability", *args], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    return run_cli(*args, check=False, timeout=300, env=env)
 
 
 def _shard_hashes(directory: Path) -> dict:

@@ -10,6 +10,7 @@ import numpy as np
 
 from stability import figures_command
 from stability.theory import figures, regions
+from conftest import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 OUTPUTS = ["fig2_phase_portraits.png", "fig2_phase_portraits.pdf", "fig5_stability_regions.png",
@@ -18,8 +19,7 @@ OUTPUTS = ["fig2_phase_portraits.png", "fig2_phase_portraits.pdf", "fig5_stabili
 
 
 def _figures(*args):
-    return subprocess.run([sys.executable, "-m", "stability", "figures", *args], capture_output=True, text=True,
-                          encoding="utf-8", timeout=300)
+    return run_cli("figures", *args, check=False, timeout=300)
 
 
 def test_regenerating_the_figures_reproduces_the_committed_tables(tmp_path):

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TINY = ["--width", "32", "--epochs", "1", "--batch-size", "8", "--iterations", "2", "--eval-iterations", "2",
@@ -17,8 +18,7 @@ pytestmark = pytest.mark.slow
 
 
 def _train(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "stability", "train", *args, *TINY], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return run_cli("train", *args, *TINY, check=False, timeout=600)
 
 
 def test_sudoku_trains_end_to_end_on_the_sudoku_extreme_format(tmp_path):

@@ -16,6 +16,7 @@ import pytest
 
 from stability.errors import ConfigError
 from stability.sweep import grid as gridlib
+from conftest import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,11 +61,7 @@ SWEPT = tiny_fixed(model__norm="pre", train__lr=3e-3)  # the options of the kill
 
 
 def cli(*args, check=True, timeout=600):
-    proc = subprocess.run([sys.executable, "-m", "stability", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    if check and proc.returncode != 0:
-        raise AssertionError(f"stability {' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stderr}")
-    return proc
+    return run_cli(*args, check=check, timeout=timeout)
 
 
 # ---- grid expansion and validation --------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from stability.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
 from stability.errors import ConfigError
 from stability.sweep import tables
 from stability.sweep.runner import RECORD_FORMAT, RECORD_SCHEMA
+from conftest import run_cli
 
 
 def record(task, norm, recall, lr, seed, val, hard, *, status="done", width=256, T=500):
@@ -108,7 +109,7 @@ def test_latex_tables_are_well_formed_booktabs():
 def test_tables_cli_refuses_a_foreign_json_file_in_one_line(tmp_path):
     (tmp_path / "records").mkdir()
     (tmp_path / "records" / "x.json").write_text(json.dumps({"hello": 1}))
-    proc = subprocess.run([sys.executable, "-m", "stability", "tables", str(tmp_path)], capture_output=True, text=True)
+    proc = run_cli("tables", tmp_path, check=False)
     assert proc.returncode == 2
     assert "not a sweep record" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "tables").exists()

@@ -5,11 +5,11 @@ import subprocess
 import sys
 
 from stability.theory.checks import VERIFIERS
+from conftest import run_cli
 
 
 def _verify(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "stability", "verify", *args], capture_output=True, text=True,
-                          encoding="utf-8", cwd=cwd, timeout=300)
+    return run_cli("verify", *args, check=False, cwd=cwd, timeout=300)
 
 
 def test_verify_prints_one_passing_row_per_check_writes_json_and_exits_zero(tmp_path):
