@@ -56,6 +56,8 @@ from typing import Callable, Optional
 
 import torch
 
+from stability.stats import median
+
 STATUSES = ("converged", "max-iterations", "stalled", "diverged", "non-finite", "repelling")
 _CONV, _MAXIT, _STALL, _DIV, _NONFIN, _REPEL = range(6)
 
@@ -99,8 +101,8 @@ class SolveResult:
             "samples": len(self.status),
             "converged_fraction": float(self.converged.float().mean()) if self.status else 0.0,
             "status_counts": self.status_counts(),
-            "nfe_median": float(self.nfe.double().median()) if self.status else None,
-            "residual_median": float(finite.median()) if finite.numel() else None,
+            "nfe_median": median(self.nfe.tolist()) if self.status else None,
+            "residual_median": median(finite.tolist()),
             "periods": [int(p) for p in self.period],
         }
         if self.rho is not None:

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from stability.errors import StabilityError
+from stability.stats import median
 
 #: stage names, in the order they run
 STAGES = ("reachability", "rho", "prop4", "rho_wx", "prop5", "input", "a8", "accuracy")
@@ -107,8 +108,8 @@ def analysis_model(model: torch.nn.Module, dtype: torch.dtype = torch.float64, d
 
 
 def _median(values) -> Optional[float]:
-    vals = [v for v in values if v is not None and np.isfinite(v)]
-    return float(np.median(vals)) if vals else None
+    """The median of the finite values (:func:`stability.stats.median`, shared with the sweep and the monitor)."""
+    return median(values)
 
 
 def _to_dict(obj) -> Any:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from stability import atomic
+from stability.stats import median
 from stability.atomic import atomic_path
 
 
@@ -158,11 +159,8 @@ def verdict_text(report: dict) -> str:
 
 
 def _med(values) -> Optional[float]:
-    vals = sorted(v for v in values if v is not None and math.isfinite(v))
-    if not vals:
-        return None
-    mid = len(vals) // 2
-    return vals[mid] if len(vals) % 2 else 0.5 * (vals[mid - 1] + vals[mid])
+    """The median of the finite values (:func:`stability.stats.median`)."""
+    return median(values)
 
 
 def _head(report: dict) -> str:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Optional
 
 from stability import atomic
+from stability.stats import median
 from stability.errors import DivergenceError, StabilityError
 
 RECORD_FORMAT = "stability-sweep-record"
@@ -156,7 +157,8 @@ def analysis_summary(report: dict) -> dict:
     for split in report.get("splits", []):
         b = report[split]
         fp, jac, p4 = b.get("fixed_point", {}), b.get("jacobian", {}), b.get("prop4")
-        rho_M = [r for r in (p4 or {}).get("rho_M", []) if r is not None]
+        # ρ(M) over the converged samples, as the report's "ρ(M) median" row and as rho_J_median
+        rho_M = [r for r, st in zip((p4 or {}).get("rho_M", []), fp.get("status") or []) if st == "converged"]
         out[split] = {
             "samples": b.get("samples"),
             "converged_fraction": fp.get("converged_fraction"),
@@ -165,7 +167,7 @@ def analysis_summary(report: dict) -> dict:
             "rho_J_median": jac.get("spectral_radius_median"),
             "rho_J_median_all": jac.get("spectral_radius_median_all"),
             "sigma_max_median": jac.get("sigma_max_median"),
-            "rho_M_median": sorted(rho_M)[len(rho_M) // 2] if rho_M else None,
+            "rho_M_median": median(rho_M),
             "prop4_max_abs_diff": (p4 or {}).get("max_abs_diff_vs_autograd"),
             "rho_Wx": (b.get("recall") or {}).get("rho_Wx"),
             "input_grad_norm_median": (b.get("input_dependence") or {}).get("frobenius_median"),

@@ -1,0 +1,63 @@
+"""The numerics that used to be written several times now have one home each: one median
+(:mod:`stability.stats`), one (I − J) solver (:mod:`stability.linalg`), one accuracy-vs-iteration routine, one
+distinct-fixed-point routine. Each test checks that every caller gives the same number, against numpy/scipy."""
+
+import numpy as np
+import pytest
+import torch
+
+from stability import stats
+
+
+def test_median_is_the_mean_of_the_two_middle_values_for_an_even_count():
+    vals = [0.9, 0.1, 0.5, 0.7, float("nan"), None, float("inf")]
+    assert stats.median(vals) == pytest.approx(np.median([0.9, 0.1, 0.5, 0.7]))  # 0.6, not 0.7 (upper middle)
+    assert stats.median([3.0, 1.0, 2.0]) == 2.0
+    assert stats.median([None, float("nan")]) is None
+    assert stats.median(torch.tensor([4.0, 1.0, 3.0, 2.0])) == 2.5
+
+
+def _block(rho_J, rho_M, status):
+    """One split of an analyze report, built by the analysis' own result classes where they exist."""
+    from stability.analysis.pipeline import JacobianSpectra
+
+    n = len(status)
+    jac = JacobianSpectra(method="dense", spectral_radius=rho_J, sigma_max=[r * 1.5 for r in rho_J],
+                          eigenvalues=[[] for _ in range(n)], eigen_converged=[True] * n,
+                          converged=[s == "converged" for s in status]).to_dict()
+    fp = {"status": status, "status_counts": {s: status.count(s) for s in set(status)},
+          "converged_fraction": status.count("converged") / n, "solver": "picard", "tol": 1e-5, "max_iter": 10,
+          "nfe_median": 4.0, "residual_median": 1e-6, "distinct_fixed_points": 1}
+    p4 = {"applicable": True, "form": "external", "rho_M": rho_M, "max_abs_diff_vs_autograd": 0.0}
+    return {"split": "val", "samples": n, "state_shape": [n, 2, 4], "fixed_point": fp, "jacobian": jac, "prop4": p4}
+
+
+def test_sweep_record_medians_equal_the_analyze_report_for_an_even_count():
+    from stability.analysis.report import split_table
+    from stability.sweep.runner import analysis_summary
+
+    status = ["converged", "converged", "max-iterations", "converged", "converged"]  # 4 converged: even count
+    rho_J = [0.2, 0.8, 3.0, 0.4, 0.6]
+    rho_M = [0.25, 0.85, 3.1, 0.45, 0.65]
+    report = {"splits": ["val"], "val": _block(rho_J, rho_M, status)}
+    summary = analysis_summary(report)["val"]
+    conv = [i for i, s in enumerate(status) if s == "converged"]
+    assert summary["rho_J_median"] == pytest.approx(np.median([rho_J[i] for i in conv]))  # 0.5
+    assert summary["rho_M_median"] == pytest.approx(np.median([rho_M[i] for i in conv]))  # 0.55, not the upper 0.65
+    table = split_table(report["val"])
+    row = next(line for line in table.splitlines() if "ρ(M) median" in line)
+    assert f"{summary['rho_M_median']:.4g}" in row
+    row = next(line for line in table.splitlines() if "ρ(J*) median" in line)
+    assert f"{summary['rho_J_median']:.4g}" in row
+
+
+def test_solver_summary_nfe_median_is_the_true_median_for_an_even_batch():
+    from stability.solvers import SolveResult
+
+    x = torch.zeros(4, 2)
+    res = SolveResult(x_last=x, x_best=x, residuals=torch.zeros(4, 1),
+                      best_residual=torch.tensor([1e-6, 4e-6, 2e-6, float("nan")], dtype=torch.float64),
+                      nfe=torch.tensor([3, 9, 5, 7]), status=["converged"] * 4, period=torch.zeros(4, dtype=torch.long))
+    out = res.summary()
+    assert out["nfe_median"] == np.median([3, 9, 5, 7]) == 6.0  # torch.median would give the lower middle, 5
+    assert out["residual_median"] == pytest.approx(np.median([1e-6, 4e-6, 2e-6]))
