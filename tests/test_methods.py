@@ -11,7 +11,7 @@ from stability.model import build_model
 from stability.solvers import residual, solve
 from stability.tasks import make_task
 from stability.train.deep_supervision import deep_supervision_batch, segments
-from stability.train.implicit import batched_gmres, implicit_loss, neumann
+from stability.train.implicit import adjoint_solve, implicit_loss
 from stability.train.loop import METHODS, BatchContext
 
 
@@ -186,20 +186,22 @@ def test_deep_supervision_stops_early_when_every_sample_has_converged():
 
 
 # ---- implicit --------------------------------------------------------------------------------------------------
-def test_batched_gmres_and_neumann_solve_each_samples_adjoint_system():
+def test_adjoint_solve_by_krylov_and_neumann_solves_each_samples_transposed_system():
     torch.manual_seed(0)
     B, n = 3, 24
     M = torch.randn(B, n, n, dtype=torch.double) * 0.1  # ρ ≈ 0.5: both converge
     b = torch.randn(B, n, dtype=torch.double)
     ref = torch.linalg.solve(torch.eye(n, dtype=torch.double) - M.transpose(1, 2), b)
     JT = lambda v: torch.einsum("bji,bj->bi", M, v)  # noqa: E731  (Jᵀ v per sample)
-    u, info = batched_gmres(lambda v: v - JT(v), b, tol=1e-11, max_matvecs=60)
+    u, info = adjoint_solve(JT, b, "krylov", tol=1e-11, max_iter=60)
     assert torch.allclose(u, ref, atol=1e-9) and float(info.residual.max()) < 1e-10
-    u, info = neumann(JT, b, tol=1e-13, max_terms=200)
-    assert torch.allclose(u, ref, atol=1e-10)
+    u, info = adjoint_solve(JT, b, "neumann", tol=1e-13, max_iter=200)
+    assert torch.allclose(u, ref, atol=1e-10) and float(info.residual.max()) <= 1e-13
     # GMRES needs far fewer products than the Neumann series
-    assert batched_gmres(lambda v: v - JT(v), b, tol=1e-8, max_matvecs=60)[1].matvecs < neumann(
-        JT, b, tol=1e-8, max_terms=200)[1].matvecs
+    assert adjoint_solve(JT, b, "krylov", tol=1e-8, max_iter=60)[1].matvecs < adjoint_solve(
+        JT, b, "neumann", tol=1e-8, max_iter=200)[1].matvecs
+    with pytest.raises(ValueError, match="unknown implicit backward"):
+        adjoint_solve(JT, b, "lu")
 
 
 IMPLICIT = dict(method="implicit", iterations=400, solver_tol=1e-13, backward_tol=1e-12, backward_iterations=200)

@@ -9,9 +9,12 @@ Attractor Models eq. (8): ∂x*/∂θ = (I − J)⁻¹ ∂f/∂θ at x*, with J 
 solved matrix-free with vector–Jacobian products (one vjp of f per iteration, the forward graph of one
 application of f kept):
 
-* ``krylov``: restarted GMRES, batched per sample in torch (:func:`batched_gmres`);
+* ``krylov``: restarted GMRES(20), batched per sample in torch;
 * ``neumann``: the fixed-point iteration u ← Jᵀu + δ, i.e. the Neumann series Σ_j (Jᵀ)ʲ δ (converges at rate
   ρ(J) when ρ(J) < 1; Attractor Models App. B.1);
+
+both by :func:`stability.linalg.solve_I_minus_J` on the transposed map v ↦ Jᵀv (:func:`adjoint_solve`), the one
+solver of (I − J) systems that the analysis (Prop. 5) and the training monitor use too;
 * ``one-step``: the Jacobian-free backward (JFB), u = δ: the gradient through one application of f at x*.
 
 The same u flows to x0 (hence to the embedding): the fixed point depends on x0 through f, not on the first
@@ -40,96 +43,20 @@ class AdjointInfo:
     matvecs: int
 
 
-def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return (a * b).flatten(1).sum(1)
+def adjoint_solve(JT: Callable[[torch.Tensor], torch.Tensor], delta: torch.Tensor, method: str, *,
+                  tol: float = 1e-6, max_iter: int = 30, restart: int = 20) -> tuple[torch.Tensor, AdjointInfo]:
+    """u with (I − Jᵀ) u = δ for every sample of the batch, by :func:`stability.linalg.solve_I_minus_J` on the
+    transposed map ``JT`` (v ↦ Jᵀ v per sample): ``krylov`` is its batched GMRES(``restart``), ``neumann`` its
+    Neumann series u ← Jᵀu + δ. ``max_iter`` caps the products with Jᵀ per sample (the residual check
+    included); the info's residual is the per-sample ‖δ − (I − Jᵀ) u‖ / ‖δ‖ recomputed from u, its ``matvecs``
+    the most products any sample spent."""
+    from stability.linalg import solve_I_minus_J
 
-
-def _bcast(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    return v.view(-1, *[1] * (like.dim() - 1))
-
-
-def batched_gmres(A: Callable[[torch.Tensor], torch.Tensor], b: torch.Tensor, *, tol: float = 1e-6,
-                  max_matvecs: int = 30, restart: int = 20) -> tuple[torch.Tensor, AdjointInfo]:
-    """Solve A u = b for every sample at once by restarted GMRES(m) with Givens rotations.
-
-    ``A`` maps (B, *S) → (B, *S) and must act on each sample separately (block-diagonal over the batch, as f's
-    Jacobian is); each sample has its own Krylov space, Hessenberg matrix and residual. Stops when every
-    sample's relative residual is ≤ ``tol`` or after ``max_matvecs`` products. Computed in b's dtype, with the
-    small Hessenberg problems in float64.
-    """
-    B = b.shape[0]
-    x = torch.zeros_like(b)
-    bnorm = b.flatten(1).norm(dim=1).double()
-    safe_b = torch.where(bnorm > 0, bnorm, torch.ones_like(bnorm))
-    used = 0
-    r = b  # the residual b − A x at x = 0
-    while True:
-        beta = r.flatten(1).norm(dim=1).double()
-        if bool((beta / safe_b <= tol).all()) or used >= max_matvecs:
-            break
-        m = min(restart, max_matvecs - used)
-        V = [r / _bcast(torch.where(beta > 0, beta, torch.ones_like(beta)).to(r.dtype), r)]
-        H = torch.zeros(B, m + 1, m, dtype=torch.float64, device=b.device)
-        cs = torch.zeros(B, m, dtype=torch.float64, device=b.device)
-        sn = torch.zeros(B, m, dtype=torch.float64, device=b.device)
-        g = torch.zeros(B, m + 1, dtype=torch.float64, device=b.device)
-        g[:, 0] = beta
-        j_done = 0
-        for j in range(m):
-            w = A(V[j])
-            used += 1
-            for i in range(j + 1):  # modified Gram–Schmidt
-                h = _dot(w, V[i])
-                H[:, i, j] = h.double()
-                w = w - _bcast(h, w) * V[i]
-            hn = w.flatten(1).norm(dim=1)
-            H[:, j + 1, j] = hn.double()
-            V.append(w / _bcast(torch.where(hn > 0, hn, torch.ones_like(hn)), w))
-            for i in range(j):  # the earlier Givens rotations, applied to the new column
-                a, c = H[:, i, j].clone(), H[:, i + 1, j].clone()
-                H[:, i, j] = cs[:, i] * a + sn[:, i] * c
-                H[:, i + 1, j] = -sn[:, i] * a + cs[:, i] * c
-            a, c = H[:, j, j], H[:, j + 1, j]
-            den = torch.sqrt(a * a + c * c)
-            ok = den > 0
-            cs[:, j] = torch.where(ok, a / torch.where(ok, den, 1.0), torch.ones_like(a))
-            sn[:, j] = torch.where(ok, c / torch.where(ok, den, 1.0), torch.zeros_like(a))
-            H[:, j, j] = den
-            H[:, j + 1, j] = 0.0
-            g[:, j + 1] = -sn[:, j] * g[:, j]
-            g[:, j] = cs[:, j] * g[:, j]
-            j_done = j + 1
-            if bool((g[:, j + 1].abs() / safe_b <= tol).all()):
-                break
-        R = H[:, :j_done, :j_done]
-        diag = torch.diagonal(R, dim1=1, dim2=2)  # 0 only after a sample's exact (happy) breakdown, where g is 0
-        R = R + torch.diag_embed((diag == 0).to(R.dtype))
-        y = torch.linalg.solve_triangular(R, g[:, :j_done, None], upper=True)[..., 0]
-        x = x + torch.einsum("bj,bj...->b...", y.to(b.dtype), torch.stack(V[:j_done], dim=1))
-        r = b - A(x)  # the true residual: convergence check and restart
-        used += 1
-    return x, AdjointInfo(residual=(beta / safe_b).cpu(), matvecs=used)
-
-
-def neumann(JT: Callable[[torch.Tensor], torch.Tensor], delta: torch.Tensor, *, tol: float = 1e-6,
-            max_terms: int = 30) -> tuple[torch.Tensor, AdjointInfo]:
-    """u = Σ_{j<N} (Jᵀ)ʲ δ by u ← Jᵀu + δ, per sample until ‖u_{j+1} − u_j‖ ≤ tol ‖δ‖ (converged samples are
-    frozen) or ``max_terms`` products."""
-    dnorm = delta.flatten(1).norm(dim=1)
-    dnorm = torch.where(dnorm > 0, dnorm, torch.ones_like(dnorm))
-    u = delta.clone()
-    done = torch.zeros(delta.shape[0], dtype=torch.bool, device=delta.device)
-    used = 0
-    for _ in range(max_terms):
-        nxt = JT(u) + delta
-        used += 1
-        step = (nxt - u).flatten(1).norm(dim=1) / dnorm
-        u = torch.where(_bcast(done, u), u, nxt)
-        done |= step <= tol
-        if bool(done.all()):
-            break
-    residual = (u - JT(u) - delta).flatten(1).norm(dim=1).double() / dnorm.double()
-    return u, AdjointInfo(residual=residual.cpu(), matvecs=used + 1)
+    kind = {"krylov": "gmres", "neumann": "neumann"}.get(method)
+    if kind is None:
+        raise ValueError(f"unknown implicit backward {method!r}; allowed: krylov, neumann, one-step")
+    sol = solve_I_minus_J(JT, delta, method=kind, tol=tol, max_iter=max_iter, restart=restart)
+    return sol.x, AdjointInfo(residual=sol.residual.cpu(), matvecs=int(sol.iterations.max()) if sol.iterations.numel() else 0)
 
 
 # ---- the implicit backward ---------------------------------------------------------------------------------------
@@ -160,12 +87,7 @@ def attach_implicit_gradient(fz: torch.Tensor, z: torch.Tensor, method: str, *, 
 
     def adjoint(delta: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            if method == "krylov":
-                u, info = batched_gmres(lambda v: v - JT(v), delta, tol=tol, max_matvecs=max_iter)
-            elif method == "neumann":
-                u, info = neumann(JT, delta, tol=tol, max_terms=max_iter)
-            else:
-                raise ValueError(f"unknown implicit backward {method!r}; allowed: krylov, neumann, one-step")
+            u, info = adjoint_solve(JT, delta, method, tol=tol, max_iter=max_iter)
         if record is not None:
             record.append(info)
         return u
