@@ -151,6 +151,69 @@ def bench_split(model, task, split: str, samples: int, seed: int = 0, max_iter: 
     return out
 
 
+def bench_dense_crossover(model, lengths=(4, 8, 16, 32, 64), samples=(8, 8, 8, 4, 2), seed: int = 0,
+                          tol: float = 1e-6) -> list:
+    """ρ(J*) and σ_max per sample, the batched dense route (:func:`batched_dense_jacobian` + LAPACK) against the
+    Krylov route the pipeline used before (mixed-precision Krylov–Schur for ρ, Lanczos on JᵀJ for σ_max), on the
+    demo model at bit lengths giving n = 32 · L; the crossover sets ``DENSE_MAX`` in spectra.py."""
+    import copy
+
+    from stability.analysis.operators import BatchedJacobian, batched_dense_jacobian
+    from stability.analysis.spectra import batched_sigma_max, dense_batched_spectra, jacobian_spectral_radius
+    from stability.solvers import solve
+
+    fast = copy.deepcopy(model).float()
+    rows = []
+    with torch.no_grad():  # pay vmap's and LAPACK's one-time set-up before any timing
+        w0 = model.embed(torch.zeros(2, 2, 1, dtype=torch.float64))
+    dense_batched_spectra(batched_dense_jacobian(model.step, w0, w0))
+    for L, B in zip(lengths, samples):
+        gen = torch.Generator().manual_seed(seed)
+        bits = (torch.randint(0, 2, (B, L, 1), generator=gen).double() - 0.5)
+        with torch.no_grad():
+            x0 = model.embed(bits)
+            e = model.initial_state(x0, generator=torch.Generator().manual_seed(seed))
+        x = solve(model.step, e, x0, tol=1e-5, max_iter=500).x_best
+        n = int(np.prod(x.shape[1:]))
+
+        def dense():
+            J = batched_dense_jacobian(model.step, x, x0)
+            return J, dense_batched_spectra(J)
+
+        def krylov():
+            spec = []
+            sig = []
+            for b in range(B):  # the pipeline's CPU default: one sample per batch
+                xs, xb = x[b:b + 1], x0[b:b + 1]
+                bj = BatchedJacobian(model.step, xs, xb)
+                spec.append(jacobian_spectral_radius(model.step, xs, xb, fast_f=fast.step, k=3, tol=tol, seed=seed,
+                                                     dense_max=0).rho)
+                sig.append(batched_sigma_max(bj.apply_reuse, bj.rapply, tuple(xs.shape), dtype=x.dtype, tol=tol,
+                                             seed=seed))
+            return torch.cat(spec), torch.cat(sig)
+
+        (J, (d_spec, d_sig)), t_d = _timed(dense, f"dense_{n}")
+        (k_rho, k_sig), t_k = _timed(krylov, f"krylov_{n}")
+        rows.append({"n": n, "L": L, "samples": B, "dense_s_per_sample": t_d / B, "krylov_s_per_sample": t_k / B,
+                     "dense_cpu_s_per_sample": CPU_TIMES[f"dense_{n}"] / B,
+                     "krylov_cpu_s_per_sample": CPU_TIMES[f"krylov_{n}"] / B,
+                     "rho_max_abs_diff": float((d_spec.rho - k_rho).abs().max()),
+                     "sigma_max_abs_diff": float((d_sig - k_sig).abs().max())})
+        print(rows[-1], flush=True)
+    return rows
+
+
+def crossover_markdown(rows: list) -> str:
+    lines = ["| n (L) | samples | dense: s/sample (CPU s) | Krylov: s/sample (CPU s) | |Δρ| max | |Δσ_max| max |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['n']} ({r['L']}) | {r['samples']} | {r['dense_s_per_sample']:.3f} "
+                     f"({r['dense_cpu_s_per_sample']:.3f}) | {r['krylov_s_per_sample']:.3f} "
+                     f"({r['krylov_cpu_s_per_sample']:.3f}) | {r['rho_max_abs_diff']:.1e} | "
+                     f"{r['sigma_max_abs_diff']:.1e} |")
+    return "\n".join(lines)
+
+
 def full_analysis(ckpt: Path, samples: int) -> dict:
     from stability.analysis.pipeline import AnalysisOptions, analyze_checkpoint
 
@@ -210,6 +273,8 @@ def main(argv=None) -> int:
     p.add_argument("--checkpoint", default="runs/demo/prefix-sums.pt")
     p.add_argument("--samples", type=int, default=32)
     p.add_argument("--full", action="store_true", help="also time the whole analyze_checkpoint")
+    p.add_argument("--crossover", action="store_true",
+                   help="only time the dense ρ/σ_max route against Krylov at n = 128 … 2048 (sets DENSE_MAX)")
     p.add_argument("--json", default=str(HERE / "results-analyze-speed.json"))
     args = p.parse_args(argv)
 
@@ -222,6 +287,14 @@ def main(argv=None) -> int:
     model = analysis_model(loaded.model)
     # pay torch.func's one-time imports before any timing
     torch.func.vjp(lambda a: a * 2, torch.ones(1, dtype=torch.float64))
+    if args.crossover:
+        rows = bench_dense_crossover(model)
+        out = {"checkpoint": str(ckpt), "torch": torch.__version__, "threads": torch.get_num_threads(),
+               "load_avg": os.getloadavg(), "crossover": rows}
+        write_text(str(Path(args.json).with_name("results-dense-crossover.json")), json.dumps(out, indent=1))
+        print(crossover_markdown(rows))
+        print(f"\nload average at end: {out['load_avg']}")
+        return 0
     results = {"checkpoint": str(ckpt), "torch": torch.__version__, "threads": torch.get_num_threads(),
                "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "load_avg_start": os.getloadavg(),
                "splits": [bench_split(model, loaded.task, s, args.samples) for s in ("val", "hard")]}

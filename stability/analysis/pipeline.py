@@ -469,10 +469,33 @@ def stage_rho(run: _Run) -> JacobianSpectra:
     from stability.analysis.operators import BatchedJacobian, JacobianOperator
     from stability.analysis.spectra import batched_sigma_max, jacobian_spectral_radius, sigma_max, spectral_radius
 
+    from stability.analysis.operators import DENSE_BUDGET, batched_dense_jacobian
+    from stability.analysis.spectra import DENSE_MAX, dense_batched_spectra
+
     o, f, x_star, x0 = run.options, run.f, run.x_star, run.x0
     N, dtype, dev = x_star.shape[0], x_star.dtype, x_star.device
+    n = int(np.prod(x_star.shape[1:]))
     rhos, sigmas, eigs, flags = [], [], [], []
-    if o.eig_route == "arnoldi":
+    if o.eig_route == "arnoldi" and n <= DENSE_MAX:
+        # small states: every sample's dense J (batched vjps, chunked by memory) and LAPACK, exact to rounding;
+        # the dense J go to stage prop4 (its check against autograd) when they fit 4 × the chunk budget
+        group = max(1, (DENSE_BUDGET // 4) // (8 * n * n))
+        keep = N * n * n * 8 <= 4 * DENSE_BUDGET
+        Js = []
+        for i in range(0, N, group):
+            J = batched_dense_jacobian(f, x_star[i:i + group], x0[i:i + group])
+            spec, sig = dense_batched_spectra(J, k=o.eig_k)
+            rhos += spec.rho.cpu().tolist()
+            sigmas += sig.cpu().tolist()
+            eigs += [[[float(z.real), float(z.imag)] for z in row] for row in spec.eigenvalues.cpu()]
+            flags += [True] * J.shape[0]
+            if keep:
+                Js.append(J)
+        if keep:
+            run.shared["dense_J"] = (x_star, torch.cat(Js))
+        method = (f"dense (n = {n} ≤ {DENSE_MAX}: every sample's Jacobian by batched vjps, eigenvalues and σ_max "
+                  f"by LAPACK; exact to rounding, ritz_residual 0)")
+    elif o.eig_route == "arnoldi":
         chunk = o.eig_batch or (N if dev.type == "cuda" else 1)
         mixed = o.eig_precision == "mixed" and dtype == torch.float64
         fast_model = copy.deepcopy(run.model).float() if mixed else None
@@ -514,7 +537,9 @@ def stage_prop4(run: _Run):
     if run.model.recall == "none":
         return NotApplicable("no recall (recall none): Prop. 4 concerns recall models")
     o = run.options
-    return prop4(run.model, run.x_star, run.x0, columns=o.prop4_columns, k=o.eig_k, tol=o.eig_tol)
+    at, J = run.shared.get("dense_J", (None, None))  # stage rho's dense Jacobians, when it took the dense route
+    return prop4(run.model, run.x_star, run.x0, columns=o.prop4_columns, k=o.eig_k, tol=o.eig_tol,
+                 J=J if at is run.x_star else None)
 
 
 def stage_rho_wx(run: _Run):

@@ -11,7 +11,10 @@ one-step contraction and is kept separate from ρ (a non-normal J can have σ_ma
   product per Krylov step; finished samples leave the batch), and :func:`batched_sigma_max`, the same on JᵀJ.
   :func:`certified_spectral_radius` runs it on float32 products and certifies every result with a float64
   residual (re-solving in float64 where that misses the tolerance).
-* Small states: :func:`dense_spectrum` (LAPACK on the dense matrix), the reference the others are tested against.
+* Small states (n ≤ :data:`DENSE_MAX`, chosen by measurement): :func:`dense_batched_spectra`, LAPACK on every
+  sample's dense Jacobian built by batched reverse-mode products
+  (:func:`~stability.analysis.operators.batched_dense_jacobian`); exact to rounding. :func:`dense_spectrum` is the
+  one-matrix form, the reference the others are tested against.
 """
 
 from __future__ import annotations
@@ -343,18 +346,20 @@ def _padded(apply: Callable, shape: tuple, index: torch.Tensor) -> Callable:
 
 
 def jacobian_spectral_radius(f: Callable, x: torch.Tensor, x0: Optional[torch.Tensor], *,
-                             fast_f: Optional[Callable] = None, tol: float = 1e-6, **kwargs) -> BatchedSpectrum:
+                             fast_f: Optional[Callable] = None, tol: float = 1e-6, dense_max: Optional[int] = None,
+                             **kwargs) -> BatchedSpectrum:
     """ρ(J_b) of J_b = ∂f/∂x (x_b, x0_b) for every sample of a batch, by :func:`batched_spectral_radius` on Jᵀ
     (reused vjp; finished samples leave the batch). With ``fast_f`` (the same map in float32, e.g. ``step`` of the
     model's float32 copy) its products run in float32 and every result is certified in float64
-    (:func:`certified_spectral_radius`)."""
-    from stability.analysis.operators import BatchedJacobian
+    (:func:`certified_spectral_radius`). States of n ≤ ``dense_max`` (default :data:`DENSE_MAX`) take the dense
+    route instead (:func:`~stability.analysis.operators.batched_dense_jacobian` and LAPACK, exact to rounding)."""
+    from stability.analysis.operators import BatchedJacobian, batched_dense_jacobian
 
     exact = BatchedJacobian(f, x, x0)
     shape = tuple(x.shape)
     n = int(np.prod(shape[1:]))
-    if n <= DENSE_MAX:
-        return _dense_batched(exact.rapply, shape, k=kwargs.get("k", 6), device=x.device)
+    if n <= (DENSE_MAX if dense_max is None else dense_max):
+        return dense_batched_spectra(batched_dense_jacobian(f, x, x0), k=kwargs.get("k", 6))[0]
     kwargs.setdefault("dtype", x.dtype)
     kwargs.setdefault("device", x.device)
     if fast_f is None:
@@ -366,28 +371,29 @@ def jacobian_spectral_radius(f: Callable, x: torch.Tensor, x0: Optional[torch.Te
                                      exact_restrict=lambda i: exact.restrict(i).rapply, **kwargs)
 
 
-DENSE_MAX = 32  # states this small: the dense Jacobian (n products) and LAPACK, exact and cheaper than Krylov
+#: States up to this size take the dense route for ρ(J*), σ_max and Prop. 4's ρ(M): the batched dense Jacobian
+#: and LAPACK, exact to rounding. Chosen by measurement on the demo model (width 32; ``python
+#: benchmarks/analyze_speed.py --crossover``, benchmarks/RESULTS.md "Analysis speed"): per sample, dense vs the
+#: Krylov route, 1 CPU thread.
+DENSE_MAX = 256
 
 
-def _dense_batched(rapply: Callable, shape: tuple, *, k: int = 6, device="cpu") -> BatchedSpectrum:
-    """Every sample's Jᵀ built column by column (n batched products) and its eigenvalues by LAPACK."""
-    B, n = shape[0], int(np.prod(shape[1:]))
-    cols = []
-    for j in range(n):
-        e = torch.zeros(B, n, dtype=torch.float64)
-        e[:, j] = 1.0
-        cols.append(rapply(e.reshape(shape).to(device)).detach().reshape(B, n).double().cpu())
-    JT = torch.stack(cols, dim=2)  # (B, n, n): column j is Jᵀ e_j
+def dense_batched_spectra(J: torch.Tensor, k: int = 6) -> tuple:
+    """ρ, the k leading eigenvalues and σ_max = ‖J_b‖₂ of dense matrices J: (B, n, n), by LAPACK (batched
+    ``torch.linalg.eigvals`` and ``svdvals``): exact to rounding, so ``ritz_residual`` is 0. Returns
+    (:class:`BatchedSpectrum`, σ_max (B,))."""
+    B, n = J.shape[0], J.shape[-1]
+    Jc = J.detach().double().cpu()
+    vals = torch.linalg.eigvals(Jc)  # (B, n) complex
+    order = torch.argsort(-vals.abs(), dim=1, stable=True)
+    vals = torch.gather(vals, 1, order)
     kk = min(k, n)
-    rho = torch.empty(B, dtype=torch.float64)
-    eigs = torch.empty(B, kk, dtype=torch.complex128)
-    for b in range(B):
-        vals = _sorted(np.linalg.eigvals(JT[b].numpy()))
-        rho[b] = abs(vals[0])
-        eigs[b] = torch.tensor(vals[:kk], dtype=torch.complex128)
-    return BatchedSpectrum(rho=rho.to(device), eigenvalues=eigs.to(device),
-                           ritz_residual=torch.zeros(B, dtype=torch.float64, device=device), matvecs=B * n,
+    sig = torch.linalg.svdvals(Jc)[:, 0]
+    dev = J.device
+    spec = BatchedSpectrum(rho=vals[:, 0].abs().to(dev), eigenvalues=vals[:, :kk].to(dev),
+                           ritz_residual=torch.zeros(B, dtype=torch.float64, device=dev), matvecs=B * n,
                            products=torch.full((B,), n, dtype=torch.long))
+    return spec, sig.to(dev)
 
 
 def batched_sigma_max(apply: Callable, rapply: Callable, shape: tuple, **kwargs) -> torch.Tensor:

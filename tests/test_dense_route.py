@@ -1,0 +1,134 @@
+"""The dense route for small states (n ≤ DENSE_MAX): every sample's Jacobian by batched reverse-mode products, ρ(J*),
+σ_max and Prop. 4's ρ(M) by LAPACK, against per-sample autograd (``torch.func.jacrev``) and the Krylov routes."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from stability.analysis.operators import BatchedJacobian, batched_dense_jacobian
+from stability.analysis.pipeline import AnalysisOptions, analysis_model, run_stages
+from stability.analysis.recall import RecallMatrixOperator, prop4
+from stability.analysis.spectra import (DENSE_MAX, batched_sigma_max, dense_batched_spectra,
+                                        jacobian_spectral_radius)
+from stability.config import ModelConfig
+from stability.model import build_model
+from stability.solvers import solve
+
+L = 6  # tokens; state 6 × 8 = 48
+
+
+def small_model(recall="external", norm="pre", width=8, seed=0):
+    torch.manual_seed(seed)
+    m = analysis_model(build_model(ModelConfig(recall=recall, norm=norm, width=width, heads=2, attention_window=5)))
+    with torch.no_grad():  # shrink the sublayers so that the loop map contracts and x* exists
+        m.block.attn.out.weight.mul_(0.3)
+        m.block.mlp.proj.weight.mul_(0.3)
+        if m.recall_map is not None:
+            m.recall_map.x.weight.mul_(0.3)
+    return m
+
+
+def point(m, n=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x0 = m.embed(torch.randint(0, 2, (n, L, 1), generator=g).double() - 0.5)
+    return solve(m.step, x0, x0, tol=1e-12, max_iter=300).x_best, x0
+
+
+def jacrev(m, x, x0, b):
+    n = x[b].numel()
+    return torch.func.jacrev(lambda p: m.step(p.unsqueeze(0), x0[b:b + 1])[0])(x[b]).reshape(n, n)
+
+
+@pytest.mark.parametrize("chunk", [None, 7])
+def test_batched_dense_jacobian_equals_jacrev_per_sample(chunk):
+    m = small_model()
+    x, x0 = point(m)
+    J = batched_dense_jacobian(m.step, x, x0, chunk=chunk)
+    assert J.shape == (3, 48, 48)
+    for b in range(3):
+        assert (J[b] - jacrev(m, x, x0, b)).abs().max() <= 1e-12
+
+
+def test_dense_jacobian_of_a_sample_does_not_depend_on_its_batch_mates():
+    m = small_model()
+    x, x0 = point(m, n=4)
+    alone = batched_dense_jacobian(m.step, x[2:3], x0[2:3])[0]
+    other = point(m, n=4, seed=5)
+    mixed_x, mixed_x0 = other[0].clone(), other[1].clone()
+    mixed_x[1], mixed_x0[1] = x[2], x0[2]
+    assert (batched_dense_jacobian(m.step, mixed_x, mixed_x0)[1] - alone).abs().max() <= 1e-12
+    M_alone = RecallMatrixOperator(m, x[2:3], x0[2:3], batched=True).dense_batched()[0]
+    M_mixed = RecallMatrixOperator(m, mixed_x, mixed_x0, batched=True).dense_batched()[1]
+    assert (M_mixed - M_alone).abs().max() <= 1e-12
+
+
+def test_dense_rho_and_sigma_max_equal_the_krylov_route_on_either_side_of_the_threshold():
+    for width in (8, 16):  # n = 48 and 96: with dense_max = 64 the first is below the threshold, the second above
+        m = small_model(width=width)
+        x, x0 = point(m)
+        n = x[0].numel()
+        routed = jacobian_spectral_radius(m.step, x, x0, k=3, tol=1e-12, dense_max=64)
+        dense, sig = dense_batched_spectra(batched_dense_jacobian(m.step, x, x0), k=3)
+        krylov = jacobian_spectral_radius(m.step, x, x0, k=3, tol=1e-12, dense_max=0)
+        bj = BatchedJacobian(m.step, x, x0)
+        sig_k = batched_sigma_max(bj.apply_reuse, bj.rapply, tuple(x.shape), dtype=x.dtype, tol=1e-12)
+        assert (dense.rho - krylov.rho).abs().max() <= 1e-8
+        assert (sig - sig_k).abs().max() <= 1e-8
+        assert (routed.rho - krylov.rho).abs().max() <= 1e-8
+        assert bool((routed.ritz_residual == 0).all()) == (n <= 64)  # the dense route reports residual 0
+        ref = [np.abs(np.linalg.eigvals(jacrev(m, x, x0, b).numpy())).max() for b in range(3)]
+        assert np.allclose(dense.rho.numpy(), ref, rtol=0, atol=1e-12)
+        assert np.allclose(sig.numpy(), [np.linalg.norm(jacrev(m, x, x0, b).numpy(), 2) for b in range(3)],
+                           rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("recall,norm", [("external", "pre"), ("internal", "post"), ("external", "gru")])
+def test_prop4_dense_M_is_the_operator_and_its_rho_equals_the_krylov_rho(recall, norm):
+    m = small_model(recall, norm)
+    x, x0 = point(m)
+    M = RecallMatrixOperator(m, x, x0, batched=True).dense_batched()
+    g = torch.Generator().manual_seed(1)
+    for b in range(3):
+        v = torch.randn(5, *x.shape[1:], generator=g, dtype=torch.float64)
+        Mv = RecallMatrixOperator(m, x[b], x0[b]).apply(v).reshape(5, -1)
+        assert (Mv - v.reshape(5, -1) @ M[b].T).abs().max() <= 1e-12
+    dense = prop4(m, x, x0, k=3)
+    arpack = prop4(m, x, x0, k=3, tol=1e-12, columns=None, dense_max=0)
+    assert dense.columns_checked == x[0].numel() == arpack.columns_checked
+    assert [s.method for s in dense.spectra] == ["dense"] * 3
+    assert np.allclose(dense.rho_M, arpack.rho_M, rtol=0, atol=1e-8)
+    assert dense.max_abs_diff_vs_autograd <= 1e-12
+    # the dense Jacobian handed over (stage rho's) gives the same check
+    J = batched_dense_jacobian(m.step, x, x0)
+    assert prop4(m, x, x0, k=3, J=J).max_abs_diff_vs_autograd == dense.max_abs_diff_vs_autograd
+
+
+def test_pipeline_takes_the_dense_route_and_prop4_reuses_stage_rhos_jacobians(monkeypatch):
+    m = small_model()
+    g = torch.Generator().manual_seed(0)
+    inputs = torch.randint(0, 2, (3, L, 1), generator=g).double() - 0.5
+    assert 48 <= DENSE_MAX
+    import stability.analysis.operators as ops
+    calls = []
+    real = ops.batched_dense_jacobian
+
+    def counting(*a, **k):
+        calls.append(a[1].shape)
+        return real(*a, **k)
+
+    monkeypatch.setattr(ops, "batched_dense_jacobian", counting)
+    out = run_stages(m, inputs, None, AnalysisOptions(samples=3, stages=("rho", "prop4")))
+    js = out.to_dict()
+    assert js["jacobian"]["method"].startswith("dense")
+    assert js["prop4"]["columns_checked"] == 48
+    # one dense J for stage rho; stage prop4 built only M (a Jacobian of the linear map at 0), not J again
+    assert len(calls) == 2
+    x = out.x_star
+    ref = [np.abs(np.linalg.eigvals(jacrev(m, x, out.x0, b).numpy())).max() for b in range(3)]
+    assert np.allclose(js["jacobian"]["spectral_radius"], ref, rtol=0, atol=1e-12)
+    assert np.allclose(js["prop4"]["rho_M"], ref, rtol=0, atol=1e-10)
+    only = run_stages(copy.deepcopy(m), inputs, None, AnalysisOptions(samples=3, stages=("prop4",))).to_dict()
+    assert np.allclose(only["prop4"]["rho_M"], js["prop4"]["rho_M"], rtol=0, atol=1e-12)
+    assert only["prop4"]["max_abs_diff_vs_autograd"] <= 1e-12
