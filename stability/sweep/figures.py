@@ -604,7 +604,7 @@ MONITOR_PANELS = (
 
 
 def monitor_figure(history: list[dict], title: str = ""):
-    """The four monitor quantities against epoch (``history`` as :func:`stability.monitor.monitor_history`)."""
+    """The four monitor quantities against epoch (``history`` as :func:`stability.analysis.monitor.monitor_history`)."""
     fig = _figure(figsize=(10, 2.8), layout="constrained")
     axes = fig.subplots(1, 4, squeeze=False)[0]
     epochs = [h["epoch"] for h in history]
@@ -629,7 +629,7 @@ def monitor_figure(history: list[dict], title: str = ""):
 def run_figures(ckpt_path, out_dir) -> list[Path]:
     """The monitor's plot against epoch for one checkpoint (``monitor_<stem>.png/.pdf``)."""
     import stability
-    from stability.monitor import monitor_history
+    from stability.analysis.monitor import monitor_history
     from stability.theory.figures import save_figure
 
     ckpt_path = Path(ckpt_path)

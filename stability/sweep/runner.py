@@ -284,7 +284,7 @@ def run_cell(cell, results: Path, options: RunOptions = RunOptions(), *, grid_na
             analysis_note = "a fixed-depth baseline has no loop map: no fixed-point analysis"
         summary_seconds = time.perf_counter() - t_sum
 
-        from stability.monitor import monitor_history
+        from stability.analysis.monitor import monitor_history
 
         record = {
             "format": RECORD_FORMAT,
@@ -328,7 +328,7 @@ def _summarise(ckpt_path: Path, results: Path, cell_id: str, options: RunOptions
     if options.summary == "monitor" or options.analyze_samples == 0:
         say("summary by the stability monitor")
         import stability
-        from stability.monitor import StabilityMonitor
+        from stability.train.monitor import StabilityMonitor
 
         loaded = stability.load(ckpt_path, device=str(device))
         mon = StabilityMonitor(loaded.task, samples=loaded.config.train.monitor_samples, device=device)

@@ -506,7 +506,7 @@ def train(config: RunConfig, out: Path | str, *, resume: bool = False, progress:
         _write_metrics(metrics_path(out), history, final)
 
     if cfg.monitor_every and is_looped(model):
-        from stability.monitor import StabilityMonitor
+        from stability.train.monitor import StabilityMonitor
 
         callbacks = (*callbacks, StabilityMonitor(task, every=cfg.monitor_every, samples=cfg.monitor_samples,
                                                   device=device))
