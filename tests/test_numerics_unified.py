@@ -61,3 +61,38 @@ def test_solver_summary_nfe_median_is_the_true_median_for_an_even_batch():
     out = res.summary()
     assert out["nfe_median"] == np.median([3, 9, 5, 7]) == 6.0  # torch.median would give the lower middle, 5
     assert out["residual_median"] == pytest.approx(np.median([1e-6, 4e-6, 2e-6]))
+
+
+def _tiny_model(dtype=torch.float32):
+    from stability.config import ModelConfig, TaskConfig
+    from stability.model import build_model
+    from stability.tasks import make_task
+
+    task = make_task(TaskConfig(train_size=40, val_size=24, hard_size=8, train_length=4, hard_length=6))
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(recall="external", norm="pre", width=16, heads=2, **task.model_options()))
+    model.attention_impl = "math"
+    return model.to(dtype).eval(), task
+
+
+def test_trainer_evaluation_and_analysis_accuracy_curve_are_one_routine():
+    from stability.analysis.accuracy import accuracy_vs_iteration
+    from stability.train.loop import evaluate
+
+    model, task = _tiny_model()
+    T = 6
+    ev = evaluate(model, task, "val", T, batch_size=10)
+    inputs, targets = task.dataset("val")
+    with torch.no_grad():
+        x0 = model.embed(inputs)
+        curve = accuracy_vs_iteration(model, task, x0, model.initial_state(x0), targets, T, batch_size=7)
+        # the reference: the model's own trajectory, scored by the task, in one batch
+        ref_acc, ref_pos = [], []
+        for x in model.trajectory(inputs, T):
+            ok, pa = task.score(model.readout(x), targets)
+            ref_acc.append(float(ok.double().mean()))
+            ref_pos.append(float(pa.double().mean()))
+    assert ev["n"] == len(inputs) and ev["iterations"] == curve.iterations == list(range(1, T + 1))
+    assert ev["accuracy"] == curve.accuracy == pytest.approx(ref_acc, abs=1e-12)
+    assert ev["position_accuracy"] == pytest.approx(curve.position_accuracy, abs=1e-12)
+    assert curve.position_accuracy == pytest.approx(ref_pos, abs=1e-12)

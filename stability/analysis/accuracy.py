@@ -7,8 +7,9 @@ the last axis of ``readout``, as the tasks do)."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Iterable, Optional
 
 import torch
 
@@ -41,26 +42,54 @@ def _scorer(score):
     return argmax_score if score is None else (score.score if hasattr(score, "score") else score)
 
 
+def _as_scored(logits: torch.Tensor) -> torch.Tensor:
+    """Half-precision logits (a bf16 autocast) are scored in float32; any other dtype as it is."""
+    return logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
+
+
+@torch.no_grad()
+def accuracy_curve(model, score, batches: Iterable, T_max: int, *, context: Optional[Callable] = None,
+                   on_step: Optional[Callable[[], None]] = None) -> AccuracyCurve:
+    """The one accuracy-vs-iteration loop: for every batch (x0, e, targets) of ``batches``, iterate
+    x_{t+1} = step(x_t, x0) from e for T_max steps and score readout(x_t) at every t (Section 3.2; Fig. 3).
+
+    ``batches`` may be a generator, so a batch's x0 and e are made only when it is reached (memory: one batch of
+    states, whatever T_max). ``context``: a function returning the context the iteration runs in (the trainer's
+    bf16 autocast); ``on_step``: called after every scored iteration (a progress bar). Counts are summed in
+    float64 and divided by the total number of samples. Used by :func:`accuracy_vs_iteration` (the analysis)
+    and by the trainer's evaluation (:func:`stability.train.loop.evaluate`), so the two curves are one routine.
+    """
+    score = _scorer(score)
+    correct = torch.zeros(T_max, dtype=torch.float64)
+    pos = torch.zeros(T_max, dtype=torch.float64)
+    n = 0
+    for x0, e, tb in batches:
+        n += int(x0.shape[0])
+        with (context() if context is not None else contextlib.nullcontext()):
+            x = e
+            for t in range(T_max):
+                x = model.step(x, x0)
+                ok, pa = score(_as_scored(model.readout(x)), tb)
+                correct[t] += ok.double().sum().cpu()
+                pos[t] += pa.double().sum().cpu()
+                if on_step is not None:
+                    on_step()
+    return AccuracyCurve(iterations=list(range(1, T_max + 1)), accuracy=(correct / n).tolist(),
+                         position_accuracy=(pos / n).tolist())
+
+
 @torch.no_grad()
 def accuracy_vs_iteration(model, score, x0: torch.Tensor, e: torch.Tensor, targets: torch.Tensor, T_max: int = 500,
                           *, batch_size: int = 256) -> AccuracyCurve:
-    """Iterate x_{t+1} = step(x_t, x0) from e for T_max steps and score readout(x_t) at every t.
+    """Iterate x_{t+1} = step(x_t, x0) from e for T_max steps and score readout(x_t) at every t
+    (:func:`accuracy_curve` over batches of ``batch_size``).
 
     x0, e: (N, *S); targets: (N, *spatial). Memory: one batch of states, whatever T_max.
     """
-    score = _scorer(score)
     N = x0.shape[0]
-    correct = torch.zeros(T_max, dtype=torch.float64)
-    pos = torch.zeros(T_max, dtype=torch.float64)
-    for i in range(0, N, batch_size):
-        x, xb, tb = e[i:i + batch_size], x0[i:i + batch_size], targets[i:i + batch_size].to(x0.device)
-        for t in range(T_max):
-            x = model.step(x, xb)
-            ok, pa = score(model.readout(x), tb)
-            correct[t] += ok.double().sum().cpu()
-            pos[t] += pa.double().sum().cpu()
-    return AccuracyCurve(iterations=list(range(1, T_max + 1)), accuracy=(correct / N).tolist(),
-                         position_accuracy=(pos / N).tolist())
+    batches = ((x0[i:i + batch_size], e[i:i + batch_size], targets[i:i + batch_size].to(x0.device))
+               for i in range(0, N, batch_size))
+    return accuracy_curve(model, score, batches, T_max)
 
 
 @torch.no_grad()

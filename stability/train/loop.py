@@ -37,6 +37,7 @@ from typing import Callable, Optional
 import torch
 
 from stability import __version__
+from stability.analysis.accuracy import accuracy_curve
 from stability.atomic import check_writable, write_text
 from stability.config import RunConfig, TrainConfig, to_dict
 from stability.errors import CheckpointError, ConfigError, DivergenceError
@@ -275,21 +276,32 @@ def evaluate(model, task: Task, split: str, iterations: int, *, batch_size: int 
     batches = -(-N // batch_size)
     steps = batches * (1 if not is_looped(model) else iterations)
     bar = _bar(progress, steps, f"{progress if isinstance(progress, str) else 'eval'} {split}", "it")
-    try:
+
+    def autocast():
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16)
+
+    def looped_batches():  # x0 and e made per batch, under the same autocast as the iteration
         for i in range(0, N, batch_size):
             xb, yb = inputs[i:i + batch_size].to(device), targets[i:i + batch_size].to(device)
-            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16):
-                if not is_looped(model):
+            with torch.no_grad(), autocast():
+                x0 = model.embed(xb)
+                e = model.initial_state(x0)
+            yield x0, e, yb
+
+    try:
+        if is_looped(model):  # the analysis' own accuracy-vs-iteration routine
+            curve = accuracy_curve(model, task, looped_batches(), iterations, context=autocast,
+                                   on_step=lambda: bar.update(1))
+            accuracy, position_accuracy = curve.accuracy, curve.position_accuracy
+        else:
+            for i in range(0, N, batch_size):
+                xb, yb = inputs[i:i + batch_size].to(device), targets[i:i + batch_size].to(device)
+                with autocast():
                     c, p = task.score(model(xb, 1)[0].float(), yb)
-                    correct += c.sum().item()
-                    positions += p.sum().item()
-                    bar.update(1)
-                    continue
-                for t, x in enumerate(model.trajectory(xb, iterations)):
-                    c, p = task.score(model.readout(x).float(), yb)
-                    correct[t] += c.sum().item()
-                    positions[t] += p.sum().item()
-                    bar.update(1)
+                correct += c.sum().item()
+                positions += p.sum().item()
+                bar.update(1)
+            accuracy, position_accuracy = (correct / N).tolist(), (positions / N).tolist()
     finally:
         bar.close()
         model.attention_impl = impl
@@ -298,8 +310,8 @@ def evaluate(model, task: Task, split: str, iterations: int, *, batch_size: int 
         "split": split,
         "n": N,
         "iterations": list(range(1, iterations + 1)),
-        "accuracy": (correct / N).tolist(),
-        "position_accuracy": (positions / N).tolist(),
+        "accuracy": accuracy,
+        "position_accuracy": position_accuracy,
     }
 
 
