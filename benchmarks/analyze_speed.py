@@ -53,17 +53,15 @@ def _rel_diff(a, b) -> float:
 
 
 def ensure_checkpoint(path: Path) -> Path:
-    """The demo checkpoint: trained here with ``stability demo``'s arguments when absent."""
+    """The demo checkpoint: trained here with ``stability demo``'s configuration when absent."""
     if path.exists():
         return path
-    from stability.cli import main
-    from stability.demo import DEMO_ARGS
+    from stability.demo import demo_config
+    from stability.train.loop import train
 
     path.parent.mkdir(parents=True, exist_ok=True)
     print(f"training the demo checkpoint into {path} …", flush=True)
-    code = main(["train", *DEMO_ARGS, "--out", str(path), "--quiet"])
-    if code:
-        raise SystemExit(f"training failed ({code})")
+    train(demo_config(), path, progress=False)
     return path
 
 

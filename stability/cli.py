@@ -1,6 +1,7 @@
-"""The ``stability`` command line: argument parsing only; each command calls one function of a room.
+"""The ``stability`` command line: argument parsing only; each command calls library functions of the rooms.
 
-Each command lives in a module exposing ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``.
+Every command lives in :mod:`stability.commands` (one module a command, listed in :data:`COMMANDS`), exposing
+``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``.
 Errors the toolkit raises (:class:`~stability.errors.StabilityError`) become one line on stderr and exit 2.
 """
 
@@ -8,75 +9,22 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import math
 import sys
 
+#: every command, from one place: name -> its module in :mod:`stability.commands`
 COMMANDS = {
-    "demo": "stability.demo",
-    "train": "stability.train.command",
-    "analyze": "stability.analysis.command",
-    "verify": "stability.theory.verify_command",
-    "figures": "stability.figures_command",
-    "data": "stability.tasks.command",
-    "sweep": "stability.sweep.command",
-    "tables": "stability.sweep.tables_command",
-    "halt": "stability.halting",
-    "import": "stability.release_command",
-    "compare": "stability.compare_command",
+    "demo": "stability.commands.demo",
+    "train": "stability.commands.train",
+    "analyze": "stability.commands.analyze",
+    "verify": "stability.commands.verify",
+    "figures": "stability.commands.figures",
+    "data": "stability.commands.data",
+    "sweep": "stability.commands.sweep",
+    "tables": "stability.commands.tables",
+    "halt": "stability.commands.halt",
+    "import": "stability.commands.import_",
+    "compare": "stability.commands.compare",
 }
-
-
-def _number(kind, text: str, ok, what: str):
-    try:
-        value = kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-    if not ok(value):
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer ≥ 1."""
-    return _number(int, text, lambda v: v >= 1, "a positive integer")
-
-
-def nonneg_int(text: str) -> int:
-    """argparse type: an integer ≥ 0."""
-    return _number(int, text, lambda v: v >= 0, "a non-negative integer")
-
-
-def _finite(v: float) -> bool:
-    return math.isfinite(v)
-
-
-def finite_float(text: str) -> float:
-    """argparse type: a finite number (NaN and ±inf refused)."""
-    return _number(float, text, _finite, "a finite number")
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a finite number > 0."""
-    return _number(float, text, lambda v: _finite(v) and v > 0, "a positive number")
-
-
-def nonneg_float(text: str) -> float:
-    """argparse type: a finite number ≥ 0."""
-    return _number(float, text, lambda v: _finite(v) and v >= 0, "a non-negative number")
-
-
-def unit_float(text: str) -> float:
-    """argparse type: a number in [0, 1] (a fraction, a weight)."""
-    return _number(float, text, lambda v: _finite(v) and 0 <= v <= 1, "a number in [0, 1]")
-
-
-def device_name(text: str) -> str:
-    """argparse type: ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (whether it exists is checked before the work)."""
-    from stability.config import is_device_name
-
-    if not is_device_name(text):
-        raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda or cuda:N, got {text!r}")
-    return text
 
 
 class _Parser(argparse.ArgumentParser):
@@ -96,12 +44,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     for name, module_name in COMMANDS.items():
         if only is not None and name != only:
             continue
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:  # a room not built yet: leave the command out
-            if exc.name and module_name.startswith(exc.name):
-                continue
-            raise
+        module = importlib.import_module(module_name)
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
         p.set_defaults(_run=module.run)

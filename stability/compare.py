@@ -103,7 +103,7 @@ def load_analysis(path: Path | str) -> dict:
 
 def load_checkpoint_final(path: Path | str) -> dict:
     """A checkpoint's config, epoch and ``final`` accuracy blocks (refused when training never finished)."""
-    from stability.train import checkpoint as ckpt
+    from stability import checkpoint as ckpt
 
     path = Path(path)
     obj = ckpt.read(path)

@@ -295,9 +295,9 @@ def model_from_release(obj: dict, cfg: RunConfig, where: str = "release checkpoi
 
 def load_release(path: Path | str, obj: Optional[dict] = None, *, release_config: Optional[Path | str] = None,
                  device: str = "cpu"):
-    """Load a release checkpoint (and its Hydra config) as a :class:`stability.train.checkpoint.Loaded`."""
+    """Load a release checkpoint (and its Hydra config) as a :class:`stability.checkpoint.Loaded`."""
     from stability.tasks import make_task
-    from stability.train import checkpoint as ckpt
+    from stability import checkpoint as ckpt
 
     path = Path(path)
     if obj is None:
@@ -328,7 +328,7 @@ def import_checkpoint(path: Path | str, out: Path | str, *, release_config: Opti
     would."""
     from stability import __version__
     from stability.atomic import check_writable
-    from stability.train import checkpoint as ckpt
+    from stability import checkpoint as ckpt
     from stability.train.loop import lr_factor, make_optimizer
 
     out = check_writable(out, "file", "--out")

@@ -98,9 +98,9 @@ def _command_parsers():
 
 
 def _float_options():
-    from stability import cli
+    from stability.commands import _types
 
-    kinds = (cli.finite_float, cli.positive_float, cli.nonneg_float, cli.unit_float)
+    kinds = (_types.finite_float, _types.positive_float, _types.nonneg_float, _types.unit_float)
     out = []
     for name, parser in _command_parsers():
         for action in parser._actions:
@@ -110,7 +110,7 @@ def _float_options():
 
 
 def test_no_option_of_any_command_is_a_plain_float():
-    """``type=float`` accepts 'nan' and 'inf'; every float option uses one of stability.cli's finite types."""
+    """``type=float`` accepts 'nan' and 'inf'; every float option uses one of stability.commands._types' finite types."""
     plain = [(name, a.option_strings) for name, p in _command_parsers() for a in p._actions if a.type is float]
     assert plain == []
     options = _float_options()

@@ -7,7 +7,7 @@ import torch
 
 import stability
 from stability.errors import CheckpointError
-from stability.train import checkpoint as ckpt
+from stability import checkpoint as ckpt
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stability import figures_command
+from stability.commands import figures as figures_command
 from stability.theory import figures, regions
 from conftest import run_cli
 

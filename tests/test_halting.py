@@ -5,7 +5,7 @@ import json
 import torch
 
 from stability.config import ModelConfig, TaskConfig
-from stability.halting import halt, halting_report
+from stability.analysis.halting import halt, halting_report
 from stability.model import build_model
 from stability.solvers import residual
 from stability.tasks import make_task
@@ -68,7 +68,7 @@ def test_halting_report_spends_less_compute_for_looser_tolerances():
 
 
 def test_halting_report_prints_shares_and_accuracies_in_percent():
-    from stability.halting import format_report
+    from stability.analysis.halting import format_report
 
     rep = {"split": "val", "samples": 4, "budget": 10, "rows": [
         {"tau": None, "halted_fraction": 0.0, "iterations_mean": 10.0, "iterations_median": 10.0,

@@ -3,8 +3,6 @@
 method."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -71,8 +69,9 @@ def test_checkpoints_of_every_method_analyse_with_stability_analyze(cli, checkpo
 
 
 def halt_cli(*args):
-    return subprocess.run([sys.executable, "-m", "stability.halting", *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
+    from conftest import run_cli
+
+    return run_cli("halt", *args, check=False, timeout=300)
 
 
 @pytest.mark.parametrize("method", ["deep-supervision", "implicit"])

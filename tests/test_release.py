@@ -30,7 +30,7 @@ from stability.cli import main
 from stability.config import ModelConfig, RunConfig, TaskConfig, TrainConfig, to_dict
 from stability.model import build_model
 from stability.model.attention import shifted_neighbours
-from stability.train import checkpoint as ckpt
+from stability import checkpoint as ckpt
 
 FIXTURES = Path(__file__).parent / "fixtures" / "release"
 RUNS = ["external_prefix_sums_post_lr0.0001_seed0", "internal_sudoku_gru_lr0.0001_seed0"]

@@ -281,7 +281,7 @@ def resumed(tmp_path_factory):
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the sweep and the worker it started
         proc.wait()
-    from stability.train import checkpoint as ckpt
+    from stability import checkpoint as ckpt
 
     inflight = [p for p in (results / "runs").glob("*.pt") if not (results / "records" / f"{p.stem}.json").exists()]
     killed_epochs = {p.stem: int(ckpt.read(p)["epoch"]) for p in inflight}

@@ -1,4 +1,4 @@
-"""Residual-based halting at inference (Fixed-Point Reasoners, App. C and App. E), and ``stability halt``.
+"""Residual-based halting at inference (Fixed-Point Reasoners, App. C and App. E); ``stability halt`` prints it.
 
 Each sample is iterated x_{t+1} = step(x_t, x0) from e and stops, on its own, at the first iteration t at which
 its relative L∞ residual
@@ -9,25 +9,21 @@ falls below τ (the FPRM criterion, ``stability.solvers.residual``); the others 
 stopped sample costs no further evaluations of f, so the compute used is Σ_b t_b against N·T for the fixed
 budget. The answer is read out at the iterate where the sample stopped. :func:`halting_report` sets accuracy
 against compute for several τ beside the fixed budget (App. E: accuracy stops improving where the residual
-plateaus). With damping η < 1 the iterates are those of the damped map, as in training.
+plateaus). With damping η < 1 the iterates are those of the damped map, as in training. The iteration is
+:func:`stability.solvers.solve` (Picard, each sample frozen once r < τ), with no divergence or cycle checks: a
+sample runs until it halts or the budget is spent.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from stability.atomic import check_writable, write_text
-from stability.cli import positive_float
 from stability.errors import StabilityError
-from stability.protocols import is_looped
 
 if TYPE_CHECKING:  # torch is imported where it is used, so that the command line starts fast
     import torch
-
-HELP = "residual-based halting at inference: accuracy against compute for halting tolerances τ"
 
 
 @dataclass
@@ -58,29 +54,20 @@ def halt(model, inputs: torch.Tensor, *, tol: float = 0.1, max_iter: int = 100, 
 def _halt(model, inputs, tol, max_iter, eps) -> HaltResult:
     import torch
 
-    from stability.solvers import residual
+    from stability.solvers import solve
 
     x0 = model.embed(inputs)
-    x = model.initial_state(x0).clone()
-    B = x.shape[0]
-    iterations = torch.zeros(B, dtype=torch.long, device=x.device)
-    halted = torch.zeros(B, dtype=torch.bool, device=x.device)
-    last_r = torch.full((B,), math.inf, dtype=x.dtype, device=x.device)
-    active = torch.arange(B, device=x.device)
-    for _ in range(max_iter):
-        if active.numel() == 0:
-            break
-        prev = x[active]
-        nxt = model.step(prev, x0[active])
-        r = residual(nxt, prev, eps)
-        x[active] = nxt
-        iterations[active] += 1
-        last_r[active] = r
-        stop = r < tol
-        halted[active[stop]] = True
-        active = active[~stop]
-    return HaltResult(x=x, logits=model.readout(x), iterations=iterations.cpu(), halted=halted.cpu(),
-                      residual=last_r.cpu(), tol=tol, max_iter=max_iter)
+    e = model.initial_state(x0)
+    # Picard iteration, each sample frozen at r < τ; no divergence or cycle checks (halting only)
+    res = solve(model.step, e, x0, method="picard", tol=tol, max_iter=max_iter, eps=eps, diverge_ratio=math.inf,
+                max_period=0, certify_rho=False)
+    iterations = res.nfe
+    halted = torch.tensor([s == "converged" for s in res.status], dtype=torch.bool)
+    last = (iterations - 1).clamp(min=0).unsqueeze(1)
+    last_r = res.residuals.gather(1, last).squeeze(1).to(e.dtype)
+    x = res.x_last  # the iterate each sample stopped at: x_t with r_t = ‖x_t − x_(t−1)‖∞ / ‖x_t‖∞ < τ
+    return HaltResult(x=x, logits=model.readout(x), iterations=iterations, halted=halted, residual=last_r, tol=tol,
+                      max_iter=max_iter)
 
 
 def halting_report(model, task, split: str = "val", taus: Sequence[float] = (0.1, 0.01, 0.001), *,
@@ -146,77 +133,3 @@ def format_report(report: dict) -> str:
                      f"{r['iterations_median']:>7.0f} {r['iterations_max']:>5d} {pct(r['compute']):>8} "
                      f"{pct(r['accuracy']):>9} {pct(r['accuracy_halted']):>11} {pct(r['accuracy_unhalted']):>13}")
     return "\n".join(lines)
-
-
-# ---- the command ---------------------------------------------------------------------------------------------
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("checkpoint", metavar="CKPT", help="a checkpoint written by stability train")
-    p.add_argument("--tol", type=positive_float, nargs="+", metavar="TAU",
-                   help="halting tolerances τ (default: 0.1 0.01 0.001, plus the run's halt_tol)")
-    p.add_argument("--split", choices=["train", "val", "hard"], default="val", help="data split (val)")
-    p.add_argument("--max-iterations", type=int, metavar="T", help="budget per sample (the run's test_iterations)")
-    p.add_argument("--samples", type=int, metavar="N", help="use the first N samples of the split (all)")
-    p.add_argument("--batch-size", type=int, default=500, metavar="N", help="samples per batch (500)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to run (cpu)")
-    p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
-
-
-def run(args: argparse.Namespace) -> int:
-    import json
-    import sys
-
-    import stability
-    from stability.errors import ConfigError
-
-    taus = args.tol or [0.1, 0.01, 0.001]
-    bad = [t for t in taus if not t > 0]
-    if bad:
-        raise ConfigError(f"--tol: τ must be positive, got {bad[0]}")
-    for name in ("max_iterations", "samples", "batch_size"):
-        v = getattr(args, name)
-        if v is not None and v < 1:
-            raise ConfigError(f"--{name.replace('_', '-')}: must be at least 1, got {v}")
-    import torch
-
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda: no CUDA device is available here; use --device cpu")
-    if args.json:
-        check_writable(args.json, "file", "--json")
-    run_ = stability.load(args.checkpoint, device=args.device)
-    if not is_looped(run_.model):
-        raise StabilityError("a fixed-depth baseline has no loop map: there is nothing to halt")
-    train = run_.config.train
-    if args.tol is None and train.method == "deep-supervision" and train.halt_tol not in taus:
-        taus = sorted([*taus, train.halt_tol], reverse=True)
-    T = args.max_iterations or train.test_iterations
-    rows = run_.task.dataset(args.split)[0].shape[0]
-    if args.samples is not None and args.samples > rows:
-        print(f"stability halt: note: --samples {args.samples}: the {args.split} split has {rows} samples; "
-              f"using all {rows}", file=sys.stderr)
-    report = halting_report(run_.model, run_.task, args.split, taus, max_iter=T, limit=args.samples,
-                            batch_size=args.batch_size, device=args.device)
-    report["checkpoint"] = str(run_.path)
-    print(format_report(report))
-    if args.json:
-        write_text(args.json, json.dumps(report, indent=1))  # a failed write is one OutputError line
-    return 0
-
-
-def main(argv: Optional[list] = None) -> int:
-    """``python -m stability.halting CKPT ...``: the command on its own (``stability halt`` once registered)."""
-    import sys
-
-    from stability.cli import _Parser
-
-    parser = _Parser(prog="stability halt", description=HELP)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except StabilityError as exc:
-        print(f"stability halt: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

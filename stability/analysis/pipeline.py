@@ -749,12 +749,12 @@ def analyze_checkpoint(path, *, splits=("val", "hard"), options: AnalysisOptions
     """Load a checkpoint of this toolkit and analyse each split (the A.8 noise std defaults to the run's)."""
     import dataclasses
 
-    import stability
+    from stability.checkpoint import load
     from stability.protocols import is_looped
 
     if options.device == "cuda" and not torch.cuda.is_available():
         raise StabilityError("--device cuda: no CUDA device is available on this machine")
-    loaded = stability.load(path, device=options.device, release_config=release_config)
+    loaded = load(path, device=options.device, release_config=release_config)
     if not is_looped(loaded.model):
         raise StabilityError(f"{path}: a fixed-depth baseline has no loop map, so it has no fixed points to analyse")
     if options.noise_std is None:

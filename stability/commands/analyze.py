@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from stability.cli import positive_float, positive_int
+from stability.commands._types import positive_float, positive_int
 
 HELP = "analyse a looped model's fixed points: reachability, spectra (Props. 3-4), input-gradients (Prop. 5), accuracy"
 

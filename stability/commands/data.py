@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from stability.cli import nonneg_float
+from stability.commands._types import nonneg_float
 
 HELP = "Build, inspect and calibrate the sudoku and chess datasets (generated offline or read from real files)."
 PAPER_SIZES = (40000, 10000, 10000)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from stability.cli import nonneg_int, positive_int
+from stability.commands._types import nonneg_int, positive_int
 
 HELP = "run a grid of training runs (locally, one worker per GPU, or on SLURM via submitit), one record per run"
 

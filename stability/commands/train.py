@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import typing
 
-from stability.cli import device_name, nonneg_float, positive_float, unit_float
+from stability.commands._types import device_name, nonneg_float, positive_float, unit_float
 from stability.config import NORMS, RECALLS, ImplicitBackward, InitialState, Method
 
 HELP = ("train a looped transformer (progressive loss, deep supervision or equilibrium training) and write a "
@@ -194,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
     from stability.train.report import accuracy_table
 
     if args.resume and out.exists():
-        from stability.train import checkpoint as ckpt
+        from stability import checkpoint as ckpt
 
         # the stored options, with the flags given now on top (only a larger --epochs may differ: extension)
         obj = ckpt.read(out)

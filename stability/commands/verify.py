@@ -28,27 +28,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--list", action="store_true", help="list the checks and exit")
 
 
-def _fmt(x) -> str:
-    return "nan" if x != x else f"{x:.3g}" if abs(x) >= 1e-3 or x == 0 else f"{x:.2e}"
-
-
-def format_row(check) -> str:
-    """One line: status, name, measured vs tolerance, the statement with its source, the instance."""
-    rel = {"<=": "≤", ">=": "≥"}[check.relation]
-    status = "PASS" if check.passed else "FAIL"
-    return (f"{status}  {check.name:44s} {_fmt(check.measured):>9s} {rel} {_fmt(check.tolerance):<7s} "
-            f"{check.source}: {check.statement}  [{check.instance}]")
-
-
 def run(args) -> int:
-    from stability.theory.checks import VERIFIERS
+    from stability.theory.checks import VERIFIERS, format_listing, format_row
 
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="backslashreplace")
     if args.list:
-        for name, v in VERIFIERS.items():
-            rel = {"<=": "≤", ">=": "≥"}[v.relation]
-            print(f"{name:44s} {rel} {_fmt(v.tolerance):<8s} {v.source}: {v.statement}  [wrong variant: {v.wrong}]")
+        for v in VERIFIERS.values():
+            print(format_listing(v))
         return 0
     names = list(dict.fromkeys(args.only)) if args.only else list(VERIFIERS)
     unknown = [n for n in names if n not in VERIFIERS]

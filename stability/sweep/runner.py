@@ -228,7 +228,7 @@ def run_cell(cell, results: Path, options: RunOptions = RunOptions(), *, grid_na
     status: ``skipped`` (a record exists), ``busy`` (another process holds the cell), ``done`` or ``diverged``
     (a record was written). Other errors propagate (no record: the cell will be retried).
     """
-    from stability.train import checkpoint as ckpt
+    from stability import checkpoint as ckpt
     from stability.train.loop import resolve_device, train
 
     say = log or (lambda msg: None)

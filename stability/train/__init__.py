@@ -1,4 +1,4 @@
-"""Training: the progressive-loss trainer (``loop``) and self-describing checkpoints (``checkpoint``)."""
+"""Training: the progressive-loss trainer (``loop``); checkpoints are :mod:`stability.checkpoint`."""
 
 
 def __getattr__(name):

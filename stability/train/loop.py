@@ -44,7 +44,7 @@ from stability.errors import CheckpointError, ConfigError, DivergenceError
 from stability.model import build_model
 from stability.protocols import is_looped
 from stability.tasks import Task, make_task
-from stability.train import checkpoint as ckpt
+from stability import checkpoint as ckpt
 from stability.train.deep_supervision import deep_supervision_batch
 from stability.train.implicit import implicit_batch
 

@@ -11,7 +11,8 @@ table (docs/theory.md lists every check).
 
 Instances are small (d ≤ 16) and float64. The modules, in the order of the table:
 
-- :mod:`.registry` — :class:`Check`, :class:`Verifier`, the registry :data:`VERIFIERS`, :func:`run_checks`;
+- :mod:`.registry` — :class:`Check`, :class:`Verifier`, the registry :data:`VERIFIERS`, :func:`run_checks`, the
+  table's rows (:func:`format_row`);
 - :mod:`.instances` — numpy tanh maps with a prescribed fixed point and Jacobian, batched Newton, clusters;
 - :mod:`.autonomous` — Props. 1–3 and App. A.3–A.4 on autonomous maps;
 - :mod:`.recall` — the two-sublayer recall model :class:`~.recall.ToyRecall` (Defs. 5.1, 5.2), Prop. 4, App. A.7;
@@ -20,9 +21,11 @@ Instances are small (d ≤ 16) and float64. The modules, in the order of the tab
 - :mod:`.symbolic_rows` — the sympy derivations and App. B.2's exact projection as rows.
 """
 
-from .registry import RELATIONS, VERIFIERS, Check, Verifier, run_checks, verifier
+from .registry import (RELATIONS, VERIFIERS, Check, Verifier, format_listing, format_row, format_value, run_checks,
+                       verifier)
 
 # Importing a check module registers its checks; this order is the order of the table.
 from . import autonomous, recall, input_gradient, fprm, attractor, symbolic_rows  # noqa: F401,I001
 
-__all__ = ["RELATIONS", "VERIFIERS", "Check", "Verifier", "run_checks", "verifier"]
+__all__ = ["RELATIONS", "VERIFIERS", "Check", "Verifier", "format_listing", "format_row", "format_value", "run_checks",
+           "verifier"]

@@ -64,6 +64,27 @@ class Verifier:
 
 VERIFIERS: dict[str, Verifier] = {}
 
+_SYMBOL = {"<=": "≤", ">=": "≥"}
+
+
+def format_value(x: float) -> str:
+    """A measured value or tolerance as printed in the table: 3 significant digits, scientific below 1e-3."""
+    return "nan" if x != x else f"{x:.3g}" if abs(x) >= 1e-3 or x == 0 else f"{x:.2e}"
+
+
+def format_row(check: Check) -> str:
+    """One line of ``stability verify``: status, name, measured vs tolerance, the statement with its source, the
+    instance."""
+    status = "PASS" if check.passed else "FAIL"
+    return (f"{status}  {check.name:44s} {format_value(check.measured):>9s} {_SYMBOL[check.relation]} "
+            f"{format_value(check.tolerance):<7s} {check.source}: {check.statement}  [{check.instance}]")
+
+
+def format_listing(v: Verifier) -> str:
+    """One line of ``stability verify --list``: name, relation and tolerance, statement, its wrong variant."""
+    return (f"{v.name:44s} {_SYMBOL[v.relation]} {format_value(v.tolerance):<8s} {v.source}: {v.statement}  "
+            f"[wrong variant: {v.wrong}]")
+
 
 def verifier(name: str, source: str, statement: str, *, tolerance: float, relation: str = "<=", wrong: str):
     """Register ``measure(seed, wrong)`` as the check ``name``."""

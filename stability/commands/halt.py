@@ -1,0 +1,66 @@
+"""``stability halt CKPT``: residual-based halting at inference, accuracy against compute for tolerances τ
+(:func:`stability.analysis.halting.halting_report`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from stability.commands._types import positive_float
+
+HELP = "residual-based halting at inference: accuracy against compute for halting tolerances τ"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("checkpoint", metavar="CKPT", help="a checkpoint written by stability train")
+    p.add_argument("--tol", type=positive_float, nargs="+", metavar="TAU",
+                   help="halting tolerances τ (default: 0.1 0.01 0.001, plus the run's halt_tol)")
+    p.add_argument("--split", choices=["train", "val", "hard"], default="val", help="data split (val)")
+    p.add_argument("--max-iterations", type=int, metavar="T", help="budget per sample (the run's test_iterations)")
+    p.add_argument("--samples", type=int, metavar="N", help="use the first N samples of the split (all)")
+    p.add_argument("--batch-size", type=int, default=500, metavar="N", help="samples per batch (500)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to run (cpu)")
+    p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    import sys
+
+    import stability
+    from stability.analysis.halting import format_report, halting_report
+    from stability.atomic import check_writable, write_text
+    from stability.errors import ConfigError, StabilityError
+    from stability.protocols import is_looped
+
+    taus = args.tol or [0.1, 0.01, 0.001]
+    bad = [t for t in taus if not t > 0]
+    if bad:
+        raise ConfigError(f"--tol: τ must be positive, got {bad[0]}")
+    for name in ("max_iterations", "samples", "batch_size"):
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            raise ConfigError(f"--{name.replace('_', '-')}: must be at least 1, got {v}")
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is available here; use --device cpu")
+    if args.json:
+        check_writable(args.json, "file", "--json")
+    run_ = stability.load(args.checkpoint, device=args.device)
+    if not is_looped(run_.model):
+        raise StabilityError("a fixed-depth baseline has no loop map: there is nothing to halt")
+    train = run_.config.train
+    if args.tol is None and train.method == "deep-supervision" and train.halt_tol not in taus:
+        taus = sorted([*taus, train.halt_tol], reverse=True)
+    T = args.max_iterations or train.test_iterations
+    rows = run_.task.dataset(args.split)[0].shape[0]
+    if args.samples is not None and args.samples > rows:
+        print(f"stability halt: note: --samples {args.samples}: the {args.split} split has {rows} samples; "
+              f"using all {rows}", file=sys.stderr)
+    report = halting_report(run_.model, run_.task, args.split, taus, max_iter=T, limit=args.samples,
+                            batch_size=args.batch_size, device=args.device)
+    report["checkpoint"] = str(run_.path)
+    print(format_report(report))
+    if args.json:
+        write_text(args.json, json.dumps(report, indent=1))  # a failed write is one OutputError line
+    return 0
