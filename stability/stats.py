@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Iterable, Optional
 
-__all__ = ["median", "finite_values"]
+__all__ = ["median", "finite_values", "distinct_clusters"]
 
 
 def finite_values(values: Iterable) -> list[float]:
@@ -37,3 +37,59 @@ def median(values: Iterable) -> Optional[float]:
         return None
     mid = len(vals) // 2
     return vals[mid] if len(vals) % 2 else 0.5 * (vals[mid - 1] + vals[mid])
+
+
+def distinct_clusters(points, *, atol: float = 0.0, rtol: float = 0.0) -> tuple[int, list[int]]:
+    """The distinct points of a set, up to a tolerance: (number of clusters, cluster label of every point).
+
+    Metric and tolerance: two points a, b are *linked* when ‖a − b‖∞ ≤ atol + rtol · max(‖a‖∞, ‖b‖∞) (the
+    max-norm over all coordinates, absolute plus relative to the larger of the two). Clusters are the connected
+    components of the linked graph (single linkage): transitive and independent of the points' order, unlike
+    a greedy assignment to the first centre within reach. A point with a non-finite coordinate is linked to
+    nothing (its own cluster). Labels number the clusters 0, 1, … in the order of their first point.
+
+    ``points``: (N, ...) array or tensor (each row flattened). Candidate pairs come from a KD-tree query at the
+    largest radius any pair can have, atol + rtol · max_i ‖p_i‖∞, then each is checked against its own bound;
+    cost O(N log N + pairs). This is Prop. 2's count of the fixed points the inputs select among (the analysis'
+    ``distinct_fixed_points``) and the theory checks' count of Newton solutions.
+    """
+    import numpy as np
+
+    if hasattr(points, "detach"):
+        points = points.detach().cpu().double().numpy()
+    P = np.asarray(points, dtype=np.float64)
+    N = P.shape[0]
+    if N == 0:
+        return 0, []
+    P = P.reshape(N, -1)
+    if not (atol >= 0 and rtol >= 0 and math.isfinite(atol) and math.isfinite(rtol)):
+        raise ValueError(f"atol and rtol must be finite and ≥ 0, got {atol!r}, {rtol!r}")
+    finite = np.isfinite(P).all(axis=1)
+    parent = list(range(N))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    idx = np.flatnonzero(finite)
+    if idx.size > 1:
+        from scipy.spatial import cKDTree
+
+        Q = P[idx]
+        scale = np.abs(Q).max(axis=1) if Q.shape[1] else np.zeros(len(Q))
+        radius = (atol + rtol * float(scale.max())) * (1 + 1e-12)  # every pair's bound, with rounding slack
+        pairs = cKDTree(Q).query_pairs(r=radius, p=np.inf, output_type="ndarray")
+        if len(pairs):
+            i, j = pairs[:, 0], pairs[:, 1]
+            dist = np.abs(Q[i] - Q[j]).max(axis=1)
+            keep = dist <= atol + rtol * np.maximum(scale[i], scale[j])
+            for a, b in zip(idx[i[keep]].tolist(), idx[j[keep]].tolist()):
+                ra, rb = find(a), find(b)
+                if ra != rb:
+                    parent[max(ra, rb)] = min(ra, rb)
+    roots, labels = {}, []
+    for k in range(N):
+        labels.append(roots.setdefault(find(k), len(roots)))
+    return len(roots), labels

@@ -96,3 +96,53 @@ def test_trainer_evaluation_and_analysis_accuracy_curve_are_one_routine():
     assert ev["accuracy"] == curve.accuracy == pytest.approx(ref_acc, abs=1e-12)
     assert ev["position_accuracy"] == pytest.approx(curve.position_accuracy, abs=1e-12)
     assert curve.position_accuracy == pytest.approx(ref_pos, abs=1e-12)
+
+
+def _clustered_points(seed=0, d=5):
+    """Four well-separated centres (|coordinates| ~ 1), each with 3–6 copies jittered by ≤ 1e-9, shuffled."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(4, d))
+    sizes = [3, 6, 4, 5]
+    pts = np.concatenate([c + rng.uniform(-1e-9, 1e-9, size=(k, d)) for c, k in zip(centres, sizes)])
+    truth = np.repeat(np.arange(4), sizes)
+    order = rng.permutation(len(pts))
+    return pts[order], truth[order]
+
+
+def _same_partition(labels, truth):
+    pairs = {(int(a), int(b)) for a, b in zip(labels, truth)}
+    return len(pairs) == len(set(labels)) == len(set(truth.tolist()))
+
+
+def test_both_distinct_point_counts_agree_on_a_set_with_known_clusters():
+    from stability.analysis.reachability import distinct_fixed_points
+    from stability.theory.checks.instances import distinct_points
+
+    pts, truth = _clustered_points()
+    count, labels = distinct_fixed_points(torch.tensor(pts), tol=1e-6, eps=0.0)
+    assert count == distinct_points(pts, tol=1e-6) == 4
+    assert _same_partition(labels, truth)
+    # a tolerance below the jitter splits every copy; the two callers still agree
+    assert distinct_fixed_points(torch.tensor(pts), tol=1e-13, eps=0.0)[0] == distinct_points(pts, 1e-13) == len(pts)
+    # the mask: only the samples inside are counted and labelled
+    mask = torch.tensor(truth != 2)
+    count, labels = distinct_fixed_points(torch.tensor(pts), mask, tol=1e-6, eps=0.0)
+    assert count == 3 and all((lab == -1) == (t == 2) for lab, t in zip(labels, truth))
+
+
+def test_distinct_clusters_is_single_linkage_in_the_max_norm_independent_of_order():
+    from scipy.cluster.hierarchy import fcluster, linkage
+
+    # a chain 0 — 0.6 — 1.2 with atol 0.7: one cluster (greedy from the first point would make two)
+    chain = np.array([[0.0, 0.0], [0.6, 0.1], [1.2, 0.0]])
+    assert stats.distinct_clusters(chain, atol=0.7) == (1, [0, 0, 0])
+    assert stats.distinct_clusters(chain[::-1], atol=0.7)[0] == 1
+    # against scipy's single-linkage clustering in the Chebyshev metric, cut at the same distance
+    rng = np.random.default_rng(3)
+    P = rng.uniform(size=(60, 3))
+    for atol in (0.02, 0.08, 0.2):
+        ref = fcluster(linkage(P, method="single", metric="chebyshev"), t=atol, criterion="distance")
+        count, labels = stats.distinct_clusters(P, atol=atol)
+        assert count == len(set(ref)) and _same_partition(labels, ref)
+    # relative tolerance: 1000 and 1000.5 are one point at rtol 1e-3, 1 and 1.5 are not; NaN rows stand alone
+    assert stats.distinct_clusters(np.array([[1000.0], [1000.5], [1.0], [1.5], [np.nan]]), rtol=1e-3)[0] == 4

@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 
 from stability.solvers import SolveResult
+from stability.stats import distinct_clusters
 
 
 @dataclass
@@ -64,25 +65,18 @@ def distinct_fixed_points(x_star: torch.Tensor, mask: Optional[torch.Tensor] = N
                           eps: float = 1e-8) -> tuple[int, list]:
     """Number of distinct fixed points among the samples in ``mask`` (Prop. 2's basin selection).
 
-    Two fixed points are the same when ‖a − b‖∞ ≤ tol · max(‖a‖∞, ‖b‖∞) + ε; greedy clustering in sample order.
-    Returns (count, label per sample; -1 outside the mask).
+    Two fixed points are linked when ‖a − b‖∞ ≤ tol · max(‖a‖∞, ‖b‖∞) + ε, and the distinct fixed points are the
+    connected components of that relation (:func:`stability.stats.distinct_clusters`, the routine the theory
+    checks count Newton solutions with). Returns (count, label per sample; -1 outside the mask).
     """
     B = x_star.shape[0]
-    flat = x_star.detach().flatten(1).double().cpu()
-    mask = torch.ones(B, dtype=torch.bool) if mask is None else mask.cpu()
-    labels, centres = [-1] * B, []
-    for b in range(B):
-        if not mask[b]:
-            continue
-        for c, centre in enumerate(centres):
-            scale = max(float(flat[b].abs().max()), float(centre.abs().max()))
-            if float((flat[b] - centre).abs().max()) <= tol * scale + eps:
-                labels[b] = c
-                break
-        else:
-            labels[b] = len(centres)
-            centres.append(flat[b])
-    return len(centres), labels
+    mask = torch.ones(B, dtype=torch.bool) if mask is None else mask.cpu().bool()
+    inside = torch.nonzero(mask).flatten().tolist()
+    count, sub = distinct_clusters(x_star.detach()[mask.to(x_star.device)], atol=eps, rtol=tol)
+    labels = [-1] * B
+    for b, lab in zip(inside, sub):
+        labels[b] = lab
+    return count, labels
 
 
 def status_counts(status: list) -> dict:
@@ -105,7 +99,7 @@ def reachability(result: SolveResult, *, distinct_tol: Optional[float] = None, s
     conv = result.converged
     count = distinct_fixed_points(result.x_best, conv, tol=tol)[0] if bool(conv.any()) else 0
     res = [None if not torch.isfinite(r) else float(r) for r in result.best_residual.double()]
-    summ = result.summary()  # the solver's own medians (torch's median: the lower middle value)
+    summ = result.summary()  # the solver's own medians (stability.stats.median)
     nfe = result.nfe.tolist()
     trace = [[None if not math.isfinite(v) else float(v) for v in row] for row in result.residuals.tolist()]
     return Reachability(status=list(result.status), period=result.period.tolist(), nfe=nfe, residual=res,

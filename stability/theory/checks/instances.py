@@ -67,12 +67,9 @@ def newton_fixed_points(f, jac, X: np.ndarray, iters: int = 60, bound: float = 1
 
 
 def distinct_points(P: np.ndarray, tol: float = 1e-7) -> int:
-    """Number of clusters of points closer than ``tol`` (connected components of the tol-graph)."""
-    if len(P) == 0:
-        return 0
-    from scipy.sparse.csgraph import connected_components
-    from scipy.spatial import cKDTree
+    """Number of distinct points of P (N, d) up to ``tol``: the connected components of the graph linking two
+    points when ‖a − b‖∞ ≤ tol (absolute, max-norm), by :func:`stability.stats.distinct_clusters`, the routine
+    the analysis counts distinct fixed points with."""
+    from stability.stats import distinct_clusters
 
-    tree = cKDTree(P)
-    return int(connected_components(tree.sparse_distance_matrix(tree, tol, output_type="coo_matrix"),
-                                    directed=False)[0])
+    return distinct_clusters(P, atol=tol)[0]
