@@ -203,10 +203,7 @@ class ImplicitStats:
                           "miss)", file=self.stream or sys.stderr, flush=True)
 
     def summary(self) -> dict:
-        import statistics
-
-        def med(v):
-            return float(statistics.median(v)) if v else None
+        from stability.stats import median as med
 
         return {"adjoint_method": self.method, "adjoint_tol": self.tol, "adjoint_budget": self.budget,
                 "adjoint_solves": len(self.residuals),
