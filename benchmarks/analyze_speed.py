@@ -212,6 +212,47 @@ def crossover_markdown(rows: list) -> str:
     return "\n".join(lines)
 
 
+def dense_before_after(ckpt: Path, samples: int) -> dict:
+    """The whole ``analyze_checkpoint`` (both splits) with the dense threshold at its old value (32: every demo
+    state on the Krylov / ARPACK routes) and at :data:`~stability.analysis.spectra.DENSE_MAX`, one after the
+    other in this process; per-stage timings and the numbers each prints."""
+    import stability.analysis.recall as recall
+    import stability.analysis.spectra as spectra
+    from stability.analysis.pipeline import AnalysisOptions, analyze_checkpoint
+
+    out = {}
+    for label, limit in (("before", 32), ("after", spectra.DENSE_MAX)):
+        saved = spectra.DENSE_MAX, recall.DENSE_MAX
+        spectra.DENSE_MAX = recall.DENSE_MAX = limit
+        try:
+            rep, wall = _timed(lambda: analyze_checkpoint(ckpt, options=AnalysisOptions(samples=samples)).to_json(),
+                               f"full_{label}")
+        finally:
+            spectra.DENSE_MAX, recall.DENSE_MAX = saved
+        row = {"dense_max": limit, "wall_s": wall, "cpu_s": CPU_TIMES[f"full_{label}"]}
+        for split in ("val", "hard"):
+            b = rep[split]
+            row[split] = {"timings": b["timings"], "method": b["jacobian"]["method"],
+                          "rho": b["jacobian"]["spectral_radius"], "sigma_max": b["jacobian"]["sigma_max"],
+                          "rho_M": b["prop4"]["rho_M"], "prop4_diff": b["prop4"]["max_abs_diff_vs_autograd"],
+                          "columns_checked": b["prop4"]["columns_checked"], "verdict": b["verdict"]}
+        out[label] = row
+        print(label, json.dumps({k: row[k] for k in ("dense_max", "wall_s", "cpu_s")}),
+              {s: {k: round(v, 2) for k, v in row[s]["timings"].items()} for s in ("val", "hard")}, flush=True)
+    for split in ("val", "hard"):
+        a, b = out["after"][split], out["before"][split]
+        out[f"{split}_agreement"] = {
+            "rho_max_abs_diff": float(np.nanmax(np.abs(np.array(a["rho"], float) - np.array(b["rho"], float)))),
+            "sigma_max_abs_diff": float(np.nanmax(np.abs(np.array(a["sigma_max"], float)
+                                                         - np.array(b["sigma_max"], float)))),
+            "rho_M_max_abs_diff": float(np.nanmax(np.abs(np.array(a["rho_M"], float) - np.array(b["rho_M"], float)))),
+            "same_verdict": a["verdict"]["reachable"] == b["verdict"]["reachable"]
+            and a["verdict"]["input_dependent"] == b["verdict"]["input_dependent"]
+            and a["verdict"]["independent_of_e"] == b["verdict"]["independent_of_e"]}
+        print(split, out[f"{split}_agreement"], flush=True)
+    return out
+
+
 def full_analysis(ckpt: Path, samples: int) -> dict:
     from stability.analysis.pipeline import AnalysisOptions, analyze_checkpoint
 
@@ -273,6 +314,8 @@ def main(argv=None) -> int:
     p.add_argument("--full", action="store_true", help="also time the whole analyze_checkpoint")
     p.add_argument("--crossover", action="store_true",
                    help="only time the dense ρ/σ_max route against Krylov at n = 128 … 2048 (sets DENSE_MAX)")
+    p.add_argument("--dense", action="store_true",
+                   help="only the whole analysis with the dense threshold at 32 (before) and at DENSE_MAX (after)")
     p.add_argument("--json", default=str(HERE / "results-analyze-speed.json"))
     args = p.parse_args(argv)
 
@@ -285,6 +328,13 @@ def main(argv=None) -> int:
     model = analysis_model(loaded.model)
     # pay torch.func's one-time imports before any timing
     torch.func.vjp(lambda a: a * 2, torch.ones(1, dtype=torch.float64))
+    if args.dense:
+        out = {"checkpoint": str(ckpt), "torch": torch.__version__, "threads": torch.get_num_threads(),
+               "load_avg_start": os.getloadavg(), **dense_before_after(ckpt, args.samples),
+               "load_avg_end": os.getloadavg()}
+        write_text(str(Path(args.json).with_name("results-dense-before-after.json")), json.dumps(out, indent=1))
+        print(f"load average at start / end: {out['load_avg_start']} / {out['load_avg_end']}")
+        return 0
     if args.crossover:
         rows = bench_dense_crossover(model)
         out = {"checkpoint": str(ckpt), "torch": torch.__version__, "threads": torch.get_num_threads(),
