@@ -213,23 +213,25 @@ def crossover_markdown(rows: list) -> str:
 
 
 def dense_before_after(ckpt: Path, samples: int) -> dict:
-    """The whole ``analyze_checkpoint`` (both splits) with the dense threshold at its old value (32: every demo
-    state on the Krylov / ARPACK routes) and at :data:`~stability.analysis.spectra.DENSE_MAX`, one after the
-    other in this process; per-stage timings and the numbers each prints."""
+    """The whole ``analyze_checkpoint`` (both splits) with the dense thresholds at their old values (32, no
+    mid-size tier: every demo state on the Krylov / ARPACK routes) and at
+    :data:`~stability.analysis.spectra.DENSE_MAX` / :data:`~stability.analysis.spectra.DENSE_KRYLOV_MAX`, one after
+    the other in this process; per-stage timings and the numbers each prints."""
     import stability.analysis.recall as recall
     import stability.analysis.spectra as spectra
     from stability.analysis.pipeline import AnalysisOptions, analyze_checkpoint
 
     out = {}
-    for label, limit in (("before", 32), ("after", spectra.DENSE_MAX)):
-        saved = spectra.DENSE_MAX, recall.DENSE_MAX
+    for label, limit, mid in (("before", 32, 0), ("after", spectra.DENSE_MAX, spectra.DENSE_KRYLOV_MAX)):
+        saved = spectra.DENSE_MAX, recall.DENSE_MAX, spectra.DENSE_KRYLOV_MAX, recall.DENSE_KRYLOV_MAX
         spectra.DENSE_MAX = recall.DENSE_MAX = limit
+        spectra.DENSE_KRYLOV_MAX = recall.DENSE_KRYLOV_MAX = mid
         try:
             rep, wall = _timed(lambda: analyze_checkpoint(ckpt, options=AnalysisOptions(samples=samples)).to_json(),
                                f"full_{label}")
         finally:
-            spectra.DENSE_MAX, recall.DENSE_MAX = saved
-        row = {"dense_max": limit, "wall_s": wall, "cpu_s": CPU_TIMES[f"full_{label}"]}
+            spectra.DENSE_MAX, recall.DENSE_MAX, spectra.DENSE_KRYLOV_MAX, recall.DENSE_KRYLOV_MAX = saved
+        row = {"dense_max": limit, "dense_krylov_max": mid, "wall_s": wall, "cpu_s": CPU_TIMES[f"full_{label}"]}
         for split in ("val", "hard"):
             b = rep[split]
             row[split] = {"timings": b["timings"], "method": b["jacobian"]["method"],
@@ -237,7 +239,7 @@ def dense_before_after(ckpt: Path, samples: int) -> dict:
                           "rho_M": b["prop4"]["rho_M"], "prop4_diff": b["prop4"]["max_abs_diff_vs_autograd"],
                           "columns_checked": b["prop4"]["columns_checked"], "verdict": b["verdict"]}
         out[label] = row
-        print(label, json.dumps({k: row[k] for k in ("dense_max", "wall_s", "cpu_s")}),
+        print(label, json.dumps({k: row[k] for k in ("dense_max", "dense_krylov_max", "wall_s", "cpu_s")}),
               {s: {k: round(v, 2) for k, v in row[s]["timings"].items()} for s in ("val", "hard")}, flush=True)
     for split in ("val", "hard"):
         a, b = out["after"][split], out["before"][split]

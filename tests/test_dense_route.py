@@ -132,3 +132,31 @@ def test_pipeline_takes_the_dense_route_and_prop4_reuses_stage_rhos_jacobians(mo
     only = run_stages(copy.deepcopy(m), inputs, None, AnalysisOptions(samples=3, stages=("prop4",))).to_dict()
     assert np.allclose(only["prop4"]["rho_M"], js["prop4"]["rho_M"], rtol=0, atol=1e-12)
     assert only["prop4"]["max_abs_diff_vs_autograd"] <= 1e-12
+
+
+def test_mid_size_states_reuse_the_dense_J_with_krylov_on_the_dense_matrices(monkeypatch):
+    import stability.analysis.recall as recall
+    import stability.analysis.spectra as spectra
+
+    m = small_model()  # n = 48: made mid-size by moving both thresholds below and above it
+    monkeypatch.setattr(spectra, "DENSE_MAX", 32)
+    monkeypatch.setattr(recall, "DENSE_MAX", 32)
+    monkeypatch.setattr(spectra, "DENSE_KRYLOV_MAX", 64)
+    monkeypatch.setattr(recall, "DENSE_KRYLOV_MAX", 64)
+    g = torch.Generator().manual_seed(0)
+    inputs = torch.randint(0, 2, (3, L, 1), generator=g).double() - 0.5
+    out = run_stages(m, inputs, None, AnalysisOptions(samples=3, stages=("rho", "prop4"), eig_tol=1e-10))
+    js = out.to_dict()
+    assert js["jacobian"]["method"].startswith("dense Jacobian")
+    assert all(js["jacobian"]["eigen_converged"])
+    ref = [jacrev(m, out.x_star, out.x0, b).numpy() for b in range(3)]
+    assert np.allclose(js["jacobian"]["spectral_radius"], [np.abs(np.linalg.eigvals(J)).max() for J in ref],
+                       rtol=0, atol=1e-8)
+    assert np.allclose(js["jacobian"]["sigma_max"], [np.linalg.norm(J, 2) for J in ref], rtol=0, atol=1e-12)
+    assert np.allclose(js["prop4"]["rho_M"], js["jacobian"]["spectral_radius"], rtol=0, atol=1e-8)
+    assert js["prop4"]["columns_checked"] == 48 and js["prop4"]["max_abs_diff_vs_autograd"] <= 1e-12
+    # without stage rho there is no dense J to reuse: Prop. 4 keeps the matrix-free route (random columns)
+    alone = run_stages(m, inputs, None, AnalysisOptions(samples=3, stages=("prop4",), eig_tol=1e-10,
+                                                        prop4_columns=16)).to_dict()
+    assert alone["prop4"]["columns_checked"] == 16
+    assert np.allclose(alone["prop4"]["rho_M"], js["prop4"]["rho_M"], rtol=0, atol=1e-8)

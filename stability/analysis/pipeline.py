@@ -470,31 +470,36 @@ def stage_rho(run: _Run) -> JacobianSpectra:
     from stability.analysis.spectra import batched_sigma_max, jacobian_spectral_radius, sigma_max, spectral_radius
 
     from stability.analysis.operators import DENSE_BUDGET, batched_dense_jacobian
-    from stability.analysis.spectra import DENSE_MAX, dense_batched_spectra
+    from stability.analysis.spectra import DENSE_KRYLOV_MAX, DENSE_MAX, dense_batched_spectra, dense_krylov_spectra
 
     o, f, x_star, x0 = run.options, run.f, run.x_star, run.x0
     N, dtype, dev = x_star.shape[0], x_star.dtype, x_star.device
     n = int(np.prod(x_star.shape[1:]))
     rhos, sigmas, eigs, flags = [], [], [], []
-    if o.eig_route == "arnoldi" and n <= DENSE_MAX:
+    keep = N * n * n * 8 <= 4 * DENSE_BUDGET
+    mid = n > DENSE_MAX and n <= DENSE_KRYLOV_MAX and keep and "prop4" in o.stages
+    if o.eig_route == "arnoldi" and (n <= DENSE_MAX or mid):
         # small states: every sample's dense J (batched vjps, chunked by memory) and LAPACK, exact to rounding;
-        # the dense J go to stage prop4 (its check against autograd) when they fit 4 × the chunk budget
+        # the dense J go to stage prop4 (its check against autograd) when they fit 4 × the chunk budget. Mid-size
+        # states (``mid``): the same J, ρ by Krylov–Schur on the dense matrices, for Prop. 4 to reuse
         group = max(1, (DENSE_BUDGET // 4) // (8 * n * n))
-        keep = N * n * n * 8 <= 4 * DENSE_BUDGET
         Js = []
         for i in range(0, N, group):
             J = batched_dense_jacobian(f, x_star[i:i + group], x0[i:i + group])
-            spec, sig = dense_batched_spectra(J, k=o.eig_k)
+            spec, sig = (dense_krylov_spectra(J, k=o.eig_k, tol=o.eig_tol, seed=o.seed) if mid
+                         else dense_batched_spectra(J, k=o.eig_k))
             rhos += spec.rho.cpu().tolist()
             sigmas += sig.cpu().tolist()
             eigs += [[[float(z.real), float(z.imag)] for z in row] for row in spec.eigenvalues.cpu()]
-            flags += [True] * J.shape[0]
+            flags += (spec.ritz_residual < o.eig_tol).cpu().tolist() if mid else [True] * J.shape[0]
             if keep:
                 Js.append(J)
         if keep:
             run.shared["dense_J"] = (x_star, torch.cat(Js))
         method = (f"dense (n = {n} ≤ {DENSE_MAX}: every sample's Jacobian by batched vjps, eigenvalues and σ_max "
-                  f"by LAPACK; exact to rounding, ritz_residual 0)")
+                  f"by LAPACK; exact to rounding, ritz_residual 0)" if not mid else
+                  f"dense Jacobian (n = {n} ≤ {DENSE_KRYLOV_MAX}: every sample's J by batched vjps), ρ by "
+                  f"Krylov–Schur on it (float64 products, leading Ritz residual < {o.eig_tol:g}), σ_max by LAPACK")
     elif o.eig_route == "arnoldi":
         chunk = o.eig_batch or (N if dev.type == "cuda" else 1)
         mixed = o.eig_precision == "mixed" and dtype == torch.float64

@@ -33,7 +33,7 @@ from typing import Optional
 import torch
 
 from stability.analysis.operators import JacobianOperator, TorchLinearOperator
-from stability.analysis.spectra import DENSE_MAX, Spectrum, dense_spectrum, spectral_radius
+from stability.analysis.spectra import DENSE_KRYLOV_MAX, DENSE_MAX, Spectrum, dense_spectrum, spectral_radius
 
 
 def _tile(p: torch.Tensor, k: int) -> torch.Tensor:
@@ -207,13 +207,16 @@ def assembled_vs_autograd(model, x_star: torch.Tensor, x0: torch.Tensor, *, colu
 
 
 def prop4_dense(model, x_star: torch.Tensor, x0: torch.Tensor, *, k: int = 3, J: Optional[torch.Tensor] = None,
-                sample_chunk: Optional[int] = None) -> Prop4Result:
+                sample_chunk: Optional[int] = None, krylov_tol: Optional[float] = None) -> Prop4Result:
     """Prop. 4 / App. A.7 on small states, every sample at once: M_b assembled densely from the named parts
     (:meth:`RecallMatrixOperator.dense_batched`), ρ(M_b) and its leading eigenvalues by LAPACK (exact to rounding),
     and max |M_b − J_b| over ALL n columns against the dense autograd Jacobian of ``step``: ``J`` (B, n, n) when
     the caller has it (stage rho's), else built by
     :func:`~stability.analysis.operators.batched_dense_jacobian`. Samples go in groups of ``sample_chunk`` (default:
-    dense matrices of at most 64 MiB per group)."""
+    dense matrices of at most 64 MiB per group). With ``krylov_tol`` (mid-size states) ρ(M_b) is taken by
+    Krylov–Schur on the dense M_b (:func:`~stability.analysis.spectra.dense_krylov_spectra`, leading Ritz residual
+    below ``krylov_tol``) instead of LAPACK's full ``eigvals``."""
+    from stability.analysis.spectra import dense_krylov_spectra
     from stability.analysis.operators import DENSE_BUDGET, batched_dense_jacobian
 
     B = x_star.shape[0]
@@ -225,6 +228,14 @@ def prop4_dense(model, x_star: torch.Tensor, x0: torch.Tensor, *, k: int = 3, J:
         M = RecallMatrixOperator(model, xs, xb, batched=True).dense_batched()
         Jg = J[i:i + g].to(M) if J is not None else batched_dense_jacobian(model.step, xs, xb)
         diff = max(diff, float((M - Jg).abs().max()))
+        if krylov_tol is not None:
+            ks = dense_krylov_spectra(M, k=k, tol=krylov_tol)[0]
+            for row, res, p in zip(ks.eigenvalues.cpu(), ks.ritz_residual.cpu(), ks.products.tolist()):
+                spectra.append(Spectrum(rho=float(row[0].abs()), eigenvalues=[complex(z) for z in row.tolist()],
+                                        method="dense M, Krylov–Schur", converged=bool(res < krylov_tol),
+                                        matvecs=int(p)))
+                rhos.append(spectra[-1].rho)
+            continue
         vals = torch.linalg.eigvals(M.detach().double().cpu())
         vals = torch.gather(vals, 1, torch.argsort(-vals.abs(), dim=1, stable=True))
         for row in vals:
@@ -249,6 +260,8 @@ def prop4(model, x_star: torch.Tensor, x0: torch.Tensor, *, columns: Optional[in
     n = int(torch.tensor(x_star.shape[1:]).prod())
     if n <= (DENSE_MAX if dense_max is None else dense_max):
         return prop4_dense(model, x_star, x0, k=k, J=J)
+    if J is not None and n <= DENSE_KRYLOV_MAX:  # mid-size: the dense J is at hand (stage rho's), so is dense M
+        return prop4_dense(model, x_star, x0, k=k, J=J, krylov_tol=max(tol, 1e-10))
     rhos, spectra, diff, cols = [], [], 0.0, 0
     for b in range(x_star.shape[0]):
         spec = spectral_radius(RecallMatrixOperator(model, x_star[b], x0[b]), k=k, tol=tol, transpose=True)
