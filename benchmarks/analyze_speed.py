@@ -13,6 +13,11 @@ Per split (val, hard; the first ``--samples`` samples, as ``stability analyze`` 
   ``input_dependence_frobenius_batched`` (all samples × probes in one batched GMRES);
 * the App. A.8 solves from zeros and noise (the pipeline's, not changed here) for scale.
 
+``--crossover`` only times the dense ρ/σ_max route against the Krylov one at n = 128 … 2048 (the measurement behind
+``DENSE_MAX``; results-dense-crossover.json); ``--dense`` only runs the whole analysis with the dense thresholds at
+their old values and at the current ones, per-stage timings and numbers side by side
+(results-dense-before-after.json).
+
 ``--full`` also runs the whole ``analyze_checkpoint`` (both splits) as the pipeline stands and records its
 per-stage ``timings_s``. Results go to benchmarks/results-analyze-speed.json and are printed as markdown
 (benchmarks/RESULTS.md, section "Analysis speed"). Read the ratios: the machine is shared.
