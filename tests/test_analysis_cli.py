@@ -184,3 +184,12 @@ def test_only_runs_the_named_stages_of_a_checkpoint(tiny_checkpoint, tmp_path, c
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown stage 'eigen'" in err[0] and ", ".join(STAGES) in err[0]
     assert not bad.exists()
+
+
+def test_more_samples_than_the_split_has_is_said_not_clamped_silently(tiny_checkpoint, tmp_path):
+    js = tmp_path / "r.json"
+    proc = stability("analyze", tiny_checkpoint, "--split", "val", "--samples", "1000", "--max-iter", "30",
+                     "--iterations", "5", "--probes", "1", "--only", "rho", "--json", js, "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert "val: the split has 16 samples; analysing all 16 (asked for 1000)" in proc.stderr
+    assert json.loads(js.read_text())["val"]["samples"] == 16

@@ -24,6 +24,7 @@ JSON block ``stability analyze`` writes per split; the text report, the plots an
 from __future__ import annotations
 
 import copy
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -688,6 +689,10 @@ def analyze_split(model, task, split: str, options: AnalysisOptions, *, log=None
     task. ``model`` must be the analysis copy (:func:`analysis_model`)."""
     inputs, targets = task.dataset(split)
     N = min(options.samples, inputs.shape[0])
+    if N < options.samples:
+        # said, not clamped silently: the report then describes N samples, not the number asked for
+        print(f"{split}: the split has {N} samples; analysing all {N} (asked for {options.samples})",
+              file=sys.stderr)
     return run_stages(model, inputs[:N], targets[:N], options, score=task.score, split=split, log=log)
 
 
