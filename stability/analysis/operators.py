@@ -149,12 +149,6 @@ class JacobianOperator(TorchLinearOperator):
             return self._fn(self.point.unsqueeze(0))[0]
 
 
-def jacobian_operators(f: Callable, x: torch.Tensor, x0: Optional[torch.Tensor], *, wrt: str = "x",
-                       mode: str = "jvp"):
-    """One :class:`JacobianOperator` per sample of a batch x: (B, *S)."""
-    return [JacobianOperator(f, x[b], None if x0 is None else x0[b], wrt=wrt, mode=mode) for b in range(x.shape[0])]
-
-
 class BatchedJacobian:
     """Every sample's J_b = ∂f/∂x (x_b, x0_b) at once: ``apply(V)`` (B, *S) → (J_b V_b)_b, ``rapply`` the
     transposes. Relies on the samples of f being independent, as ``step`` guarantees; the vjp's forward
