@@ -26,10 +26,12 @@ def trained(tmp_path_factory):
 def test_checkpoint_holds_everything_needed_to_rebuild_the_run(trained):
     obj = torch.load(trained, weights_only=True)
     for key in ("format", "schema_version", "package_version", "config", "model", "optimizer", "schedule",
-                "scaler", "rng", "epoch", "step", "history", "final"):
+                "rng", "epoch", "step", "history", "final"):
         assert key in obj, key
-    assert obj["format"] == "stability-checkpoint" and obj["schema_version"] == 1
+    assert "scaler" not in obj  # the never-enabled GradScaler is no longer saved
+    assert obj["format"] == "stability-checkpoint" and obj["schema_version"] == 2
     assert set(obj["config"]) == {"model", "task", "train"}
+    assert obj["config"]["train"]["method"] == {"name": "progressive", "alpha": 1.0}
     assert obj["epoch"] == 2 and len(obj["history"]) == 2
     assert len(obj["final"]["hard"]["accuracy"]) == 6
     # metrics JSONL beside it: one line per epoch plus the final evaluation

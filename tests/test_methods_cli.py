@@ -35,14 +35,14 @@ def checkpoints(tmp_path_factory):
 
 def test_train_writes_checkpoints_whose_config_records_each_method_and_its_options(checkpoints):
     ds = stability.load(checkpoints["deep-supervision"])
-    assert ds.config.train.method == "deep-supervision"
-    assert (ds.config.train.bptt_steps, ds.config.train.supervision_interval, ds.config.train.halt_tol) == (2, 4, 0.05)
+    m = ds.config.train.method
+    assert m.name == "deep-supervision" and (m.bptt_steps, m.supervision_interval, m.halt_tol) == (2, 4, 0.05)
     assert ds.model.variant_options == {"damping": 0.8, "residual_scale": 0.5, "conv": 3}
     # one optimizer step per segment: 1 or 2 segments of 4 iterations per batch, 2 batches per epoch, 2 epochs
     assert 2 * 2 <= ds.history[-1]["step"] <= 2 * 2 * 2
     imp = stability.load(checkpoints["implicit"])
-    assert imp.config.train.method == "implicit" and imp.config.train.implicit_backward == "neumann"
-    assert imp.config.train.jac_reg == 0.5 and imp.config.train.jac_reg_probes == 2
+    m = imp.config.train.method
+    assert m.name == "implicit" and m.implicit_backward == "neumann" and m.jac_reg == 0.5 and m.jac_reg_probes == 2
     for run in (ds, imp):
         assert len(run.final["val"]["accuracy"]) == 10
 
