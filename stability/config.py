@@ -346,9 +346,9 @@ class TrainConfig(_Config):
     epochs: int = _f(100, "epochs", metavar="N", ge=1)
     batch_size: int = _f(500, "batch size", metavar="N", ge=1)
     iterations: int = _f(30, "maximum training iterations T of every method", metavar="T", ge=1)
-    weight_decay: float = _f(0.01, "AdamW weight decay", ge=0.0)
+    weight_decay: float = _f(0.01, "AdamW weight decay", metavar="W", ge=0.0)
     adam_eps: float = _f(1e-8, "AdamW ε", metavar="EPS", ge=0.0)
-    betas: Annotated[tuple[float, ...], BeforeValidator(_list_to_tuple)] = _f((0.9, 0.999), "AdamW β1 β2", metavar=("B1", "B2"))
+    betas: Annotated[tuple[float, ...], BeforeValidator(_list_to_tuple)] = _f((0.9, 0.999), "AdamW β1,β2", metavar="B1,B2")
     decay_exempt: DecayExempt = _f("release", "parameters without weight decay: release (biases, norm gains but "
                                    "the head's) or norms (legacy: all biases and norm gains)")
     warmup_epochs: int = _f(9, "epochs of LR warm-up, factor 1 − exp(−(e+1)/10) in epoch e < N (0: none)",
@@ -604,3 +604,62 @@ def _walk_class(cls: type, loc: tuple) -> Optional[type]:
             return None
     return cls
 
+
+
+# ---- TOML tables ----------------------------------------------------------------------------------------------
+def option_names(section: str) -> list[str]:
+    """The keys of a section in a TOML file: the schema's fields, for ``train`` with every method's options (the
+    flat view)."""
+    names = list(SECTIONS[section].model_fields)
+    return names + list(OPTION_METHOD) if section == "train" else names
+
+
+def section_options(section: str, table: Any, where: str) -> dict:
+    """The options of one TOML section in the flat view, unknown keys refused (``where`` names the table in the
+    error): a ``[train.method]`` table's ``name`` becomes ``method`` and its options sit beside the others."""
+    if section not in SECTIONS:
+        raise ConfigError(f"{where}: unknown section {section!r}; allowed: {', '.join(SECTIONS)}")
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: expected a table of options")
+    options = dict(table)
+    if section == "train" and isinstance(options.get("method"), dict):
+        block = dict(options.pop("method"))
+        _unknown(f"{where}.method", block, ("name", *OPTION_METHOD))
+        clash = sorted((set(block) - {"name"}) & set(options))
+        if clash:
+            raise ConfigError(f"{where}: {', '.join(clash)} given both in the method table and beside it; "
+                              "choose one")
+        if "name" in block:
+            options["method"] = block.pop("name")
+        options.update(block)
+    _unknown(where, options, option_names(section))
+    return options
+
+
+def _unknown(where: str, data: dict, allowed) -> None:
+    unknown = sorted(set(data) - set(allowed))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}")
+
+
+def read_toml(path) -> dict:
+    """A run file (``stability train --config run.toml``): tables ``[model]``, ``[task]``, ``[train]`` and
+    ``[train.method]``, as ``{section: {option: value}}`` in the flat view; one ConfigError line on bad content."""
+    from pathlib import Path
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"--config {path}: no such file" if not path.exists() else f"--config {path}: not a file")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"--config {path}: not valid TOML ({exc})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"--config {path}: not a text file") from None
+    _unknown(f"--config {path}", data, SECTIONS)
+    return {s: section_options(s, t, f"--config {path}: [{s}]") for s, t in data.items()}

@@ -62,7 +62,7 @@ def test_checkpoints_of_every_method_analyse_with_stability_analyze(cli, checkpo
     cli("analyze", checkpoints[method], "--split", "val", "--samples", "1", "--max-iter", "30", "--iterations", "5",
         "--probes", "1", "--quiet", "--json", out)
     rep = json.loads(out.read_text())
-    assert rep["config"]["train"]["method"] == method
+    assert rep["config"]["train"]["method"]["name"] == method  # the config block carries the method block
     rho = rep["val"]["jacobian"]["spectral_radius"][0]
     assert 0.0 < rho < 10.0
     assert rep["val"]["fixed_point"]["status_counts"]["non-finite"] == 0

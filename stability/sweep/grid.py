@@ -71,8 +71,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from stability.config import (OPTION_METHOD, SECTIONS, RunConfig, flat_options, flat_train,
-                              flat_train_defaults, from_dict, to_dict)
+from stability.config import (SECTIONS, RunConfig, flat_options, flat_train, flat_train_defaults, from_dict,
+                              option_names, section_options, to_dict)
 from stability.errors import ConfigError
 
 try:
@@ -148,27 +148,10 @@ def _options(path, what: str, table: Any) -> dict[str, Any]:
     for section, options in table.items():
         if not isinstance(options, dict):
             raise ConfigError(f"{_where(path)}{what}.{section}: expected a table of options")
-        if section == "train" and isinstance(options.get("method"), dict):
-            block = dict(options["method"])
-            _check_keys(path, f"{what}.train.method", block, ("name", *OPTION_METHOD))
-            clash = sorted(set(block) - {"name"} & set(options))
-            if clash:
-                raise ConfigError(f"{_where(path)}{what}.train: {', '.join(clash)} given both in the method table "
-                                  "and beside it; choose one")
-            options = {k: v for k, v in options.items() if k != "method"}
-            if "name" in block:
-                options["method"] = block.pop("name")
-            options.update(block)
-        _check_keys(path, f"{what}.{section}", options, option_names(section))
+        options = section_options(section, options, f"{_where(path)}{what}.{section}")
         for key, value in options.items():
             out[f"{section}.{key}"] = value
     return out
-
-
-def option_names(section: str) -> list[str]:
-    """The keys of a section in a grid file: the schema's fields, for ``train`` with every method's options."""
-    names = list(SECTIONS[section].model_fields)
-    return names + list(OPTION_METHOD) if section == "train" else names
 
 
 def _short_value(v: Any) -> str:
