@@ -47,7 +47,7 @@ def is_device_name(name: str) -> bool:
 def _f(default: Any, help: str, *, metavar: Optional[str] = None, flag: Optional[str] = None, derived: bool = False,
        **bounds: Any) -> Any:
     """A schema field: default, help text, CLI metavar / flag name (default: ``--field-name``), bounds (ge, le).
-    ``derived``: decided by the task (``Task.model_options``), so no flag sets it."""
+    ``derived``: decided by the task (``Task.model_options``) or the release import, so no flag sets it."""
     extra = {k: v for k, v in (("metavar", metavar), ("flag", flag), ("derived", derived or None)) if v is not None}
     return Field(default, description=help, json_schema_extra=extra or None, **bounds)
 
@@ -238,7 +238,8 @@ class ModelConfig(_Config):
     window_edges: WindowEdges = _f("shift", "local window at the ends of a sequence: shift (release) or cut "
                                    "(legacy)")
     rope_precision: RopePrecision = _f("float32", "precision of the RoPE angles (legacy float64)")
-    flip_rows: bool = _f(False, "the model's boards have the first spatial axis reversed (imported chess)")
+    flip_rows: bool = _f(False, "the model's boards have the first spatial axis reversed (set by the release "
+                         "import of a chess checkpoint; off for every model trained here)", derived=True)
     damping: float = _f(1.0, "damped loop map (1 − η)·x + η·f(x, x0), in training and at inference (1: off)",
                         metavar="ETA", ge=0.0, le=1.0)
     residual_scale: Optional[float] = _f(None, "sublayer residual (1 − β)·u + β·v, FPRM's pre-norm with residual "
