@@ -261,3 +261,16 @@ def test_the_method_block_and_the_flat_view_are_one_config():
     block = TrainConfig(method={"name": "implicit", "solver_tol": 1e-4}, lr=1e-3)
     assert flat == block and flat.to_dict()["method"]["solver_tol"] == 1e-4
     assert TrainConfig().replace(method="deep-supervision", bptt_steps=2).method.bptt_steps == 2
+
+
+def test_a_record_with_a_schema_1_config_has_the_same_deterministic_view_as_one_with_the_method_block():
+    from stability.config import RunConfig, flat_train, flat_train_defaults
+    from stability.sweep.export import deterministic_view
+
+    cfg = RunConfig(train=TrainConfig(method="deep-supervision", bptt_steps=2, lr=3e-3)).to_dict()
+    old = {**cfg, "train": {**flat_train_defaults(), **flat_train(cfg["train"])}}
+    assert old != cfg
+    rec = {"id": "x", "final": {"val": {"accuracy": [0.5]}}, "timing": {"run_seconds": 1.0}}
+    assert deterministic_view({**rec, "config": old}) == deterministic_view({**rec, "config": cfg})
+    changed = RunConfig(train=TrainConfig(method="deep-supervision", bptt_steps=3, lr=3e-3)).to_dict()
+    assert deterministic_view({**rec, "config": changed}) != deterministic_view({**rec, "config": cfg})
