@@ -274,3 +274,17 @@ def test_a_record_with_a_schema_1_config_has_the_same_deterministic_view_as_one_
     assert deterministic_view({**rec, "config": old}) == deterministic_view({**rec, "config": cfg})
     changed = RunConfig(train=TrainConfig(method="deep-supervision", bptt_steps=3, lr=3e-3)).to_dict()
     assert deterministic_view({**rec, "config": changed}) != deterministic_view({**rec, "config": cfg})
+
+
+def test_analyze_takes_its_flag_defaults_from_analysis_options():
+    import dataclasses
+
+    from stability.analysis.pipeline import AnalysisOptions
+    from stability.cli import build_parser
+
+    args = build_parser("analyze").parse_args(["analyze", "ckpt.pt"])
+    flagged = [f for f in dataclasses.fields(AnalysisOptions) if "help" in f.metadata]
+    assert {f.name for f in flagged} >= {"samples", "solver", "tol", "max_iter", "iterations", "device", "probes",
+                                         "noise_std", "eig_route", "eig_precision"}
+    for f in flagged:
+        assert getattr(args, f.name) == f.default, f.name
