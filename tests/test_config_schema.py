@@ -288,3 +288,22 @@ def test_analyze_takes_its_flag_defaults_from_analysis_options():
                                          "noise_std", "eig_route", "eig_precision"}
     for f in flagged:
         assert getattr(args, f.name) == f.default, f.name
+
+
+def test_a_grid_method_table_is_the_flat_options_and_gives_the_same_cell_ids():
+    from stability.errors import ConfigError
+    from stability.sweep import grid
+
+    base = {"fixed": {"task": {"train_size": 40}}}
+    flat = grid.parse({**base, "fixed": {**base["fixed"], "train": {"method": "implicit", "solver_tol": 1e-4}},
+                       "axes": {"train": {"jac_reg": [0.0, 0.1]}}})
+    table = grid.parse({**base, "fixed": {**base["fixed"], "train": {"method": {"name": "implicit",
+                                                                                "solver_tol": 1e-4}}},
+                        "axes": {"train": {"method": {"jac_reg": [0.0, 0.1]}}}})
+    assert [(c.id, c.cell_id) for c in flat.cells] == [(c.id, c.cell_id) for c in table.cells]
+    assert [c.config.train.method.jac_reg for c in table.cells] == [0.0, 0.1]
+    assert list(table.axes) == ["train.jac_reg"] and table.cells[1].cell_id.endswith("-jacreg1e-1")
+    with pytest.raises(ConfigError, match="TrainConfig.alpha: only the progressive method uses it, not implicit"):
+        grid.parse({"fixed": {"train": {"method": {"name": "implicit", "alpha": 0.5}}}})
+    with pytest.raises(ConfigError, match=r"fixed.train.method: unknown key\(s\) solvertol"):
+        grid.parse({"fixed": {"train": {"method": {"name": "implicit", "solvertol": 0.5}}}})
