@@ -489,12 +489,8 @@ def migrate_v1(config: dict) -> dict:
     return {**config, "train": train}
 
 
-def fields(cls) -> dict:
-    """The schema's fields of ``cls`` (name -> pydantic FieldInfo), in order."""
-    return dict(cls.model_fields)
-
-
 def field_extra(info) -> dict:
+    """A field's ``json_schema_extra``: ``metavar``, ``flag``, ``derived`` where given."""
     return dict(info.json_schema_extra or {})
 
 
@@ -508,7 +504,7 @@ def bounds(info) -> tuple[Optional[float], Optional[float]]:
 
 
 # ---- one-line errors ----------------------------------------------------------------------------------------
-def _unwrap(tp: Any) -> Any:
+def unwrap(tp: Any) -> Any:
     """``Optional[X]`` / ``Annotated[X, ...]`` → X."""
     while True:
         origin = typing.get_origin(tp)
@@ -534,7 +530,7 @@ def _walk(cls: type, loc: tuple) -> tuple[str, Optional[str], Any, tuple]:
         info = cls.model_fields[key]
         name = key
         loc = loc[1:]
-        tp = _unwrap(info.annotation)
+        tp = unwrap(info.annotation)
         if isinstance(tp, type) and issubclass(tp, BaseModel) and loc:
             cls, name, info = tp, None, None
         elif typing.get_origin(tp) is Union and loc and loc[0] in METHOD_CLASSES:
@@ -574,7 +570,7 @@ def _message(cls: type, exc: ValidationError) -> str:
             owner = f"TrainConfig.method ({target.model_fields['name'].default})"
         return f"{owner}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}"
     if kind == "literal_error" and info is not None:
-        allowed = typing.get_args(_unwrap(info.annotation))
+        allowed = typing.get_args(unwrap(info.annotation))
         return f"{where}: {value!r} is not allowed; allowed: {', '.join(map(str, allowed))}"
     if kind in ("union_tag_invalid", "union_tag_not_found"):
         got = ctx.get("tag", None)
@@ -596,7 +592,7 @@ def _walk_class(cls: type, loc: tuple) -> Optional[type]:
             continue
         if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or key not in cls.model_fields:
             return None
-        tp = _unwrap(cls.model_fields[key].annotation)
+        tp = unwrap(cls.model_fields[key].annotation)
         if isinstance(tp, type) and issubclass(tp, BaseModel):
             cls = tp
         elif key == "method":

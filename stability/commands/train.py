@@ -84,10 +84,10 @@ def _default_text(value) -> str:
 def _argument(f: Flag) -> tuple[tuple, dict]:
     """argparse's (args, kwargs) of a flag: type, choices, metavar and help from the field."""
     from stability.commands import _types
-    from stability.config import METHODS, _unwrap, bounds, field_extra
+    from stability.config import METHODS, bounds, field_extra, unwrap
 
     info = f.info
-    tp = _unwrap(info.annotation)
+    tp = unwrap(info.annotation)
     optional = type(None) in typing.get_args(info.annotation)
     extra = field_extra(info)
     help_text = f"{info.description} (default {_default_text(info.default)})"
