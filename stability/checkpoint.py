@@ -1,16 +1,16 @@
 """Self-describing checkpoints: one file with the full config, weights, optimizer, schedule, RNG and history.
 
-Format (schema 1), a dict that ``torch.load(weights_only=True)`` reads (tensors, numbers, strings, lists, dicts):
+Format (schema 2), a dict that ``torch.load(weights_only=True)`` reads (tensors, numbers, strings, lists, dicts):
 
 =================  ==========================================================================================
 ``format``         ``"stability-checkpoint"``
-``schema_version`` 1
+``schema_version`` 2 (1: the same, but the method options flat in ``train``; still read)
 ``package_version`` the ``stability`` version that wrote it; ``torch_version`` likewise
-``config``         RunConfig as a plain dict: ``model``, ``task``, ``train``
+``config``         RunConfig as a plain dict: ``model``, ``task``, ``train`` (with its ``method`` block,
+                   ``{"name": ..., <that method's options>}``; docs/configuration.md)
 ``model``          the model's state_dict
 ``optimizer``      AdamW state_dict
 ``schedule``       {``base_lr``, ``epoch``, ``lr``}: the LR schedule is a pure function of the epoch
-``scaler``         GradScaler state_dict (empty unless float16 loss scaling is on)
 ``rng``            {``torch``: CPU RNG state, ``cuda``: list of CUDA RNG states, ``data``: the trainer's
                    data-order / progressive-loss generator state}
 ``epoch``/``step`` completed epochs and optimizer steps
@@ -24,57 +24,26 @@ paper's release checkpoints (``{"net": state_dict, "epoch", "optimizer"}`` with 
 :func:`load` imports (stability/release.py; docs/release-differences.md).
 
 A config written before an option existed loads with that option's legacy value (:func:`with_legacy_defaults`):
-old checkpoints keep the semantics they were trained with.
+old checkpoints keep the semantics they were trained with. A schema-1 config block is migrated on reading
+(:func:`stability.config.migrate_v1`: the chosen method's options move into the method block, the others' are
+dropped); a schema-1 file's ``scaler`` entry (a GradScaler that was never enabled) is ignored.
 """
 
 from __future__ import annotations
 
-import pickle
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-import torch
-
-from stability.atomic import atomic_path
-from stability.config import ModelConfig, RunConfig, from_dict
+from stability.config import ModelConfig, RunConfig, from_dict, migrate_v1
 from stability.errors import CheckpointError, ConfigError
+from stability.stored import Loaded, atomic_save, read_torch  # noqa: F401 - re-exported: ckpt.read_torch, ...
 
 FORMAT = "stability-checkpoint"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: the schema versions this toolkit reads (1: method options flat in ``train``, migrated by ``migrate_v1``)
+READABLE_VERSIONS = (1, 2)
 #: TrainConfig values for a checkpoint written before the option existed (``with_legacy_defaults``)
 LEGACY_TRAIN_VALUES = {"decay_exempt": "norms"}
-
-
-def atomic_save(obj: Any, path: Path) -> None:
-    """torch.save to a temporary file beside ``path``, then rename over it."""
-    with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
-
-
-def read_torch(path: Path | str) -> Any:
-    """What ``torch.load(weights_only=True)`` gives for ``path``: one clear CheckpointError for a missing,
-    unreadable, truncated or code-executing file."""
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"{path}: no such file")
-    if path.is_dir():
-        raise CheckpointError(f"{path}: is a directory, not a checkpoint file")
-    with open(path, "rb") as fh:
-        is_zip = fh.read(4) == b"PK\x03\x04"  # torch.save writes a zip archive
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        # weights_only refuses any global it does not know: that is what a code-executing pickle needs
-        if "Unsupported global" in str(exc) or "GLOBAL" in str(exc):
-            raise CheckpointError(f"{path}: refused: loading it would execute code (not a plain checkpoint)") from None
-        raise CheckpointError(f"{path}: not a stability checkpoint (not a torch file)") from None
-    except Exception as exc:  # torch raises RuntimeError, EOFError, KeyError, ... on bad bytes
-        head = (str(exc).splitlines() or [type(exc).__name__])[0][:120]
-        if is_zip:
-            raise CheckpointError(f"{path}: truncated or corrupt checkpoint ({head})") from None
-        raise CheckpointError(f"{path}: not a stability checkpoint (not a torch file)") from None
-    return obj
 
 
 def read(path: Path | str, obj: Any = None) -> dict:
@@ -86,9 +55,10 @@ def read(path: Path | str, obj: Any = None) -> dict:
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a stability checkpoint (a foreign file: no '{FORMAT}' marker)")
     version = obj.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if version not in READABLE_VERSIONS:
         raise CheckpointError(
-            f"{path}: checkpoint schema version {version!r} is not supported (this toolkit reads {SCHEMA_VERSION})"
+            f"{path}: checkpoint schema version {version!r} is not supported (this toolkit reads "
+            f"{', '.join(map(str, READABLE_VERSIONS))})"
         )
     missing = [k for k in ("config", "model", "epoch", "history") if k not in obj]
     if missing:
@@ -117,36 +87,23 @@ def with_legacy_defaults(config: dict) -> dict:
 
 
 def run_config(obj: dict, path: Path | str = "checkpoint") -> RunConfig:
-    """The checkpoint's RunConfig (fields it predates take their legacy values: ``with_legacy_defaults``)."""
+    """The checkpoint's RunConfig (fields it predates take their legacy values: ``with_legacy_defaults``; a schema-1
+    block is migrated: ``migrate_v1``)."""
     try:
-        return from_dict(RunConfig, with_legacy_defaults(obj["config"]))
+        return from_dict(RunConfig, migrate_v1(with_legacy_defaults(obj["config"])))
     except ConfigError as exc:
         raise CheckpointError(f"{path}: invalid config in checkpoint: {exc}") from None
-
-
-@dataclass
-class Loaded:
-    """What ``stability.load`` returns: the model (eval mode, math attention), its config and task."""
-
-    model: torch.nn.Module
-    config: RunConfig
-    task: Any
-    path: Path
-    epoch: int
-    history: list = field(default_factory=list)
-    final: Optional[dict] = None
-    package_version: str = ""
 
 
 def load(path: Path | str, *, device: str = "cpu", release_config: Optional[Path | str] = None) -> Loaded:
     """Load a checkpoint written by the trainer (see the module docstring for the format), or one of the paper's
     release checkpoints (a ``{"net": state_dict, ...}`` ``.pth``), whose Hydra config is ``release_config`` or
     ``RUN_DIR/.hydra/config.yaml`` beside ``RUN_DIR/model_best.pth`` (stability/release.py)."""
+    from stability import release
     from stability.model import build_model
     from stability.tasks import make_task
 
     raw = read_torch(path)
-    from stability import release
 
     if release.is_release_checkpoint(raw):
         return release.load_release(path, raw, release_config=release_config, device=device)

@@ -171,9 +171,19 @@ def _flat(d: Any, prefix: str = "") -> dict:
     return out
 
 
+def _flat_config(config: dict) -> dict:
+    """A stored RunConfig dict (schema 1 or 2) as ``section.option`` -> value, method options as ``train.X``."""
+    from stability.config import flat_options, migrate_v1
+
+    try:
+        return flat_options(migrate_v1(config))
+    except (AttributeError, TypeError, ValueError):  # not a RunConfig dict: compare it as it is
+        return _flat(config)
+
+
 def config_changes(a: dict, b: dict) -> list[tuple[str, Any, Any]]:
     """The options (``section.name``) whose values differ between two stored RunConfig dicts."""
-    fa, fb = _flat(a), _flat(b)
+    fa, fb = _flat_config(a), _flat_config(b)
     return [(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
 
 

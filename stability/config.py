@@ -1,18 +1,25 @@
-"""Typed, validated configuration.
+"""Typed, validated configuration: the one schema from which the CLI flags, the TOML keys, the checkpoint's config
+block and the validation derive (docs/configuration.md).
 
-Every config is a frozen dataclass. ``from_dict`` refuses unknown keys and values outside the allowed ones,
-naming what is allowed, so that no key is ever silently ignored (the paper's release did that).
-Fields typed ``Literal[...]`` are checked against their literals; numeric fields against the ranges in
-``_RANGES``.
+Every config is a frozen pydantic v2 model with ``extra="forbid"``: an unknown key is an error naming the allowed
+ones, so that no key is ever silently ignored (the paper's release did that). Each field carries its help text
+(``Field(description=...)``) and, where useful, its CLI ``metavar``/``flag`` (``json_schema_extra``); ranges are
+``ge``/``le`` bounds; cross-field checks are ``model_validator``\\ s. Any failure is one :class:`ConfigError` line in
+the style ``TrainConfig.lr: -1.0 is outside [0.0, inf]`` (:func:`_message` converts pydantic's ValidationError).
+
+``TrainConfig.method`` is a discriminated union (on ``name``) of :class:`Progressive`, :class:`DeepSupervision` and
+:class:`Implicit`: the options of a method live in its block, so an explicit value is never an error, and an option
+of another method is refused naming the method that has it. The *flat view* (method options beside the other train
+options, ``method`` = the method's name: schema 1 of the checkpoints, the grid files' keys) is accepted on input
+(:meth:`TrainConfig._nest_method`) and produced by :func:`flat_train`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import typing
-from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from stability.errors import ConfigError
 
@@ -25,82 +32,42 @@ RopePrecision = Literal["float32", "float64"]
 DecayExempt = Literal["release", "norms"]
 Method = Literal["progressive", "deep-supervision", "implicit"]
 ImplicitBackward = Literal["krylov", "neumann", "one-step"]
+TaskName = Literal["prefix-sums", "sudoku", "chess"]
 
 RECALLS = typing.get_args(Recall)
+NORMS = typing.get_args(Norm)
+METHODS = typing.get_args(Method)
 
 
 def is_device_name(name: str) -> bool:
     """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (whether that device exists is checked where it is used)."""
     return name in typing.get_args(Device) or (name.startswith("cuda:") and name[5:].isdigit())
-NORMS = typing.get_args(Norm)
 
 
-def _check_value(cls_name: str, name: str, tp: Any, value: Any) -> Any:
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    where = f"{cls_name}.{name}"
-    if origin is Literal:
-        if value not in args:
-            raise ConfigError(f"{where}: {value!r} is not allowed; allowed: {', '.join(map(str, args))}")
-        return value
-    if origin is typing.Union and type(None) in args:  # Optional[X]
-        if value is None:
-            return None
-        inner = [a for a in args if a is not type(None)][0]
-        return _check_value(cls_name, name, inner, value)
-    if origin in (tuple, list):
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
-        inner = args[0] if args else Any
-        return tuple(_check_value(cls_name, name, inner, v) for v in value)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where}: expected true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
-                return int(value)
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where}: expected a number, got {value!r}")
-        if not math.isfinite(value):
-            raise ConfigError(f"{where}: expected a finite number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected a string, got {value!r}")
-        return value
-    if dataclasses.is_dataclass(tp):
-        if isinstance(value, tp):
-            return value
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a table of options, got {value!r}")
-        return from_dict(tp, value)
-    return value
+def _f(default: Any, help: str, *, metavar: Optional[str] = None, flag: Optional[str] = None, derived: bool = False,
+       **bounds: Any) -> Any:
+    """A schema field: default, help text, CLI metavar / flag name (default: ``--field-name``), bounds (ge, le).
+    ``derived``: decided by the task (``Task.model_options``) or the release import, so no flag sets it."""
+    extra = {k: v for k, v in (("metavar", metavar), ("flag", flag), ("derived", derived or None)) if v is not None}
+    return Field(default, description=help, json_schema_extra=extra or None, **bounds)
 
 
-class _Config:
-    """Mixin: validation after construction, conversion to and from plain dicts."""
+def _list_to_tuple(value: Any) -> Any:
+    """TOML and JSON give lists where a field is a tuple."""
+    return tuple(value) if isinstance(value, list) else value
 
-    _RANGES: typing.ClassVar[dict[str, tuple[Optional[float], Optional[float]]]] = {}
 
-    def __post_init__(self) -> None:
-        hints = typing.get_type_hints(type(self))
-        for f in dataclasses.fields(self):
-            value = _check_value(type(self).__name__, f.name, hints[f.name], getattr(self, f.name))
-            object.__setattr__(self, f.name, value)
-            lo, hi = self._RANGES.get(f.name, (None, None))
-            if value is not None and ((lo is not None and value < lo) or (hi is not None and value > hi)):
-                lo_s = "-inf" if lo is None else lo
-                hi_s = "inf" if hi is None else hi
-                raise ConfigError(f"{type(self).__name__}.{f.name}: {value!r} is outside [{lo_s}, {hi_s}]")
-        self.validate()
+class _Config(BaseModel):
+    """Base: frozen, unknown keys refused, strict types (no str → number, no bool → int), finite numbers; one-line
+    :class:`ConfigError` on any bad value."""
 
-    def validate(self) -> None:  # cross-field checks
-        pass
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise ConfigError(_message(type(self), exc)) from None
 
     def to_dict(self) -> dict:
         return to_dict(self)
@@ -109,31 +76,115 @@ class _Config:
         return from_dict(type(self), {**to_dict(self), **changes})
 
 
+def _plain(v: Any) -> Any:
+    if isinstance(v, BaseModel):
+        return to_dict(v)
+    if isinstance(v, (tuple, list)):
+        return [_plain(x) for x in v]
+    return v
+
+
 def to_dict(cfg: Any) -> dict:
     """Plain nested dict (lists, not tuples) that ``torch.load(weights_only=True)`` and JSON accept."""
-    out = {}
-    for f in dataclasses.fields(cfg):
-        v = getattr(cfg, f.name)
-        if dataclasses.is_dataclass(v):
-            v = to_dict(v)
-        elif isinstance(v, tuple):
-            v = list(v)
-        out[f.name] = v
-    return out
+    return {name: _plain(getattr(cfg, name)) for name in type(cfg).model_fields}
 
 
 def from_dict(cls, data: dict):
     """Build ``cls`` from a dict, refusing unknown keys (the error names the allowed ones)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{cls.__name__}: expected a table of options, got {data!r}")
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(data) - set(names))
-    if unknown:
-        raise ConfigError(f"{cls.__name__}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(names)}")
     return cls(**data)
 
 
-@dataclass(frozen=True)
+# ---- methods ------------------------------------------------------------------------------------------------
+class _MethodConfig(_Config):
+    """A training method's options (errors name them ``TrainConfig.<option>``: the flat view's name)."""
+
+    owner_name: typing.ClassVar[str] = "TrainConfig"
+
+
+class Progressive(_MethodConfig):
+    """The progressive loss of App. B.1.2: the loss at T plus, with weight α, at a random n + k ≤ T."""
+
+    name: Literal["progressive"] = "progressive"
+    alpha: float = _f(1.0, "progressive-loss weight α", ge=0.0, le=1.0)
+
+
+class DeepSupervision(_MethodConfig):
+    """Deep supervision with truncated BPTT (FPRM App. C): every ``supervision_interval`` iterations (None =
+    ``bptt_steps``) decode, take the loss and back-propagate through the ``bptt_steps`` latest iterations, one
+    optimizer step per segment, until each sample's relative L∞ residual is below ``halt_tol`` or ``iterations``
+    are spent."""
+
+    name: Literal["deep-supervision"] = "deep-supervision"
+    bptt_steps: int = _f(5, "iterations back-propagated per segment", metavar="K", ge=1)
+    supervision_interval: Optional[int] = _f(None, "iterations per supervised segment, at least K (default K)",
+                                             metavar="T", ge=1)
+    halt_tol: float = _f(0.1, "a sample stops once its relative L∞ residual is below TAU", metavar="TAU", ge=0.0)
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.supervision_interval is not None and self.supervision_interval < self.bptt_steps:
+            raise ConfigError(f"TrainConfig.supervision_interval: T_sup = {self.supervision_interval} must be at "
+                              f"least bptt_steps k = {self.bptt_steps} (gradient flows through the k latest "
+                              "iterations of each segment)")
+        if self.halt_tol == 0.0:
+            raise ConfigError("TrainConfig.halt_tol: a tolerance must be positive")
+        return self
+
+
+class Implicit(_MethodConfig):
+    """Implicit (equilibrium) training, Attractor Models / DEQ: x* by Anderson acceleration to ``solver_tol``
+    within ``iterations`` evaluations; the gradient by the implicit function theorem, the adjoint solve
+    (I − Jᵀ) u = ∂L/∂x* by GMRES (krylov), the Neumann series u ← Jᵀu + ∂L/∂x*, or one-step (Jacobian-free: through
+    one application of f at x*), to ``backward_tol`` within ``backward_iterations`` products, or, with
+    ``backward_max_iterations`` > 0 (the adaptive budget, the default), until ``backward_tol`` or the larger of the
+    two; Jacobian regularisation ``jac_reg`` · ‖J‖_F²/n estimated with ``jac_reg_probes`` Gaussian probes."""
+
+    name: Literal["implicit"] = "implicit"
+    solver_tol: float = _f(1e-3, "Anderson forward-solve tolerance", metavar="TOL", ge=0.0)
+    anderson_memory: int = _f(5, "Anderson history length", metavar="M", ge=1)
+    implicit_backward: ImplicitBackward = _f("krylov", "adjoint solve (I − Jᵀ) u = ∂L/∂x*: GMRES, Neumann series, "
+                                             "or one-step")
+    backward_tol: float = _f(1e-4, "adjoint-solve relative tolerance", metavar="TOL", ge=0.0)
+    backward_iterations: int = _f(30, "adjoint-solve products with Jᵀ when --backward-max-iterations is 0",
+                                  metavar="N", ge=1)
+    # measured on sudoku-size maps: benchmarks/RESULTS.md, "Implicit backward"
+    backward_max_iterations: int = _f(150, "adaptive adjoint budget: iterate until --backward-tol or max(N, "
+                                      "--backward-iterations) products; 0: the fixed --backward-iterations",
+                                      metavar="N", ge=0)
+    jac_reg: float = _f(0.0, "weight of the ‖J‖_F²/n regulariser at x* (0: off)", metavar="W", ge=0.0)
+    jac_reg_probes: int = _f(1, "Hutchinson probes of the regulariser", metavar="N", ge=1)
+
+    @model_validator(mode="after")
+    def _check(self):
+        zero = [n for n in ("solver_tol", "backward_tol") if getattr(self, n) == 0.0]
+        if zero:
+            raise ConfigError(f"TrainConfig.{zero[0]}: a tolerance must be positive")
+        defaults = {n: f.default for n, f in Implicit.model_fields.items()}
+        if self.implicit_backward == "one-step":
+            for name in ("backward_tol", "backward_iterations", "backward_max_iterations"):
+                if getattr(self, name) != defaults[name]:
+                    raise ConfigError(f"TrainConfig.{name}: the one-step backward solves no linear system; "
+                                      "leave it at its default or use implicit_backward krylov or neumann")
+        if self.jac_reg == 0.0 and self.jac_reg_probes != defaults["jac_reg_probes"]:
+            raise ConfigError("TrainConfig.jac_reg_probes: Jacobian regularisation is off (jac_reg 0); set "
+                              "jac_reg > 0 or leave the probes at their default")
+        return self
+
+
+#: method name -> its options class
+METHOD_CLASSES: dict[str, type] = {"progressive": Progressive, "deep-supervision": DeepSupervision,
+                                   "implicit": Implicit}
+#: the options only one method reads (method name -> option names), derived from the method classes
+METHOD_OPTIONS: dict[str, tuple[str, ...]] = {m: tuple(n for n in c.model_fields if n != "name")
+                                              for m, c in METHOD_CLASSES.items()}
+#: option name -> the method that has it
+OPTION_METHOD: dict[str, str] = {o: m for m, opts in METHOD_OPTIONS.items() for o in opts}
+MethodConfig = Annotated[Union[Progressive, DeepSupervision, Implicit], Field(discriminator="name")]
+
+
+# ---- the run ------------------------------------------------------------------------------------------------
 class ModelConfig(_Config):
     """The looped transformer of Section 5 / App. B.1.2 (the map f) and the fixed-depth baseline.
 
@@ -167,50 +218,41 @@ class ModelConfig(_Config):
     sequences, 2-D for boards (FPRM App. C); None = off.
     """
 
-    recall: Recall = "external"
-    norm: Norm = "post"
-    width: int = 256
-    heads: int = 8
-    mlp_ratio: int = 4
-    depth: int = 15
-    in_channels: int = 1
-    out_channels: int = 2
-    spatial_ndim: int = 1
-    attention_window: Optional[int] = None
-    rope_base: float = 10000.0
-    qk_norm: bool = True
-    share_norms: bool = True
-    initial_state: InitialState = "x0"
-    noise_std: float = 1.0
-    norm_eps: Optional[float] = None
-    window_edges: WindowEdges = "shift"
-    rope_precision: RopePrecision = "float32"
-    flip_rows: bool = False
-    damping: float = 1.0
-    residual_scale: Optional[float] = None
-    conv: Optional[int] = None
-
-    _RANGES = {
-        "width": (1, None),
-        "heads": (1, None),
-        "mlp_ratio": (1, None),
-        "depth": (1, None),
-        "in_channels": (1, None),
-        "out_channels": (2, None),
-        "spatial_ndim": (1, 3),
-        "attention_window": (1, None),
-        "noise_std": (0.0, None),
-        "norm_eps": (0.0, 1.0),
-        "damping": (0.0, 1.0),
-        "residual_scale": (0.0, 1.0),
-        "conv": (1, 31),
-    }
+    recall: Recall = _f("external", "none | external | internal | fixed (the fixed-depth baseline)")
+    norm: Norm = _f("post", "outer/inner normalisation variant")
+    width: int = _f(256, "model width d", metavar="D", ge=1)
+    heads: int = _f(8, "attention heads", metavar="H", ge=1)
+    mlp_ratio: int = _f(4, "MLP hidden width as a multiple of d", metavar="R", ge=1)
+    depth: int = _f(15, "blocks of the fixed-depth baseline", metavar="N", ge=1)
+    in_channels: int = _f(1, "input channels (set by the task)", derived=True, ge=1)
+    out_channels: int = _f(2, "output classes (set by the task)", derived=True, ge=2)
+    spatial_ndim: int = _f(1, "spatial axes (set by the task)", derived=True, ge=1, le=3)
+    attention_window: Optional[int] = _f(None, "local attention window (set by the task)", derived=True, ge=1)
+    rope_base: float = _f(10000.0, "RoPE frequency base", metavar="B")
+    qk_norm: bool = _f(True, "RMSNorm on queries and keys")
+    share_norms: bool = _f(True, "one Pre/Peri/Post instance for both sublayers, as the release")
+    initial_state: InitialState = _f("x0", "first iterate e")
+    noise_std: float = _f(1.0, "std of the Gaussian first iterate (initial_state noise)", metavar="S", ge=0.0)
+    norm_eps: Optional[float] = _f(None, "ε of every RMSNorm (none: the dtype's machine epsilon; legacy 1e-6)",
+                                   metavar="EPS", ge=0.0, le=1.0)
+    window_edges: WindowEdges = _f("shift", "local window at the ends of a sequence: shift (release) or cut "
+                                   "(legacy)")
+    rope_precision: RopePrecision = _f("float32", "precision of the RoPE angles (legacy float64)")
+    flip_rows: bool = _f(False, "the model's boards have the first spatial axis reversed (set by the release "
+                         "import of a chess checkpoint; off for every model trained here)", derived=True)
+    damping: float = _f(1.0, "damped loop map (1 − η)·x + η·f(x, x0), in training and at inference (1: off)",
+                        metavar="ETA", ge=0.0, le=1.0)
+    residual_scale: Optional[float] = _f(None, "sublayer residual (1 − β)·u + β·v, FPRM's pre-norm with residual "
+                                         "scaling (none: off)", metavar="BETA", ge=0.0, le=1.0)
+    conv: Optional[int] = _f(None, "depth-wise convolution of odd kernel K on the latent at the start of each loop "
+                             "(none: off)", metavar="K", ge=1, le=31)
 
     #: values of the release-semantics fields for a config written before they existed (run_config fills them in)
     LEGACY_MODEL_VALUES: typing.ClassVar[dict[str, Any]] = {
         "norm_eps": 1e-6, "window_edges": "cut", "rope_precision": "float64"}
 
-    def validate(self) -> None:
+    @model_validator(mode="after")
+    def _check(self):
         if self.flip_rows and self.spatial_ndim < 2:
             raise ConfigError("ModelConfig.flip_rows: only for boards (spatial_ndim >= 2)")
         if self.norm_eps == 0.0:
@@ -236,14 +278,14 @@ class ModelConfig(_Config):
         if self.conv is not None and self.conv % 2 == 0:
             raise ConfigError("ModelConfig.conv: the kernel size must be odd (a symmetric neighbourhood)")
         if self.recall == "fixed":
-            defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+            defaults = {n: f.default for n, f in ModelConfig.model_fields.items()}
             extra = [n for n in ("damping", "residual_scale", "conv") if getattr(self, n) != defaults[n]]
             if extra:
                 raise ConfigError(f"ModelConfig: {', '.join(extra)}: options of the loop map; the fixed-depth "
                                   "baseline (recall fixed) has none")
+        return self
 
 
-@dataclass(frozen=True)
 class TaskConfig(_Config):
     """Which task and its sizes. Options a task does not use must stay at their defaults (checked by the task).
 
@@ -257,41 +299,33 @@ class TaskConfig(_Config):
     hard_size as given (the paper's are 40000 / 10000 / 10000: ``Task.paper_sizes``).
     """
 
-    name: Literal["prefix-sums", "sudoku", "chess"] = "prefix-sums"
-    train_size: int = 8000
-    val_size: int = 2000
-    hard_size: int = 10000
-    train_length: int = 32
-    hard_length: int = 512
-    seed: int = 0
-    data_path: Optional[str] = None
-    cache_dir: Optional[str] = None
-    engine: Optional[str] = None
-    sudoku_cut: Optional[float] = None
-    chess_easy_max: int = 1600
-    chess_hard_min: int = 1601
-    chess_hard_max: int = 2000
+    name: TaskName = _f("prefix-sums", "the task", flag="task")
+    train_size: int = _f(8000, "training samples", metavar="N", ge=1)
+    val_size: int = _f(2000, "validation samples", metavar="N", ge=1)
+    hard_size: int = _f(10000, "hard samples", metavar="N", ge=1)
+    train_length: int = _f(32, "prefix sums: train/val length in bits", metavar="BITS", ge=1)
+    hard_length: int = _f(512, "prefix sums: hard length in bits", metavar="BITS", ge=1)
+    seed: int = _f(0, "seed of the generated data", metavar="S", flag="data-seed", ge=0)
+    data_path: Optional[str] = _f(None, "a real dataset file (sudoku-extreme CSVs, Lichess CSV)", metavar="PATH")
+    cache_dir: Optional[str] = _f(None, "where datasets are cached", metavar="DIR")
+    engine: Optional[str] = _f(None, "UCI chess engine for the chess generator", metavar="PATH")
+    sudoku_cut: Optional[float] = _f(None, "sudoku: the rating splitting easy from hard (none: the paper's rule)",
+                                     metavar="R", ge=0.0)
+    chess_easy_max: int = _f(1600, "chess: train/val puzzles rated at most this", metavar="R")
+    chess_hard_min: int = _f(1601, "chess: hard puzzles rated at least this", metavar="R")
+    chess_hard_max: int = _f(2000, "chess: hard puzzles rated at most this", metavar="R")
 
-    _RANGES = {
-        "sudoku_cut": (0.0, None),
-        "train_size": (1, None),
-        "val_size": (1, None),
-        "hard_size": (1, None),
-        "train_length": (1, None),
-        "hard_length": (1, None),
-        "seed": (0, None),
-    }
-
-    def validate(self) -> None:
+    @model_validator(mode="after")
+    def _check(self):
         if not self.chess_easy_max < self.chess_hard_min <= self.chess_hard_max:
             raise ConfigError(
                 f"TaskConfig: chess ratings need chess_easy_max < chess_hard_min <= chess_hard_max, got "
                 f"{self.chess_easy_max}, {self.chess_hard_min}, {self.chess_hard_max}")
+        return self
 
 
-@dataclass(frozen=True)
 class TrainConfig(_Config):
-    """Training as in App. B.1.2 and docs/release-differences.md: progressive loss (α, T), AdamW, warm-up, cool-down.
+    """Training as in App. B.1.2 and docs/release-differences.md: AdamW, warm-up, cool-down, and the ``method``.
 
     ``warmup_epochs``: the LR factor is 1 − exp(−(e+1)/10) for epochs e < warmup_epochs, then 1.
     ``decay_exempt``: which parameters escape AdamW's weight decay: release (biases and norm gains except the
@@ -301,138 +335,328 @@ class TrainConfig(_Config):
     ``eval_every``: evaluate on val/hard every this many epochs (0 = only at the end), at iterations
     1..``eval_iterations``; the final evaluation runs to ``test_iterations``. ``monitor_every``: every this
     many epochs (0 = never) log the stability monitor on a fixed probe of ``monitor_samples`` val samples.
-
-    ``method``: progressive (the loss above; ``alpha``), deep-supervision (FPRM App. C: every
-    ``supervision_interval`` iterations (None = ``bptt_steps``) decode, take the loss and back-propagate through
-    the ``bptt_steps`` latest iterations, one optimizer step per segment, until each sample's relative L∞
-    residual is below ``halt_tol`` or ``iterations`` are spent), or implicit (Attractor Models / DEQ: x* by
-    Anderson acceleration to ``solver_tol`` within ``iterations`` evaluations, memory ``anderson_memory``;
-    gradient by the implicit function theorem, ``implicit_backward`` krylov (GMRES on (I − Jᵀ) u = ∂L/∂x*),
-    neumann (u ← Jᵀu + ∂L/∂x*), or one-step (Jacobian-free: through one application of f at x*), solved to
-    ``backward_tol`` within ``backward_iterations`` products, or, with ``backward_max_iterations`` > 0 (the
-    adaptive budget, the default), until ``backward_tol`` or the larger of the two; Jacobian regularisation
-    ``jac_reg`` · ‖J‖_F²/n estimated with ``jac_reg_probes`` Gaussian probes). ``iterations`` is every method's cap on the loop.
-    Options of one method must stay at their defaults with the others.
+    ``method``: the method and its options, :class:`Progressive`, :class:`DeepSupervision` or :class:`Implicit`
+    (given flat, ``method="implicit", solver_tol=1e-4``, or as a block, ``method={"name": "implicit", ...}``).
+    ``iterations`` is every method's cap on the loop.
     """
 
-    method: Method = "progressive"
-    lr: float = 1e-4
-    epochs: int = 100
-    batch_size: int = 500
-    iterations: int = 30
-    alpha: float = 1.0
-    weight_decay: float = 0.01
-    adam_eps: float = 1e-8
-    betas: tuple[float, ...] = (0.9, 0.999)
-    decay_exempt: DecayExempt = "release"
-    warmup_epochs: int = 9
-    cooldown_at: float = 0.6
-    cooldown_factor: float = 0.1
-    grad_clip: float = 1.0
-    seed: int = 0
-    device: str = "auto"  # auto, cpu, cuda or cuda:N (checked in validate)
-    compile: bool = False
-    bf16: bool = True
-    eval_every: int = 0
-    eval_iterations: int = 60
-    test_iterations: int = 500
-    eval_batch_size: int = 1000
-    monitor_every: int = 0
-    monitor_samples: int = 16
-    bptt_steps: int = 5
-    supervision_interval: Optional[int] = None
-    halt_tol: float = 0.1
-    solver_tol: float = 1e-3
-    anderson_memory: int = 5
-    implicit_backward: ImplicitBackward = "krylov"
-    backward_tol: float = 1e-4
-    backward_iterations: int = 30
-    backward_max_iterations: int = 150  # measured on sudoku-size maps: benchmarks/RESULTS.md, "Implicit backward"
-    jac_reg: float = 0.0
-    jac_reg_probes: int = 1
+    method: MethodConfig = Field(Progressive(), description="the training method and its options: progressive "
+                                 "loss, deep supervision with truncated BPTT (FPRM), or implicit (equilibrium, "
+                                 "Anderson forward, implicit-function-theorem backward)")
+    lr: float = _f(1e-4, "peak learning rate", ge=0.0)
+    epochs: int = _f(100, "epochs", metavar="N", ge=1)
+    batch_size: int = _f(500, "batch size", metavar="N", ge=1)
+    iterations: int = _f(30, "maximum training iterations T of every method", metavar="T", ge=1)
+    weight_decay: float = _f(0.01, "AdamW weight decay", metavar="W", ge=0.0)
+    adam_eps: float = _f(1e-8, "AdamW ε", metavar="EPS", ge=0.0)
+    betas: Annotated[tuple[float, ...], BeforeValidator(_list_to_tuple)] = _f((0.9, 0.999), "AdamW β1,β2", metavar="B1,B2")
+    decay_exempt: DecayExempt = _f("release", "parameters without weight decay: release (biases, norm gains but "
+                                   "the head's) or norms (legacy: all biases and norm gains)")
+    warmup_epochs: int = _f(9, "epochs of LR warm-up, factor 1 − exp(−(e+1)/10) in epoch e < N (0: none)",
+                            metavar="N", ge=0)
+    cooldown_at: float = _f(0.6, "the LR is multiplied by the cooldown factor from epoch ⌊F · epochs⌋ on (1: never)",
+                            metavar="F", ge=0.0, le=1.0)
+    cooldown_factor: float = _f(0.1, "LR factor of the cooldown", metavar="C", ge=0.0, le=1.0)
+    grad_clip: float = _f(1.0, "gradient-norm clip", metavar="G", ge=0.0)
+    seed: int = _f(0, "seed of initialisation and data order", metavar="S", ge=0)
+    device: str = _f("auto", "auto (cuda when available), cpu, cuda or cuda:N", metavar="DEV")
+    compile: bool = _f(False, "torch.compile the loop map (progressive only)")
+    bf16: bool = _f(True, "bf16 autocast on CUDA (the CPU always trains in float32)")
+    eval_every: int = _f(0, "evaluate every N epochs (0: only at the end)", metavar="N", ge=0)
+    eval_iterations: int = _f(60, "iterations of the periodic evaluations", metavar="T", ge=1)
+    test_iterations: int = _f(500, "iterations of the final evaluation (announced with an estimate when long)",
+                              metavar="T", ge=1)
+    eval_batch_size: int = _f(1000, "evaluation batch size", metavar="N", ge=1)
+    monitor_every: int = _f(0, "log ρ(W_x), median ρ(J*), converged fraction, ‖dx*/dx0‖ every N epochs (0: off)",
+                            metavar="N", ge=0)
+    monitor_samples: int = _f(16, "probe size of the stability monitor", metavar="N", ge=1)
 
-    _RANGES = {
-        "lr": (0.0, None),
-        "epochs": (1, None),
-        "batch_size": (1, None),
-        "iterations": (1, None),
-        "alpha": (0.0, 1.0),
-        "weight_decay": (0.0, None),
-        "adam_eps": (0.0, None),
-        "warmup_epochs": (0, None),
-        "cooldown_at": (0.0, 1.0),
-        "cooldown_factor": (0.0, 1.0),
-        "grad_clip": (0.0, None),
-        "seed": (0, None),
-        "eval_every": (0, None),
-        "eval_iterations": (1, None),
-        "test_iterations": (1, None),
-        "eval_batch_size": (1, None),
-        "monitor_every": (0, None),
-        "monitor_samples": (1, None),
-        "bptt_steps": (1, None),
-        "supervision_interval": (1, None),
-        "halt_tol": (0.0, None),
-        "solver_tol": (0.0, None),
-        "anderson_memory": (1, None),
-        "backward_tol": (0.0, None),
-        "backward_iterations": (1, None),
-        "backward_max_iterations": (0, None),
-        "jac_reg": (0.0, None),
-        "jac_reg_probes": (1, None),
-    }
+    @model_validator(mode="before")
+    @classmethod
+    def _nest_method(cls, data: Any) -> Any:
+        """The flat view (method options beside the others, ``method`` a name) into the method block; an option of
+        another method is refused naming the method that has it."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        flat = {k: data.pop(k) for k in list(data) if k in OPTION_METHOD}
+        method = data.get("method", "progressive")
+        if isinstance(method, _MethodConfig):
+            block = to_dict(method)
+        elif isinstance(method, str):
+            if method not in METHOD_CLASSES:
+                raise ConfigError(f"TrainConfig.method: {method!r} is not allowed; allowed: {', '.join(METHODS)}")
+            block = {"name": method}
+        elif isinstance(method, dict):
+            block = dict(method)
+        else:
+            return {**data, **flat}
+        name = block.get("name")
+        if name not in METHOD_CLASSES:
+            if flat:
+                data.update(flat)
+            return data
+        for key in [*block, *flat]:
+            owner = OPTION_METHOD.get(key)
+            if owner is not None and owner != name:
+                raise ConfigError(f"TrainConfig.{key}: only the {owner} method uses it, not {name} (choose method "
+                                  f"{owner} to set it)")
+        if flat or not isinstance(method, _MethodConfig):
+            data["method"] = {**block, **flat}
+        return data
 
-    #: the options only one method reads
-    METHOD_OPTIONS: typing.ClassVar[dict[str, tuple[str, ...]]] = {
-        "progressive": ("alpha",),
-        "deep-supervision": ("bptt_steps", "supervision_interval", "halt_tol"),
-        "implicit": ("solver_tol", "anderson_memory", "implicit_backward", "backward_tol", "backward_iterations",
-                     "backward_max_iterations", "jac_reg", "jac_reg_probes"),
-    }
-
-    def validate(self) -> None:
+    @model_validator(mode="after")
+    def _check(self):
         if not is_device_name(self.device):
             raise ConfigError(f"TrainConfig.device: {self.device!r} is not allowed; allowed: auto, cpu, cuda, cuda:N")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ConfigError(f"TrainConfig.betas: expected two numbers in [0, 1), got {list(self.betas)}")
-        defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
-        for method, names in self.METHOD_OPTIONS.items():
-            if method == self.method:
-                continue
-            for name in names:
-                if getattr(self, name) != defaults[name]:
-                    raise ConfigError(f"TrainConfig.{name}: only the {method} method uses it, not {self.method} "
-                                      f"(leave it at {defaults[name]!r} or choose method {method})")
-        if self.compile and self.method != "progressive":
-            raise ConfigError(f"TrainConfig.compile: not with method {self.method}: its batches shrink as samples "
-                              "halt or converge, and a compiled loop map recompiles for every batch size; use "
-                              "--no-compile")
-        if self.supervision_interval is not None and self.supervision_interval < self.bptt_steps:
-            raise ConfigError(f"TrainConfig.supervision_interval: T_sup = {self.supervision_interval} must be at "
-                              f"least bptt_steps k = {self.bptt_steps} (gradient flows through the k latest "
-                              "iterations of each segment)")
-        if self.halt_tol == 0.0 or self.solver_tol == 0.0 or self.backward_tol == 0.0:
-            zero = [n for n in ("halt_tol", "solver_tol", "backward_tol") if getattr(self, n) == 0.0][0]
-            raise ConfigError(f"TrainConfig.{zero}: a tolerance must be positive")
-        if self.implicit_backward == "one-step":
-            for name in ("backward_tol", "backward_iterations", "backward_max_iterations"):
-                if getattr(self, name) != defaults[name]:
-                    raise ConfigError(f"TrainConfig.{name}: the one-step backward solves no linear system; "
-                                      "leave it at its default or use implicit_backward krylov or neumann")
-        if self.jac_reg == 0.0 and self.jac_reg_probes != defaults["jac_reg_probes"]:
-            raise ConfigError("TrainConfig.jac_reg_probes: Jacobian regularisation is off (jac_reg 0); set "
-                              "jac_reg > 0 or leave the probes at their default")
+        if self.compile and self.method.name != "progressive":
+            raise ConfigError(f"TrainConfig.compile: not with method {self.method.name}: its batches shrink as "
+                              "samples halt or converge, and a compiled loop map recompiles for every batch size; "
+                              "use --no-compile")
+        return self
 
 
-@dataclass(frozen=True)
 class RunConfig(_Config):
     """Everything a checkpoint needs to rebuild its run: model, task, training."""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
-    task: TaskConfig = field(default_factory=TaskConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig, description="the looped transformer")
+    task: TaskConfig = Field(default_factory=TaskConfig, description="the task and its sizes")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="training")
 
-    def validate(self) -> None:
-        if self.model.recall == "fixed" and self.train.method != "progressive":
-            raise ConfigError(f"TrainConfig.method: {self.train.method} iterates a loop map; the fixed-depth "
+    @model_validator(mode="after")
+    def _check(self):
+        if self.model.recall == "fixed" and self.train.method.name != "progressive":
+            raise ConfigError(f"TrainConfig.method: {self.train.method.name} iterates a loop map; the fixed-depth "
                               "baseline (recall fixed) has none, so it trains with the progressive method only")
+        return self
+
+
+#: the sections of a RunConfig (TOML tables [model], [task], [train])
+SECTIONS: dict[str, type] = {"model": ModelConfig, "task": TaskConfig, "train": TrainConfig}
+
+
+# ---- the flat view ------------------------------------------------------------------------------------------
+def flat_train(train: Any) -> dict:
+    """A TrainConfig (or its dict, in either shape) as the flat view: ``method`` the method's name, its options
+    beside the other train options (schema 1's shape, without the other methods' options)."""
+    d = to_dict(train) if isinstance(train, BaseModel) else dict(train)
+    method = d.get("method", "progressive")
+    if isinstance(method, dict):
+        method = dict(method)
+        d["method"] = method.pop("name", None)
+        d.update(method)
+    return d
+
+
+def flat_train_defaults() -> dict:
+    """The default of every train option in the flat view, every method's options included (schema 1's dict)."""
+    out = flat_train(TrainConfig())
+    for cls in METHOD_CLASSES.values():
+        out.update({n: f.default for n, f in cls.model_fields.items() if n != "name"})
+    return out
+
+
+def flat_options(config: Any) -> dict:
+    """``{"section.option": value}`` of a RunConfig or its dict (either shape), method options as ``train.X``."""
+    d = to_dict(config) if isinstance(config, BaseModel) else config
+    out = {}
+    for section, opts in d.items():
+        opts = flat_train(opts) if section == "train" else opts
+        out.update({f"{section}.{k}": v for k, v in opts.items()})
+    return out
+
+
+def migrate_v1(config: dict) -> dict:
+    """A schema-1 config block (method options flat in ``train``, every method's options present) in the current
+    shape: the chosen method's options move into the ``method`` block, the other methods' (at their defaults in
+    schema 1, whose validation refused anything else) are dropped."""
+    if not isinstance(config, dict) or not isinstance(config.get("train"), dict):
+        return config
+    train = dict(config["train"])
+    if isinstance(train.get("method"), dict):
+        return config
+    name = train.get("method", "progressive")
+    block = {"name": name}
+    for key in list(train):
+        owner = OPTION_METHOD.get(key)
+        if owner is not None:
+            value = train.pop(key)
+            if owner == name:
+                block[key] = value
+    train["method"] = block
+    return {**config, "train": train}
+
+
+def field_extra(info) -> dict:
+    """A field's ``json_schema_extra``: ``metavar``, ``flag``, ``derived`` where given."""
+    return dict(info.json_schema_extra or {})
+
+
+def bounds(info) -> tuple[Optional[float], Optional[float]]:
+    """(lower, upper) bound of a field (None: unbounded)."""
+    lo = hi = None
+    for m in info.metadata:
+        lo = getattr(m, "ge", lo)
+        hi = getattr(m, "le", hi)
+    return lo, hi
+
+
+# ---- one-line errors ----------------------------------------------------------------------------------------
+def unwrap(tp: Any) -> Any:
+    """``Optional[X]`` / ``Annotated[X, ...]`` → X."""
+    while True:
+        origin = typing.get_origin(tp)
+        if origin is Annotated:
+            tp = typing.get_args(tp)[0]
+        elif origin is Union and type(None) in typing.get_args(tp):
+            args = [a for a in typing.get_args(tp) if a is not type(None)]
+            if len(args) != 1:
+                return tp
+            tp = args[0]
+        else:
+            return tp
+
+
+def _walk(cls: type, loc: tuple) -> tuple[str, Optional[str], Any, tuple]:
+    """(config class name, field name or None, FieldInfo or None, the rest of loc) of a pydantic error location."""
+    name, info = None, None
+    loc = tuple(loc)
+    while loc:
+        key = loc[0]
+        if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or key not in cls.model_fields:
+            break
+        info = cls.model_fields[key]
+        name = key
+        loc = loc[1:]
+        tp = unwrap(info.annotation)
+        if isinstance(tp, type) and issubclass(tp, BaseModel) and loc:
+            cls, name, info = tp, None, None
+        elif typing.get_origin(tp) is Union and loc and loc[0] in METHOD_CLASSES:
+            cls, name, info, loc = METHOD_CLASSES[loc[0]], None, None, loc[1:]
+        else:
+            break
+    owner = getattr(cls, "owner_name", None) or getattr(cls, "__name__", str(cls))
+    return owner, name, info, loc
+
+
+_EXPECTED = {"int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
+             "bool_type": "true or false", "bool_parsing": "true or false", "float_type": "a number",
+             "float_parsing": "a number", "finite_number": "a finite number", "string_type": "a string",
+             "tuple_type": "a list", "list_type": "a list", "model_type": "a table of options",
+             "model_attributes_type": "a table of options", "dict_type": "a table of options"}
+
+
+def _message(cls: type, exc: ValidationError) -> str:
+    """The first error of ``exc`` as one line ``Class.field: what is wrong; what is allowed``."""
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    owner, name, info, _ = _walk(cls, first["loc"])
+    kind = first["type"]
+    value = first.get("input")
+    where = f"{owner}.{name}" if name else owner
+    ctx = first.get("ctx") or {}
+    if isinstance(ctx.get("error"), ConfigError):
+        return str(ctx["error"])
+    if kind == "extra_forbidden":
+        parent = first["loc"][:-1]
+        unknown = sorted(str(e["loc"][-1]) for e in errors if e["type"] == "extra_forbidden"
+                         and e["loc"][:-1] == parent)
+        target = _walk_class(cls, parent)
+        allowed = list(target.model_fields) if target is not None else []
+        owner = getattr(target, "__name__", cls.__name__)
+        if target in METHOD_CLASSES.values():
+            owner = f"TrainConfig.method ({target.model_fields['name'].default})"
+        return f"{owner}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}"
+    if kind == "literal_error" and info is not None:
+        allowed = typing.get_args(unwrap(info.annotation))
+        return f"{where}: {value!r} is not allowed; allowed: {', '.join(map(str, allowed))}"
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        got = ctx.get("tag", None)
+        what = f"{got!r} is not allowed" if kind == "union_tag_invalid" else "the method table needs a name"
+        return f"TrainConfig.method: {what}; allowed: {', '.join(METHODS)}"
+    if kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than") and info is not None:
+        lo, hi = bounds(info)
+        return f"{where}: {value!r} is outside [{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
+    if kind in _EXPECTED:
+        return f"{where}: expected {_EXPECTED[kind]}, got {value!r}"
+    return f"{where}: {first['msg']}"
+
+
+def _walk_class(cls: type, loc: tuple) -> Optional[type]:
+    """The config class at ``loc`` (a section, a method block)."""
+    for key in loc:
+        if key in METHOD_CLASSES and cls is TrainConfig:
+            cls = METHOD_CLASSES[key]
+            continue
+        if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or key not in cls.model_fields:
+            return None
+        tp = unwrap(cls.model_fields[key].annotation)
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            cls = tp
+        elif key == "method":
+            continue
+        else:
+            return None
+    return cls
+
+
+
+# ---- TOML tables ----------------------------------------------------------------------------------------------
+def option_names(section: str) -> list[str]:
+    """The keys of a section in a TOML file: the schema's fields, for ``train`` with every method's options (the
+    flat view)."""
+    names = list(SECTIONS[section].model_fields)
+    return names + list(OPTION_METHOD) if section == "train" else names
+
+
+def section_options(section: str, table: Any, where: str) -> dict:
+    """The options of one TOML section in the flat view, unknown keys refused (``where`` names the table in the
+    error): a ``[train.method]`` table's ``name`` becomes ``method`` and its options sit beside the others."""
+    if section not in SECTIONS:
+        raise ConfigError(f"{where}: unknown section {section!r}; allowed: {', '.join(SECTIONS)}")
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: expected a table of options")
+    options = dict(table)
+    if section == "train" and isinstance(options.get("method"), dict):
+        block = dict(options.pop("method"))
+        _unknown(f"{where}.method", block, ("name", *OPTION_METHOD))
+        clash = sorted((set(block) - {"name"}) & set(options))
+        if clash:
+            raise ConfigError(f"{where}: {', '.join(clash)} given both in the method table and beside it; "
+                              "choose one")
+        if "name" in block:
+            options["method"] = block.pop("name")
+        options.update(block)
+    _unknown(where, options, option_names(section))
+    return options
+
+
+def _unknown(where: str, data: dict, allowed) -> None:
+    unknown = sorted(set(data) - set(allowed))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}")
+
+
+def read_toml(path) -> dict:
+    """A run file (``stability train --config run.toml``): tables ``[model]``, ``[task]``, ``[train]`` and
+    ``[train.method]``, as ``{section: {option: value}}`` in the flat view; one ConfigError line on bad content."""
+    from pathlib import Path
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"--config {path}: no such file" if not path.exists() else f"--config {path}: not a file")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"--config {path}: not valid TOML ({exc})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"--config {path}: not a text file") from None
+    _unknown(f"--config {path}", data, SECTIONS)
+    return {s: section_options(s, t, f"--config {path}: [{s}]") for s, t in data.items()}

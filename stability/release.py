@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 import torch
 
-from stability.config import ModelConfig, RunConfig, TaskConfig, TrainConfig, to_dict
+from stability.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
 from stability.errors import CheckpointError, ConfigError
 
 #: the release's semantics of the three places where the toolkit's earlier model differed
@@ -295,19 +295,19 @@ def model_from_release(obj: dict, cfg: RunConfig, where: str = "release checkpoi
 
 def load_release(path: Path | str, obj: Optional[dict] = None, *, release_config: Optional[Path | str] = None,
                  device: str = "cpu"):
-    """Load a release checkpoint (and its Hydra config) as a :class:`stability.checkpoint.Loaded`."""
+    """Load a release checkpoint (and its Hydra config) as a :class:`stability.stored.Loaded`."""
+    from stability.stored import Loaded, read_torch
     from stability.tasks import make_task
-    from stability import checkpoint as ckpt
 
     path = Path(path)
     if obj is None:
-        obj = ckpt.read_torch(path)
+        obj = read_torch(path)
     if not is_release_checkpoint(obj):
         raise CheckpointError(f"{path}: not a release checkpoint (no 'net' state dict)")
     cfg_path = config_path(path, release_config)
     cfg = run_config(read_config(cfg_path), where=str(cfg_path))
     model = model_from_release(obj, cfg, str(path)).to(device)
-    return ckpt.Loaded(model=model, config=cfg, task=make_task(cfg.task), path=path, epoch=completed_epochs(obj),
+    return Loaded(model=model, config=cfg, task=make_task(cfg.task), path=path, epoch=completed_epochs(obj),
                        history=[], final=None, package_version="release")
 
 
@@ -317,48 +317,3 @@ def completed_epochs(obj: dict) -> int:
     if isinstance(epoch, bool) or not isinstance(epoch, (int, float)) or not math.isfinite(epoch) or epoch < 0:
         return 0
     return int(epoch) + 1
-
-
-def import_checkpoint(path: Path | str, out: Path | str, *, release_config: Optional[Path | str] = None) -> Path:
-    """Write the imported release checkpoint as a toolkit checkpoint (schema 1, atomic write) at ``out``.
-
-    ``stability.load(out)`` gives the same model; ``source`` records where it came from. The release's AdamW state
-    is indexed by its own parameter order, so the file carries a fresh optimizer state (and RNG states seeded with
-    the run's seed) instead: ``stability train --resume`` continues from the imported weights as a new optimizer
-    would."""
-    from stability import __version__
-    from stability.atomic import check_writable
-    from stability import checkpoint as ckpt
-    from stability.train.loop import lr_factor, make_optimizer
-
-    out = check_writable(out, "file", "--out")
-    obj = ckpt.read_torch(path)
-    loaded = load_release(path, obj, release_config=release_config)
-    cfg_path = config_path(path, release_config)
-    train = loaded.config.train
-    torch_rng = torch.random.get_rng_state()
-    torch.manual_seed(train.seed)
-    rng = {"torch": torch.random.get_rng_state(), "cuda": [],
-           "data": torch.Generator().manual_seed(train.seed).get_state()}
-    torch.random.set_rng_state(torch_rng)
-    epoch = loaded.epoch
-    lr = train.lr * lr_factor(min(epoch, train.epochs - 1), train)
-    ckpt.atomic_save({
-        "format": ckpt.FORMAT,
-        "schema_version": ckpt.SCHEMA_VERSION,
-        "package_version": __version__,
-        "torch_version": str(torch.__version__),
-        "config": to_dict(loaded.config),
-        "model": loaded.model.state_dict(),
-        "optimizer": make_optimizer(loaded.model, train).state_dict(),
-        "schedule": {"base_lr": train.lr, "epoch": epoch, "lr": lr},
-        "scaler": {},
-        "rng": rng,
-        "epoch": epoch,
-        "step": 0,
-        "history": [],
-        "final": None,
-        "source": {"kind": "release", "checkpoint": str(Path(path).resolve()), "config": str(cfg_path.resolve()),
-                   "epoch": obj.get("epoch")},
-    }, out)
-    return out

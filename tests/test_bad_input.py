@@ -144,19 +144,22 @@ def test_data_make_cut_refuses_nan(capsys, tmp_path):
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
 def test_configs_from_files_refuse_non_finite_numbers(value):
     """A TOML/dict config (sweep grids, checkpoints) goes through the same check as the flags."""
-    import dataclasses
     import typing
 
-    from stability.config import ModelConfig, TaskConfig, TrainConfig, from_dict
+    from stability.config import METHOD_CLASSES, ModelConfig, TaskConfig, TrainConfig, from_dict
     from stability.errors import ConfigError
 
     checked = 0
-    for cls in (ModelConfig, TaskConfig, TrainConfig):
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            if hints[f.name] in (float, typing.Optional[float]):
-                with pytest.raises(ConfigError, match=rf"{cls.__name__}\.{f.name}: expected a finite number"):
-                    from_dict(cls, {f.name: value})
+    for cls in (ModelConfig, TaskConfig, TrainConfig, *METHOD_CLASSES.values()):
+        for name, info in cls.model_fields.items():
+            if info.annotation in (float, typing.Optional[float]):
+                data = {name: value}
+                if cls in METHOD_CLASSES.values():  # a method's option, in its method block
+                    cls_, data = TrainConfig, {"method": {"name": info and cls.model_fields["name"].default, **data}}
+                else:
+                    cls_ = cls
+                with pytest.raises(ConfigError, match=rf"{cls_.__name__}\.{name}: expected a finite number"):
+                    from_dict(cls_, data)
                 checked += 1
     assert checked >= 15
 

@@ -26,10 +26,12 @@ def trained(tmp_path_factory):
 def test_checkpoint_holds_everything_needed_to_rebuild_the_run(trained):
     obj = torch.load(trained, weights_only=True)
     for key in ("format", "schema_version", "package_version", "config", "model", "optimizer", "schedule",
-                "scaler", "rng", "epoch", "step", "history", "final"):
+                "rng", "epoch", "step", "history", "final"):
         assert key in obj, key
-    assert obj["format"] == "stability-checkpoint" and obj["schema_version"] == 1
+    assert "scaler" not in obj  # the never-enabled GradScaler is no longer saved
+    assert obj["format"] == "stability-checkpoint" and obj["schema_version"] == 2
     assert set(obj["config"]) == {"model", "task", "train"}
+    assert obj["config"]["train"]["method"] == {"name": "progressive", "alpha": 1.0}
     assert obj["epoch"] == 2 and len(obj["history"]) == 2
     assert len(obj["final"]["hard"]["accuracy"]) == 6
     # metrics JSONL beside it: one line per epoch plus the final evaluation
@@ -130,3 +132,54 @@ def test_cli_refuses_bad_checkpoints_with_one_line(bad, trained, tmp_path, cli):
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert str(p) in proc.stderr
+
+
+def _as_schema_1(obj: dict) -> dict:
+    """A checkpoint as the schema-1 writer saved it: every method's options flat in ``train`` (the others at their
+    defaults), the model's release-semantics fields absent (a file older than them), and the never-enabled
+    GradScaler's state."""
+    from stability.config import flat_train, flat_train_defaults
+
+    old = dict(obj)
+    config = {k: dict(v) for k, v in obj["config"].items()}
+    config["train"] = {**flat_train_defaults(), **flat_train(obj["config"]["train"])}
+    for name in ("norm_eps", "window_edges", "rope_precision"):
+        del config["model"][name]
+    old.update(schema_version=1, config=config, scaler=torch.amp.GradScaler("cpu", enabled=False).state_dict())
+    return old
+
+
+def test_a_schema_1_checkpoint_loads_migrated_and_resumes(trained, tmp_path):
+    """The flat method options move into the method block (the other methods' are dropped); the fields it predates
+    take their legacy values; its ``scaler`` entry is ignored; extending it writes schema 2."""
+    from stability.config import ModelConfig
+    from stability.train import train
+
+    obj = torch.load(trained, weights_only=True)
+    old = tmp_path / "old.pt"
+    ckpt.atomic_save(_as_schema_1(obj), old)
+    old_cfg = torch.load(old, weights_only=True)["config"]
+    assert "solver_tol" in old_cfg["train"]
+    loaded = stability.load(old)
+    assert loaded.config.train.method.name == "progressive" and loaded.config.train.method.alpha == 1.0
+    assert ckpt.run_config({"config": {**old_cfg, "train": {k: v for k, v in old_cfg["train"].items()
+                                                          if k != "decay_exempt"}}}).train.decay_exempt == "norms"
+    for name, value in ModelConfig.LEGACY_MODEL_VALUES.items():
+        assert getattr(loaded.config.model, name) == value
+    extended = loaded.config.replace(train=loaded.config.train.replace(epochs=3))
+    train(extended, old, resume=True, progress=False)
+    new = torch.load(old, weights_only=True)
+    assert new["schema_version"] == 2 and new["epoch"] == 3 and "scaler" not in new
+    assert new["config"]["train"]["method"] == {"name": "progressive", "alpha": 1.0}
+    assert new["config"]["model"]["window_edges"] == "cut"  # the legacy semantics it was loaded with
+
+
+def test_a_schema_1_config_of_another_method_keeps_only_its_own_options():
+    from stability.config import TrainConfig, flat_train, flat_train_defaults, from_dict, migrate_v1, RunConfig
+
+    flat = {**flat_train_defaults(), **flat_train(TrainConfig(method="implicit", solver_tol=1e-4))}
+    migrated = migrate_v1({"model": {}, "task": {}, "train": flat})
+    assert migrated["train"]["method"] == {"name": "implicit", **TrainConfig(method="implicit", solver_tol=1e-4)
+                                           .to_dict()["method"]}
+    assert "alpha" not in migrated["train"] and "bptt_steps" not in migrated["train"]
+    assert from_dict(RunConfig, migrated).train.method.solver_tol == 1e-4

@@ -121,10 +121,11 @@ def test_a_method_that_needs_a_loop_is_refused_for_the_fixed_depth_baseline():
 
 def test_a_method_accepts_its_defaults_and_explicit_values_of_its_own_options():
     ds = TrainConfig(method="deep-supervision", bptt_steps=3, supervision_interval=6, halt_tol=0.05)
-    assert (ds.bptt_steps, ds.supervision_interval, ds.halt_tol) == (3, 6, 0.05)
+    assert (ds.method.bptt_steps, ds.method.supervision_interval, ds.method.halt_tol) == (3, 6, 0.05)
     imp = TrainConfig(method="implicit", implicit_backward="neumann", backward_iterations=50, jac_reg=1.0,
                       jac_reg_probes=2)
-    assert (imp.implicit_backward, imp.backward_iterations, imp.jac_reg, imp.jac_reg_probes) == ("neumann", 50, 1.0, 2)
+    m = imp.method
+    assert (m.implicit_backward, m.backward_iterations, m.jac_reg, m.jac_reg_probes) == ("neumann", 50, 1.0, 2)
 
 
 def test_segments_cover_the_iteration_cap_with_the_last_k_iterations_differentiated():

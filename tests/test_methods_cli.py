@@ -35,14 +35,14 @@ def checkpoints(tmp_path_factory):
 
 def test_train_writes_checkpoints_whose_config_records_each_method_and_its_options(checkpoints):
     ds = stability.load(checkpoints["deep-supervision"])
-    assert ds.config.train.method == "deep-supervision"
-    assert (ds.config.train.bptt_steps, ds.config.train.supervision_interval, ds.config.train.halt_tol) == (2, 4, 0.05)
+    m = ds.config.train.method
+    assert m.name == "deep-supervision" and (m.bptt_steps, m.supervision_interval, m.halt_tol) == (2, 4, 0.05)
     assert ds.model.variant_options == {"damping": 0.8, "residual_scale": 0.5, "conv": 3}
     # one optimizer step per segment: 1 or 2 segments of 4 iterations per batch, 2 batches per epoch, 2 epochs
     assert 2 * 2 <= ds.history[-1]["step"] <= 2 * 2 * 2
     imp = stability.load(checkpoints["implicit"])
-    assert imp.config.train.method == "implicit" and imp.config.train.implicit_backward == "neumann"
-    assert imp.config.train.jac_reg == 0.5 and imp.config.train.jac_reg_probes == 2
+    m = imp.config.train.method
+    assert m.name == "implicit" and m.implicit_backward == "neumann" and m.jac_reg == 0.5 and m.jac_reg_probes == 2
     for run in (ds, imp):
         assert len(run.final["val"]["accuracy"]) == 10
 
@@ -62,7 +62,7 @@ def test_checkpoints_of_every_method_analyse_with_stability_analyze(cli, checkpo
     cli("analyze", checkpoints[method], "--split", "val", "--samples", "1", "--max-iter", "30", "--iterations", "5",
         "--probes", "1", "--quiet", "--json", out)
     rep = json.loads(out.read_text())
-    assert rep["config"]["train"]["method"] == method
+    assert rep["config"]["train"]["method"]["name"] == method  # the config block carries the method block
     rho = rep["val"]["jacobian"]["spectral_radius"][0]
     assert 0.0 < rho < 10.0
     assert rep["val"]["fixed_point"]["status_counts"]["non-finite"] == 0

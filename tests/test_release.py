@@ -366,8 +366,10 @@ def test_missing_config_corrupt_file_and_misused_flag_are_one_line_errors(tmp_pa
 def test_release_config_for_a_toolkit_checkpoint_is_refused(tmp_path):
     from stability.errors import CheckpointError
 
+    from stability.train.release_import import import_checkpoint
+
     ours = tmp_path / "ours.pt"
-    release.import_checkpoint(FIXTURES / RUNS[0] / "model_best.pth", ours)
+    import_checkpoint(FIXTURES / RUNS[0] / "model_best.pth", ours)
     with pytest.raises(CheckpointError, match="not a release checkpoint"):
         stability.load(ours, release_config=FIXTURES / RUNS[0] / ".hydra" / "config.yaml")
 
@@ -393,7 +395,7 @@ def test_analyze_accepts_a_release_checkpoint_and_its_config_flag(tmp_path, caps
 def _toolkit_checkpoint(model, cfg: RunConfig) -> dict:
     return {"format": ckpt.FORMAT, "schema_version": ckpt.SCHEMA_VERSION, "package_version": "0.1.0",
             "torch_version": str(torch.__version__), "config": to_dict(cfg), "model": model.state_dict(),
-            "optimizer": {}, "schedule": {}, "scaler": {}, "rng": {}, "epoch": 1, "step": 1, "history": [],
+            "optimizer": {}, "schedule": {}, "rng": {}, "epoch": 1, "step": 1, "history": [],
             "final": None}
 
 

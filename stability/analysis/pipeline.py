@@ -58,28 +58,39 @@ def parse_stages(text) -> tuple:
 @dataclass(frozen=True)
 class AnalysisOptions:
     """What ``stability analyze`` exposes (samples, solver, tol, max_iter, iterations, device, stages) and the
-    numerical settings below it (reported in the JSON).
+    numerical settings below it (reported in the JSON). A field's ``metadata`` (help, metavar, choices) is what
+    ``stability analyze`` shows for its flag, with the default read from here.
 
     ``noise_std``: std of the Gaussian start of App. A.8 (None: the checkpoint's configured ``noise_std``, 1 for a
     model of one's own). ``stages``: which stages to run (:data:`STAGES`; ``reachability`` always runs).
     """
 
-    samples: int = 32
-    solver: str = "picard"
-    tol: float = 1e-5
-    max_iter: int = 500
-    iterations: int = 500  # T_max of the accuracy curve
-    device: str = "cpu"
+    samples: int = field(default=32, metadata={
+        "metavar": "N", "help": "analyse the first N samples of each split (or of --inputs), in order"})
+    solver: str = field(default="picard", metadata={
+        "choices": ("picard", "anderson"),
+        "help": "fixed-point solver (picard: plain iteration, the reachability the paper means)"})
+    tol: float = field(default=1e-5, metadata={"metavar": "F", "help": "relative L∞ residual τ for convergence"})
+    max_iter: int = field(default=500, metadata={"metavar": "N", "help": "solver iterations"})
+    iterations: int = field(default=500, metadata={  # T_max of the accuracy curve
+        "metavar": "T", "help": "accuracy is measured at iterations 1..T"})
+    device: str = field(default="cpu", metadata={"choices": ("cpu", "cuda"), "help": "where to compute"})
     eig_k: int = 3
     eig_tol: float = 1e-6
     gmres_tol: float = 1e-10
-    probes: int = 4
+    probes: int = field(default=4, metadata={"metavar": "K", "help": "random probes of the ‖dx*/dx0‖_F estimate"})
     prop4_columns: int = 256
     seed: int = 0
-    eig_route: str = "arnoldi"  # ρ, σ_max: "arnoldi" (torch Krylov–Schur, batched) or "arpack" (scipy, per sample)
+    eig_route: str = field(default="arnoldi", metadata={
+        "choices": ("arnoldi", "arpack"), "help": "ρ(J*) and σ_max by the torch Krylov–Schur iteration (arnoldi: "
+        "batched, GPU-capable) or by scipy's ARPACK per sample (arpack)"})
     eig_batch: Optional[int] = None  # samples per Arnoldi batch; None: 1 on the CPU, all on CUDA
-    eig_precision: str = "mixed"  # ρ's products: "mixed" (float32, each result certified in float64) or "float64"
-    noise_std: Optional[float] = None
+    eig_precision: str = field(default="mixed", metadata={
+        "choices": ("mixed", "float64"), "help": "products of the ρ(J*) eigensolver: mixed (float32, every result "
+        "certified by a float64 residual and re-solved in float64 where it misses) or float64"})
+    noise_std: Optional[float] = field(default=None, metadata={
+        "metavar": "F", "help": "std of the noise start of App. A.8 (default: the checkpoint's noise_std; 1 for "
+        "--model)"})
     stages: tuple = STAGES
 
     def __post_init__(self):

@@ -35,31 +35,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="class indices (B, *positions) for the accuracy (argmax of readout, per position and "
                           "whole answer)")
     p.add_argument("--split", choices=["val", "hard", "both"], default=None, help="which split(s) of CKPT (both)")
-    p.add_argument("--samples", type=positive_int, default=32, metavar="N",
-                   help="analyse the first N samples of each split (or of --inputs), in order (32)")
+    _option(p, "samples", type=positive_int)
     p.add_argument("--only", metavar="STAGES",
                    help=f"comma-separated stages to run, of: {', '.join(STAGES)} (reachability always runs)")
-    p.add_argument("--solver", choices=["picard", "anderson"], default="picard",
-                   help="fixed-point solver (picard: plain iteration, the reachability the paper means)")
-    p.add_argument("--tol", type=positive_float, default=1e-5, metavar="F",
-                   help="relative L∞ residual τ for convergence (1e-5)")
-    p.add_argument("--max-iter", type=positive_int, default=500, metavar="N", help="solver iterations (500)")
-    p.add_argument("--iterations", type=positive_int, default=500, metavar="T",
-                   help="accuracy is measured at iterations 1..T (500)")
-    p.add_argument("--probes", type=positive_int, default=4, metavar="K",
-                   help="random probes of the ‖dx*/dx0‖_F estimate (4)")
-    p.add_argument("--noise-std", type=positive_float, default=None, metavar="F",
-                   help="std of the noise start of App. A.8 (the checkpoint's noise_std; 1 for --model)")
-    p.add_argument("--eig-route", choices=["arnoldi", "arpack"], default="arnoldi",
-                   help="ρ(J*) and σ_max by the torch Krylov–Schur iteration (arnoldi: batched, GPU-capable) or "
-                        "by scipy's ARPACK per sample (arpack) (arnoldi)")
-    p.add_argument("--eig-precision", choices=["mixed", "float64"], default="mixed",
-                   help="products of the ρ(J*) eigensolver: mixed (float32, every result certified by a float64 "
-                        "residual and re-solved in float64 where it misses) or float64 (mixed)")
+    _option(p, "solver")
+    _option(p, "tol", type=positive_float)
+    _option(p, "max_iter", type=positive_int)
+    _option(p, "iterations", type=positive_int)
+    _option(p, "probes", type=positive_int)
+    _option(p, "noise_std", type=positive_float)
+    _option(p, "eig_route")
+    _option(p, "eig_precision")
     p.add_argument("--json", metavar="PATH", help="write the full results as JSON")
     p.add_argument("--plots", metavar="DIR", help="write PNG plots (residuals, eigenvalues, accuracy, Prop. 5)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to compute (cpu)")
+    _option(p, "device")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def _option(p: argparse.ArgumentParser, name: str, **kw) -> None:
+    """``--NAME`` with its default, help, metavar and choices read from the AnalysisOptions field ``name``."""
+    import dataclasses
+
+    from stability.analysis.pipeline import AnalysisOptions
+
+    f = {f.name: f for f in dataclasses.fields(AnalysisOptions)}[name]
+    meta = dict(f.metadata)
+    shown = "" if f.default is None else f" ({f.default:g})" if isinstance(f.default, float) else f" ({f.default})"
+    if "choices" in meta:
+        kw["choices"] = list(meta["choices"])
+    if "metavar" in meta:
+        kw["metavar"] = meta["metavar"]
+    p.add_argument(f"--{name.replace('_', '-')}", default=f.default, help=meta["help"] + shown, **kw)
 
 
 # ---- a model of one's own ------------------------------------------------------------------------------------

@@ -50,8 +50,8 @@ def run(args: argparse.Namespace) -> int:
     if not is_looped(run_.model):
         raise StabilityError("a fixed-depth baseline has no loop map: there is nothing to halt")
     train = run_.config.train
-    if args.tol is None and train.method == "deep-supervision" and train.halt_tol not in taus:
-        taus = sorted([*taus, train.halt_tol], reverse=True)
+    if args.tol is None and train.method.name == "deep-supervision" and train.method.halt_tol not in taus:
+        taus = sorted([*taus, train.method.halt_tol], reverse=True)
     T = args.max_iterations or train.test_iterations
     rows = run_.task.dataset(args.split)[0].shape[0]
     if args.samples is not None and args.samples > rows:

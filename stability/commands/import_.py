@@ -16,7 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stability.release import import_checkpoint
+    from stability.train.release_import import import_checkpoint
 
     out = import_checkpoint(args.checkpoint, args.out, release_config=args.release_config)
     print(f"checkpoint: {out}")

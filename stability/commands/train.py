@@ -5,146 +5,123 @@ from __future__ import annotations
 import argparse
 import typing
 
-from stability.commands._types import device_name, nonneg_float, positive_float, unit_float
-from stability.config import NORMS, RECALLS, ImplicitBackward, InitialState, Method
 
 HELP = ("train a looped transformer (progressive loss, deep supervision or equilibrium training) and write a "
         "self-describing checkpoint")
 
-# CLI flag -> (section, config field)
-_FLAGS = {
-    "task": ("task", "name"),
-    "train_size": ("task", "train_size"),
-    "val_size": ("task", "val_size"),
-    "hard_size": ("task", "hard_size"),
-    "train_length": ("task", "train_length"),
-    "hard_length": ("task", "hard_length"),
-    "data_seed": ("task", "seed"),
-    "data_path": ("task", "data_path"),
-    "cache_dir": ("task", "cache_dir"),
-    "engine": ("task", "engine"),
-    "recall": ("model", "recall"),
-    "norm": ("model", "norm"),
-    "width": ("model", "width"),
-    "heads": ("model", "heads"),
-    "depth": ("model", "depth"),
-    "initial_state": ("model", "initial_state"),
-    "share_norms": ("model", "share_norms"),
-    "damping": ("model", "damping"),
-    "residual_scale": ("model", "residual_scale"),
-    "conv": ("model", "conv"),
-    "method": ("train", "method"),
-    "lr": ("train", "lr"),
-    "epochs": ("train", "epochs"),
-    "batch_size": ("train", "batch_size"),
-    "iterations": ("train", "iterations"),
-    "alpha": ("train", "alpha"),
-    "weight_decay": ("train", "weight_decay"),
-    "warmup_epochs": ("train", "warmup_epochs"),
-    "cooldown_at": ("train", "cooldown_at"),
-    "cooldown_factor": ("train", "cooldown_factor"),
-    "seed": ("train", "seed"),
-    "device": ("train", "device"),
-    "compile": ("train", "compile"),
-    "bf16": ("train", "bf16"),
-    "eval_every": ("train", "eval_every"),
-    "eval_iterations": ("train", "eval_iterations"),
-    "test_iterations": ("train", "test_iterations"),
-    "eval_batch_size": ("train", "eval_batch_size"),
-    "monitor_every": ("train", "monitor_every"),
-    "monitor_samples": ("train", "monitor_samples"),
-    "bptt_steps": ("train", "bptt_steps"),
-    "supervision_interval": ("train", "supervision_interval"),
-    "halt_tol": ("train", "halt_tol"),
-    "solver_tol": ("train", "solver_tol"),
-    "anderson_memory": ("train", "anderson_memory"),
-    "implicit_backward": ("train", "implicit_backward"),
-    "backward_tol": ("train", "backward_tol"),
-    "backward_iterations": ("train", "backward_iterations"),
-    "backward_max_iterations": ("train", "backward_max_iterations"),
-    "jac_reg": ("train", "jac_reg"),
-    "jac_reg_probes": ("train", "jac_reg_probes"),
-}
+#: field names whose flag refuses 0 as well (a rate, a tolerance, a strictly positive scale)
+_POSITIVE = {"lr", "damping", "residual_scale", "norm_eps", "halt_tol", "solver_tol", "backward_tol"}
+#: argument groups: section or method -> title
+_GROUPS = {"task": "task", "model": "model", "train": "training",
+           "progressive": "progressive loss (--method progressive)",
+           "deep-supervision": "deep supervision (--method deep-supervision)",
+           "implicit": "implicit (--method implicit)"}
+
+
+class Flag(typing.NamedTuple):
+    """One command-line flag of a schema field: ``--flag`` sets ``section.name`` (``method``: only that method
+    has it)."""
+
+    flag: str
+    section: str
+    name: str
+    info: typing.Any
+    method: typing.Optional[str] = None
+
+    @property
+    def dest(self) -> str:
+        return self.flag.replace("-", "_")
+
+
+def flags() -> list[Flag]:
+    """Every flag, derived from the schema (stability/config.py): each field of model, task and train that the task
+    does not decide, and each option of each method."""
+    from stability.config import METHOD_CLASSES, SECTIONS, field_extra
+
+    out = []
+    for section, cls in SECTIONS.items():
+        for name, info in cls.model_fields.items():
+            extra = field_extra(info)
+            if not extra.get("derived"):
+                out.append(Flag(extra.get("flag", name.replace("_", "-")), section, name, info))
+    for method, cls in METHOD_CLASSES.items():
+        for name, info in cls.model_fields.items():
+            if name != "name":
+                out.append(Flag(field_extra(info).get("flag", name.replace("_", "-")), "train", name, info, method))
+    return out
+
+
+def _or_none(kind):
+    """An optional number: ``none`` (the field's None), else ``kind``."""
+    def parse(text: str):
+        return None if text.lower() == "none" else kind(text)
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _pair(text: str) -> list:
+    """Two finite numbers ``A,B`` (AdamW's betas)."""
+    from stability.commands._types import finite_float
+
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError(f"expected two numbers A,B, got {text!r}")
+    return [finite_float(p.strip()) for p in parts]
+
+
+def _default_text(value) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value is None:
+        return "none"
+    if isinstance(value, (tuple, list)):
+        return ",".join(map(str, value))
+    if hasattr(value, "name"):  # the method block
+        return value.name
+    return str(value)
+
+
+def _argument(f: Flag) -> tuple[tuple, dict]:
+    """argparse's (args, kwargs) of a flag: type, choices, metavar and help from the field."""
+    from stability.commands import _types
+    from stability.config import METHODS, bounds, field_extra, unwrap
+
+    info = f.info
+    tp = unwrap(info.annotation)
+    optional = type(None) in typing.get_args(info.annotation)
+    extra = field_extra(info)
+    help_text = f"{info.description} (default {_default_text(info.default)})"
+    kw: dict = {"dest": f.dest, "help": help_text, "default": None}
+    if f.section == "train" and f.name == "method":
+        kw.update(choices=list(METHODS))
+    elif tp is bool:
+        kw.update(action=argparse.BooleanOptionalAction)
+    elif typing.get_origin(tp) is typing.Literal:
+        kw.update(choices=list(typing.get_args(tp)))
+    elif tp is float:
+        lo, hi = bounds(info)
+        kind = (_types.positive_float if f.name in _POSITIVE else _types.unit_float if (lo, hi) == (0.0, 1.0)
+                else _types.nonneg_float if lo == 0.0 else _types.finite_float)
+        kw.update(type=_or_none(kind) if optional else kind)
+    elif tp is int:
+        kw.update(type=_or_none(int) if optional else int)
+    elif typing.get_origin(tp) is tuple:
+        kw.update(type=_pair)
+    elif f.name == "device":
+        kw.update(type=_types.device_name)
+    if "metavar" in extra:
+        kw["metavar"] = tuple(extra["metavar"]) if isinstance(extra["metavar"], list) else extra["metavar"]
+    return (f"--{f.flag}",), kw
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from stability.tasks import TASKS
-
-    g = p.add_argument_group("task")
-    g.add_argument("--task", choices=list(TASKS), help="the task (default prefix-sums)")
-    g.add_argument("--train-size", type=int, metavar="N", help="training samples (prefix sums: 8000)")
-    g.add_argument("--val-size", type=int, metavar="N", help="validation samples (prefix sums: 2000)")
-    g.add_argument("--hard-size", type=int, metavar="N", help="hard samples (prefix sums: 10000)")
-    g.add_argument("--train-length", type=int, metavar="BITS", help="prefix sums: train/val length (32)")
-    g.add_argument("--hard-length", type=int, metavar="BITS", help="prefix sums: hard length (512)")
-    g.add_argument("--data-seed", type=int, metavar="S", help="seed of the generated data (0)")
-    g.add_argument("--data-path", metavar="PATH", help="a real dataset file (sudoku-extreme CSVs, Lichess CSV)")
-    g.add_argument("--cache-dir", metavar="DIR", help="where datasets are cached")
-    g.add_argument("--engine", metavar="PATH", help="UCI chess engine for the chess generator")
-    m = p.add_argument_group("model")
-    m.add_argument("--recall", choices=RECALLS, help="none | external | internal | fixed (baseline); default external")
-    m.add_argument("--norm", choices=NORMS, help="outer/inner normalisation variant; default post")
-    m.add_argument("--width", type=int, metavar="D", help="model width d (256)")
-    m.add_argument("--heads", type=int, metavar="H", help="attention heads (8)")
-    m.add_argument("--depth", type=int, metavar="N", help="blocks of the fixed-depth baseline (15)")
-    m.add_argument("--initial-state", choices=typing.get_args(InitialState), help="first iterate e (x0)")
-    m.add_argument("--share-norms", action=argparse.BooleanOptionalAction, default=None,
-                   help="one Pre/Peri/Post instance for both sublayers, as the release (default on)")
-    m.add_argument("--damping", type=positive_float, metavar="ETA",
-                   help="damped loop map (1 − η)·x + η·f(x, x0), used in training and at inference (1: off)")
-    m.add_argument("--residual-scale", type=positive_float, metavar="BETA",
-                   help="sublayer residual (1 − β)·u + β·v, FPRM's pre-norm with residual scaling (off)")
-    m.add_argument("--conv", type=int, metavar="K",
-                   help="depth-wise convolution of odd kernel K on the latent at the start of each loop (off)")
-    t = p.add_argument_group("training")
-    t.add_argument("--method", choices=typing.get_args(Method),
-                   help="progressive loss, deep supervision with truncated BPTT (FPRM), or implicit "
-                        "(equilibrium, Anderson forward, implicit-function-theorem backward); default progressive")
-    t.add_argument("--lr", type=positive_float, help="peak learning rate (1e-4)")
-    t.add_argument("--epochs", type=int, metavar="N", help="epochs (100)")
-    t.add_argument("--batch-size", type=int, metavar="N", help="batch size (500)")
-    t.add_argument("--iterations", type=int, metavar="T",
-                   help="maximum training iterations T of every method (30)")
-    t.add_argument("--alpha", type=unit_float, help="progressive-loss weight α (1.0; progressive only)")
-    t.add_argument("--weight-decay", type=nonneg_float, help="AdamW weight decay (0.01)")
-    t.add_argument("--warmup-epochs", type=int, metavar="N",
-                   help="epochs of LR warm-up, factor 1 − exp(−(e+1)/10) in epoch e < N (9; 0: none)")
-    t.add_argument("--cooldown-at", type=unit_float, metavar="F",
-                   help="the LR is multiplied by the cooldown factor from epoch ⌊F · epochs⌋ on (0.6; 1: never)")
-    t.add_argument("--cooldown-factor", type=unit_float, metavar="C", help="LR factor of the cooldown (0.1)")
-    t.add_argument("--seed", type=int, metavar="S", help="seed of initialisation and data order (0)")
-    t.add_argument("--device", type=device_name, metavar="DEV",
-                   help="auto (cuda when available), cpu, cuda or cuda:N (auto)")
-    t.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help="torch.compile the loop map")
-    t.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
-                   help="bf16 autocast on CUDA (default on; the CPU always trains in float32)")
-    t.add_argument("--eval-every", type=int, metavar="N", help="evaluate every N epochs (0: only at the end)")
-    t.add_argument("--eval-iterations", type=int, metavar="T", help="iterations of the periodic evaluations (60)")
-    t.add_argument("--test-iterations", type=int, metavar="T",
-                   help="iterations of the final evaluation (500; it is announced with an estimate when long)")
-    t.add_argument("--eval-batch-size", type=int, metavar="N", help="evaluation batch size (1000)")
-    t.add_argument("--monitor-every", type=int, metavar="N",
-                   help="log ρ(W_x), median ρ(J*), converged fraction, ‖dx*/dx0‖ every N epochs (0: off)")
-    t.add_argument("--monitor-samples", type=int, metavar="N", help="probe size of the stability monitor (16)")
-    d = p.add_argument_group("deep supervision (--method deep-supervision)")
-    d.add_argument("--bptt-steps", type=int, metavar="K", help="iterations back-propagated per segment (5)")
-    d.add_argument("--supervision-interval", type=int, metavar="T",
-                   help="iterations per supervised segment, at least K (default K)")
-    d.add_argument("--halt-tol", type=positive_float, metavar="TAU",
-                   help="a sample stops once its relative L∞ residual is below TAU (0.1)")
-    i = p.add_argument_group("implicit (--method implicit)")
-    i.add_argument("--solver-tol", type=positive_float, metavar="TOL", help="Anderson forward-solve tolerance (1e-3)")
-    i.add_argument("--anderson-memory", type=int, metavar="M", help="Anderson history length (5)")
-    i.add_argument("--implicit-backward", choices=typing.get_args(ImplicitBackward),
-                   help="adjoint solve (I − Jᵀ) u = ∂L/∂x*: GMRES, Neumann series, or one-step (krylov)")
-    i.add_argument("--backward-tol", type=positive_float, metavar="TOL", help="adjoint-solve relative tolerance (1e-4)")
-    i.add_argument("--backward-iterations", type=int, metavar="N",
-                   help="adjoint-solve products with Jᵀ when --backward-max-iterations is 0 (30)")
-    i.add_argument("--backward-max-iterations", type=int, metavar="N",
-                   help="adaptive adjoint budget: iterate until --backward-tol or max(N, --backward-iterations) "
-                        "products; 0: the fixed --backward-iterations (150)")
-    i.add_argument("--jac-reg", type=nonneg_float, metavar="W", help="weight of the ‖J‖_F²/n regulariser at x* (0: off)")
-    i.add_argument("--jac-reg-probes", type=int, metavar="N", help="Hutchinson probes of the regulariser (1)")
+    p.add_argument("--config", metavar="RUN.TOML",
+                   help="options from a TOML file with tables [model], [task], [train] and [train.method] (docs/"
+                        "configuration.md); flags given here override it")
+    groups = {key: p.add_argument_group(title) for key, title in _GROUPS.items()}
+    for f in flags():
+        args, kw = _argument(f)
+        groups[f.method or f.section].add_argument(*args, **kw)
     p.add_argument("--out", required=True, metavar="PATH",
                    help="checkpoint file to write (metrics go beside it: PATH's stem + .metrics.jsonl, .metrics.csv, "
                         ".accuracy.csv)")
@@ -156,20 +133,49 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
+def _given(args: argparse.Namespace) -> list[tuple[Flag, typing.Any]]:
+    return [(f, getattr(args, f.dest)) for f in flags() if getattr(args, f.dest, None) is not None]
+
+
 def config_from_args(args: argparse.Namespace, base=None):
-    """RunConfig from the flags that were given; the others keep their defaults, or ``base``'s values."""
-    from stability.config import ModelConfig, RunConfig, TaskConfig, TrainConfig, from_dict, to_dict
+    """RunConfig from, in this order, ``base`` (a stored config) or the defaults, the ``--config`` file, and the
+    flags that were given. A flag of another method than the run's is refused naming its method."""
+    from stability.config import OPTION_METHOD, RunConfig, flat_train, read_toml, to_dict
+    from stability.errors import ConfigError
 
     sections: dict[str, dict] = {"model": {}, "task": {}, "train": {}}
     if base is not None:
-        sections = {k: dict(v) for k, v in to_dict(base).items()}
-    for flag, (section, key) in _FLAGS.items():
-        value = getattr(args, flag, None)
-        if value is not None:
-            sections[section][key] = value
-    return RunConfig(model=from_dict(ModelConfig, sections["model"]),
-                     task=from_dict(TaskConfig, sections["task"]),
-                     train=from_dict(TrainConfig, sections["train"]))
+        d = to_dict(base)
+        sections = {"model": d["model"], "task": d["task"], "train": flat_train(d["train"])}
+    config_file = getattr(args, "config", None)
+    layers = []
+    if config_file:
+        layers.append((f"--config {config_file}", read_toml(config_file)))
+    given = _given(args)
+    flag_layer: dict[str, dict] = {"model": {}, "task": {}, "train": {}}
+    for f, value in given:
+        flag_layer[f.section][f.name] = list(value) if isinstance(value, list) else value
+    layers.append(("flags", flag_layer))
+    from_file: dict[str, str] = {}  # method options the file set -> the method they belong to
+    for label, layer in layers:
+        train = layer.get("train", {})
+        method = train.get("method")
+        if method is not None and method != sections["train"].get("method", "progressive"):
+            if from_file and label == "flags":
+                raise ConfigError(f"--method {method}: {config_file} sets options of the "
+                                  f"{next(iter(from_file.values()))} method ({', '.join(sorted(from_file))}); "
+                                  "remove them, or its [train.method]")
+            sections["train"] = {k: v for k, v in sections["train"].items() if k not in OPTION_METHOD}
+        for section, options in layer.items():
+            sections[section].update(options)
+        if label != "flags":
+            from_file = {k: OPTION_METHOD[k] for k in train if k in OPTION_METHOD}
+    method = sections["train"].get("method", "progressive")
+    for f, _ in given:
+        if f.method is not None and f.method != method:
+            raise ConfigError(f"--{f.flag}: only the {f.method} method uses it, not {method} (give --method "
+                              f"{f.method} to set it)")
+    return RunConfig(**sections)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,7 +7,8 @@ the analysis summary of each analysed split (converged share, ρ(J*), ρ(M), ρ(
 points, the App. A.8 distance, ‖dx_T/de‖ at the largest T), plus the run's seconds.
 
 :func:`deterministic_view` drops what legitimately differs between two runs of the same cell (timings, host,
-finish time, paths), leaving what must be equal bit for bit on the CPU.
+finish time, paths), leaving what must be equal bit for bit on the CPU; it writes the config block through the
+current schema (:func:`canonical_config`), so a record written before the method block existed compares equal.
 """
 
 from __future__ import annotations
@@ -106,10 +107,25 @@ def read_jsonl(path: Path) -> list[dict]:
     return out
 
 
+def canonical_config(config: dict) -> dict:
+    """A stored RunConfig dict in the current schema's shape (a schema-1 block, with the method options flat in
+    ``train``, migrated: :func:`stability.config.migrate_v1`); a block the schema refuses is returned as it is."""
+    from stability.config import RunConfig, from_dict, migrate_v1
+    from stability.errors import ConfigError
+
+    try:
+        return from_dict(RunConfig, migrate_v1(config)).to_dict()
+    except ConfigError:
+        return config
+
+
 def deterministic_view(rec: dict) -> dict:
     """The record without what differs between two runs of one cell on one machine: timings (also those inside
-    the analysis summary and the monitor's entries), the environment (host, versions) and the finish time."""
+    the analysis summary and the monitor's entries), the environment (host, versions) and the finish time; its
+    config in the current schema's shape (:func:`canonical_config`)."""
     out = {k: v for k, v in rec.items() if k not in VOLATILE}
+    if isinstance(out.get("config"), dict):
+        out["config"] = canonical_config(out["config"])
     if out.get("monitor"):
         out["monitor"] = [{k: v for k, v in m.items() if k != "seconds"} for m in out["monitor"]]
     if out.get("analysis"):

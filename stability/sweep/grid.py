@@ -28,6 +28,20 @@ Both are tables of the RunConfig sections ``model``, ``task`` and ``train`` (``s
     analyze_splits = "both"                   # val, hard or both
     analyze_max_iter = 500
 
+The keys of ``model``, ``task`` and ``train`` are the fields of the one configuration schema
+(``stability/config.py``, docs/configuration.md). A training method's options may be written in ``[*.train]``
+beside the others (the flat view: ``method = "implicit"`` and ``solver_tol = 1e-4``) or in a ``method`` sub-table,
+whose ``name`` is the method; the two are the same options::
+
+    [fixed.train.method]                      # = [fixed.train] method = "implicit", solver_tol = 1e-4
+    name = "implicit"
+    solver_tol = 1e-4
+    [axes.train.method]                       # = [axes.train] method = [...], jac_reg = [0.0, 0.1]
+    jac_reg = [0.0, 0.1]
+
+Internally, and in ``--where`` filters and cell ids, an option of the method is ``train.<option>`` and the method
+itself ``train.method``. An option of another method than the cell's is an error naming the method that has it.
+
 A file may instead (or also) ``include = ["other.toml", ...]`` (paths relative to it): its cells are the union of
 the included grids' cells and its own. The including file's ``fixed`` options apply to the included cells too,
 except where an included file makes that option an axis (an error: a fixed option cannot flatten an axis), and
@@ -57,7 +71,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from stability.config import ModelConfig, RunConfig, TaskConfig, TrainConfig, from_dict, to_dict
+from stability.config import (SECTIONS, RunConfig, flat_options, flat_train, flat_train_defaults, from_dict,
+                              option_names, section_options, to_dict)
 from stability.errors import ConfigError
 
 try:
@@ -65,7 +80,6 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-SECTIONS = {"model": ModelConfig, "task": TaskConfig, "train": TrainConfig}
 TOP_KEYS = ("name", "description", "include", "fixed", "axes", "slurm", "summary")
 #: the ``[summary]`` table: how each cell is summarised after training (defaults of the sweep's --summary,
 #: --analyze-samples, --analyze-splits, --analyze-max-iter; the command line overrides them)
@@ -134,8 +148,7 @@ def _options(path, what: str, table: Any) -> dict[str, Any]:
     for section, options in table.items():
         if not isinstance(options, dict):
             raise ConfigError(f"{_where(path)}{what}.{section}: expected a table of options")
-        allowed = [f.name for f in dataclasses.fields(SECTIONS[section])]
-        _check_keys(path, f"{what}.{section}", options, allowed)
+        options = section_options(section, options, f"{_where(path)}{what}.{section}")
         for key, value in options.items():
             out[f"{section}.{key}"] = value
     return out
@@ -159,8 +172,10 @@ def config_hash(config: RunConfig) -> str:
     and the tables refuse to average records of one cell whose configs differ."""
     explicit = {}
     for section, cls in SECTIONS.items():
-        defaults = to_dict(cls())
-        values = to_dict(getattr(config, section))
+        if section == "train":  # the flat view: schema 1's keys, so that ids do not change with the schema's shape
+            defaults, values = flat_train_defaults(), flat_train(config.train)
+        else:
+            defaults, values = to_dict(cls()), to_dict(getattr(config, section))
         explicit[section] = {k: v for k, v in values.items() if v != defaults[k]}
     blob = json.dumps(explicit, sort_keys=True, separators=(",", ":"))
     return hashlib.sha1(blob.encode()).hexdigest()[:10]
@@ -340,11 +355,11 @@ def select(cells: list, where: list[str]) -> list:
         section, _, name = key.partition(".")
         if section not in SECTIONS:
             raise ConfigError(f"--where {key}: unknown section {section!r}; allowed: {', '.join(SECTIONS)}")
-        allowed = [f.name for f in dataclasses.fields(SECTIONS[section])]
+        allowed = option_names(section)
         if name not in allowed:
             raise ConfigError(f"--where {key}: unknown option {name!r}; allowed: {', '.join(allowed)}")
         wanted = [_parse_value(v.strip()) for v in raw.split(",")]
-        out = [c for c in out if _matches(getattr(getattr(c.config, section), name), wanted)]
+        out = [c for c in out if _matches(flat_options(c.config).get(key), wanted)]
     return out
 
 

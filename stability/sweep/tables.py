@@ -55,7 +55,10 @@ class Cell:
 
 
 def _flat(config: dict) -> dict:
-    return {f"{s}.{k}": (tuple(v) if isinstance(v, list) else v) for s, opts in config.items() for k, v in opts.items()}
+    """``section.option`` -> value, method options as ``train.X`` (records of either config shape compare equal)."""
+    from stability.config import flat_options, migrate_v1
+
+    return {k: (tuple(v) if isinstance(v, list) else v) for k, v in flat_options(migrate_v1(config)).items()}
 
 
 def collect(records: list[dict]) -> dict[tuple, Cell]:
@@ -108,7 +111,7 @@ def filter_records(records: list[dict], where: list[str]) -> list[dict]:
         known = {k for r in records for k in _flat(r["config"])}
         if f"{section}.{name}" not in known:
             raise ConfigError(f"--where {key}: no record has option {key!r}")
-        out = [r for r in out if _matches(r["config"][section][name], wanted)]
+        out = [r for r in out if _matches(_flat(r["config"]).get(f"{section}.{name}"), wanted)]
     return out
 
 

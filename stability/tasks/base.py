@@ -36,10 +36,8 @@ class Task(ABC):
     def __init__(self, config: TaskConfig):
         if config.name != self.name:
             raise ConfigError(f"task config names {config.name!r}, not {self.name!r}")
-        import dataclasses
-
-        ignored = [f.name for f in dataclasses.fields(config) if f.name not in self.COMMON + self.options
-                   and getattr(config, f.name) != f.default]
+        ignored = [name for name, f in type(config).model_fields.items() if name not in self.COMMON + self.options
+                   and getattr(config, name) != f.default]
         if ignored:
             raise ConfigError(f"the {self.name} task does not use {', '.join(ignored)}; leave "
                               f"{'it' if len(ignored) == 1 else 'them'} unset (it uses "

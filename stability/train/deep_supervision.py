@@ -22,7 +22,7 @@ from stability.solvers import residual
 
 def segments(cfg) -> list[tuple[int, int]]:
     """The (iterations without gradient, iterations with gradient) of each segment within the cap ``iterations``."""
-    k, T_sup = cfg.bptt_steps, cfg.supervision_interval or cfg.bptt_steps
+    k, T_sup = cfg.method.bptt_steps, cfg.method.supervision_interval or cfg.method.bptt_steps
     out, t = [], 0
     while t < cfg.iterations:
         seg = min(T_sup, cfg.iterations - t)
@@ -62,6 +62,6 @@ def deep_supervision_batch(ctx, inputs: torch.Tensor, targets: torch.Tensor) -> 
         total += loss.item() * active.numel()
         weight += active.numel()
         with torch.no_grad():
-            running = residual(state, prev) >= cfg.halt_tol
+            running = residual(state, prev) >= cfg.method.halt_tol
         x, active = state.detach()[running], active[running]
     return total / weight, steps

@@ -109,8 +109,8 @@ def jacobian_frobenius(fz: torch.Tensor, z: torch.Tensor, probes: int = 1,
 
 def fixed_point(model, x0: torch.Tensor, e: torch.Tensor, cfg):
     """x* by the analysis core's Anderson solver (no graph): per sample, the image with the lowest residual."""
-    return solve(model.step, e.detach(), x0.detach(), method="anderson", tol=cfg.solver_tol,
-                 max_iter=cfg.iterations, memory=cfg.anderson_memory, max_period=0, certify_rho=False)
+    return solve(model.step, e.detach(), x0.detach(), method="anderson", tol=cfg.method.solver_tol,
+                 max_iter=cfg.iterations, memory=cfg.method.anderson_memory, max_period=0, certify_rho=False)
 
 
 @contextlib.contextmanager
@@ -135,20 +135,20 @@ def implicit_loss(model, task, inputs: torch.Tensor, targets: torch.Tensor, cfg,
     x0 = model.embed(inputs)
     sol = fixed_point(model, x0, model.initial_state(x0), cfg)
     z = sol.x_best.detach().requires_grad_()
-    reg = math_attention(module if module is not None else model) if cfg.jac_reg > 0 else contextlib.nullcontext()
+    reg = math_attention(module if module is not None else model) if cfg.method.jac_reg > 0 else contextlib.nullcontext()
     with torch.enable_grad(), reg:
         fz = model.step(z, x0)  # graph to the parameters and x0, and to z for the vjps with J
     adjoints: list = []
-    out = attach_implicit_gradient(fz, z, cfg.implicit_backward, tol=cfg.backward_tol,
+    out = attach_implicit_gradient(fz, z, cfg.method.implicit_backward, tol=cfg.method.backward_tol,
                                    max_iter=backward_budget(cfg), record=adjoints)
     loss = task.loss(model.readout(out), targets)
     if record is not None:
         record.update(forward=sol.summary(), adjoint=adjoints)
-    if cfg.jac_reg > 0:
-        jf = jacobian_frobenius(fz, z, cfg.jac_reg_probes, generator)
+    if cfg.method.jac_reg > 0:
+        jf = jacobian_frobenius(fz, z, cfg.method.jac_reg_probes, generator)
         if record is not None:
             record["jacobian_frobenius"] = float(jf.detach())
-        loss = loss + cfg.jac_reg * jf
+        loss = loss + cfg.method.jac_reg * jf
     return loss
 
 
@@ -158,8 +158,9 @@ def backward_budget(cfg) -> int:
     > 0 (the adaptive budget, the default), the larger of the two. Measured default (150): the training
     tolerance 1e-4 is reached in 46 products on the sudoku-size map at recall ×0.5 and in 123 at ×1.0
     (ρ(J*) ≈ 0.985), where the old fixed 30 ended at residuals 1.4e-3 and 2.8e-2 (benchmarks/RESULTS.md)."""
-    cap = int(getattr(cfg, "backward_max_iterations", 0) or 0)
-    return max(cap, int(cfg.backward_iterations)) if cap > 0 else int(cfg.backward_iterations)
+    m = cfg.method if hasattr(getattr(cfg, "method", None), "backward_iterations") else cfg  # TrainConfig or Implicit
+    cap = int(getattr(m, "backward_max_iterations", 0) or 0)
+    return max(cap, int(m.backward_iterations)) if cap > 0 else int(m.backward_iterations)
 
 
 class ImplicitStats:
@@ -169,8 +170,8 @@ class ImplicitStats:
     warning on stderr (later misses of the same epoch are counted, not repeated)."""
 
     def __init__(self, cfg, stream=None):
-        self.tol, self.budget = float(cfg.backward_tol), backward_budget(cfg)
-        self.method = cfg.implicit_backward
+        self.tol, self.budget = float(cfg.method.backward_tol), backward_budget(cfg)
+        self.method = cfg.method.implicit_backward
         self.residuals: list[float] = []
         self.products: list[int] = []
         self.forward_converged: list[float] = []

@@ -39,7 +39,7 @@ import torch
 from stability import __version__
 from stability.analysis.accuracy import accuracy_curve
 from stability.atomic import check_writable, write_text
-from stability.config import RunConfig, TrainConfig, to_dict
+from stability.config import RunConfig, TrainConfig, flat_train, to_dict
 from stability.errors import CheckpointError, ConfigError, DivergenceError
 from stability.model import build_model
 from stability.protocols import is_looped
@@ -162,7 +162,7 @@ def training_loss(model, task: Task, inputs, targets, cfg: TrainConfig, gen: tor
     T = cfg.iterations
     n = int(torch.randint(0, T, (1,), generator=gen))
     k = int(torch.randint(1, T - n + 1, (1,), generator=gen))
-    return progressive_loss(model, task, inputs, targets, n, k, cfg.alpha, T)
+    return progressive_loss(model, task, inputs, targets, n, k, cfg.method.alpha, T)
 
 
 @dataclass
@@ -205,7 +205,7 @@ METHODS: dict[str, Callable] = {"progressive": progressive_batch, "deep-supervis
 
 
 def train_batch(ctx: BatchContext, inputs, targets) -> tuple[float, int]:
-    return METHODS[ctx.cfg.method](ctx, inputs, targets)
+    return METHODS[ctx.cfg.method.name](ctx, inputs, targets)
 
 
 # ---- evaluation ---------------------------------------------------------------------------------
@@ -464,7 +464,6 @@ def train(config: RunConfig, out: Path | str, *, resume: bool = False, progress:
     torch.manual_seed(cfg.seed)
     model = build_model(config.model).to(device)
     optimizer = make_optimizer(model, cfg)
-    scaler = torch.amp.GradScaler(device.type, enabled=False)  # bf16 needs no loss scaling
     gen = torch.Generator().manual_seed(cfg.seed)
     history: list = []
     final = None
@@ -477,7 +476,7 @@ def train(config: RunConfig, out: Path | str, *, resume: bool = False, progress:
         check_resumable(stored, config, done, out)
         model.load_state_dict(obj["model"])
         optimizer.load_state_dict(obj["optimizer"])
-        scaler.load_state_dict(obj.get("scaler") or {})
+        # a "scaler" entry (older checkpoints: a GradScaler that was never enabled, bf16 needs none) is ignored
         _set_rng_state(obj["rng"], gen)
         start_epoch, step = done, int(obj["step"])
         history, final = list(obj["history"]), obj.get("final")
@@ -508,7 +507,6 @@ def train(config: RunConfig, out: Path | str, *, resume: bool = False, progress:
             "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
             "optimizer": optimizer.state_dict(),
             "schedule": {"base_lr": cfg.lr, "epoch": epoch, "lr": cfg.lr * lr_factor(min(epoch, cfg.epochs - 1), cfg)},
-            "scaler": scaler.state_dict(),
             "rng": _rng_state(gen),
             "epoch": epoch,
             "step": step,
@@ -604,7 +602,7 @@ def check_resumable(stored: RunConfig, config: RunConfig, done: int, out: Path |
     everything must be equal except ``train.epochs``, which may grow (extension) but not drop below ``done``."""
     extended = stored.replace(train=stored.train.replace(epochs=config.train.epochs))
     if extended != config:
-        diff = _config_diff(to_dict(extended), to_dict(config))
+        diff = _config_diff(_flat_sections(extended), _flat_sections(config))
         raise ConfigError(f"--resume: {out} was trained with a different config ({diff}); only --epochs "
                           "may change (to extend the run)")
     if config.train.epochs < done:
@@ -621,6 +619,12 @@ def _summary(ev: dict) -> dict:
 def _diverged(what: str, epoch: int, step: int, out: Path) -> str:
     kept = f"the last good checkpoint {out} is kept" if out.exists() else "no checkpoint was written"
     return f"non-finite {what} at epoch {epoch + 1}, step {step + 1}: training stopped; {kept}"
+
+
+def _flat_sections(config: RunConfig) -> dict:
+    """The config with the method options beside the other train options (their names on the command line)."""
+    d = to_dict(config)
+    return {**d, "train": flat_train(d["train"])}
 
 
 def _config_diff(a: dict, b: dict, prefix: str = "") -> str:

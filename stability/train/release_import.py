@@ -1,0 +1,60 @@
+"""``stability import``'s library: one of the paper's release checkpoints written as a toolkit checkpoint.
+
+It lives here, not in stability/release.py, because it needs the trainer's optimizer and schedule (a fresh AdamW
+state and the LR of the epoch reached), and stability/release.py sits below the checkpoint module, which opens
+release checkpoints through it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from stability import checkpoint as ckpt
+from stability import release
+from stability.atomic import check_writable
+from stability.config import to_dict
+from stability.train.loop import lr_factor, make_optimizer
+
+
+def import_checkpoint(path: Path | str, out: Path | str, *, release_config: Optional[Path | str] = None) -> Path:
+    """Write the imported release checkpoint as a toolkit checkpoint (atomic write) at ``out``.
+
+    ``stability.load(out)`` gives the same model; ``source`` records where it came from. The release's AdamW state
+    is indexed by its own parameter order, so the file carries a fresh optimizer state (and RNG states seeded with
+    the run's seed) instead: ``stability train --resume`` continues from the imported weights as a new optimizer
+    would."""
+    from stability import __version__
+
+    out = check_writable(out, "file", "--out")
+    obj = ckpt.read_torch(path)
+    loaded = release.load_release(path, obj, release_config=release_config)
+    cfg_path = release.config_path(path, release_config)
+    train = loaded.config.train
+    torch_rng = torch.random.get_rng_state()
+    torch.manual_seed(train.seed)
+    rng = {"torch": torch.random.get_rng_state(), "cuda": [],
+           "data": torch.Generator().manual_seed(train.seed).get_state()}
+    torch.random.set_rng_state(torch_rng)
+    epoch = loaded.epoch
+    lr = train.lr * lr_factor(min(epoch, train.epochs - 1), train)
+    ckpt.atomic_save({
+        "format": ckpt.FORMAT,
+        "schema_version": ckpt.SCHEMA_VERSION,
+        "package_version": __version__,
+        "torch_version": str(torch.__version__),
+        "config": to_dict(loaded.config),
+        "model": loaded.model.state_dict(),
+        "optimizer": make_optimizer(loaded.model, train).state_dict(),
+        "schedule": {"base_lr": train.lr, "epoch": epoch, "lr": lr},
+        "rng": rng,
+        "epoch": epoch,
+        "step": 0,
+        "history": [],
+        "final": None,
+        "source": {"kind": "release", "checkpoint": str(Path(path).resolve()), "config": str(cfg_path.resolve()),
+                   "epoch": obj.get("epoch")},
+    }, out)
+    return out

@@ -1,0 +1,309 @@
+"""The one configuration schema (stability/config.py, docs/configuration.md): every field is reachable from the
+command line and from ``--config run.toml``, and what a run file sets is what its checkpoint records.
+
+The field lists are read from the schema, so a field added later cannot escape these tests: it fails them until it
+has a non-default value below.
+"""
+
+import json
+
+import pytest
+import torch
+
+from stability.config import METHOD_CLASSES, SECTIONS, TrainConfig, field_extra
+
+#: a valid non-default value of every field of model, task and train (the method has its own table)
+VALUES = {
+    "model": {"recall": "internal", "norm": "pre", "width": 16, "heads": 2, "mlp_ratio": 2, "depth": 3,
+              "in_channels": 3, "out_channels": 4, "spatial_ndim": 2, "attention_window": 5, "rope_base": 100.0,
+              "qk_norm": False, "share_norms": False, "initial_state": "noise", "noise_std": 0.5, "norm_eps": 1e-6,
+              "window_edges": "cut", "rope_precision": "float64", "flip_rows": True, "damping": 0.9,
+              "residual_scale": 0.5, "conv": 3},
+    "task": {"name": "chess", "train_size": 40, "val_size": 8, "hard_size": 8, "train_length": 6, "hard_length": 8,
+             "seed": 3, "data_path": "puzzles.csv", "cache_dir": "cache", "engine": "stockfish", "sudoku_cut": 40.0,
+             "chess_easy_max": 1500, "chess_hard_min": 1700, "chess_hard_max": 2100},
+    "train": {"lr": 3e-3, "epochs": 1, "batch_size": 20, "iterations": 3, "weight_decay": 0.02, "adam_eps": 1e-7,
+              "betas": [0.8, 0.99], "decay_exempt": "norms", "warmup_epochs": 2, "cooldown_at": 0.5,
+              "cooldown_factor": 0.2, "grad_clip": 0.5, "seed": 4, "device": "cpu", "compile": True, "bf16": False,
+              "eval_every": 1, "eval_iterations": 3, "test_iterations": 4, "eval_batch_size": 8, "monitor_every": 1,
+              "monitor_samples": 4},
+}
+METHOD_VALUES = {
+    "progressive": {"alpha": 0.5},
+    "deep-supervision": {"bptt_steps": 2, "supervision_interval": 3, "halt_tol": 0.05},
+    "implicit": {"solver_tol": 1e-2, "anderson_memory": 3, "implicit_backward": "neumann", "backward_tol": 1e-3,
+                 "backward_iterations": 5, "backward_max_iterations": 7, "jac_reg": 0.1, "jac_reg_probes": 2},
+}
+#: what a tiny prefix-sums training run cannot take, and why (the config round trip below covers these fields)
+NOT_IN_A_PREFIX_SUMS_RUN = {
+    ("model", "in_channels"): "set by the task", ("model", "out_channels"): "set by the task",
+    ("model", "spatial_ndim"): "set by the task", ("model", "attention_window"): "set by the task",
+    ("model", "flip_rows"): "set by the release import (boards only)",
+    ("task", "name"): "the run is prefix sums", ("task", "data_path"): "not a prefix-sums option",
+    ("task", "cache_dir"): "not a prefix-sums option", ("task", "engine"): "not a prefix-sums option",
+    ("task", "sudoku_cut"): "not a prefix-sums option", ("task", "chess_easy_max"): "not a prefix-sums option",
+    ("task", "chess_hard_min"): "not a prefix-sums option", ("task", "chess_hard_max"): "not a prefix-sums option",
+    ("train", "compile"): "torch.compile on the CPU takes minutes (tests/test_gpu_paths_on_cpu.py runs it)",
+}
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return repr(v)
+
+
+def _run_file(path, sections: dict, method: str) -> None:
+    lines = []
+    for section, values in sections.items():
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in values.items()]
+    lines += ["[train.method]", f'name = "{method}"']
+    lines += [f"{k} = {_toml_value(v)}" for k, v in METHOD_VALUES[method].items()]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _schema_fields() -> set:
+    out = {(s, n) for s, cls in SECTIONS.items() for n in cls.model_fields if (s, n) != ("train", "method")}
+    return out | {(m, n) for m, cls in METHOD_CLASSES.items() for n in cls.model_fields if n != "name"}
+
+
+def test_the_value_tables_set_every_field_of_the_schema_to_a_non_default():
+    given = {(s, n) for s, v in VALUES.items() for n in v} | {(m, n) for m, v in METHOD_VALUES.items() for n in v}
+    assert given == _schema_fields()
+    for section, values in VALUES.items():
+        for name, value in values.items():
+            default = SECTIONS[section].model_fields[name].default
+            assert value != (list(default) if isinstance(default, tuple) else default), (section, name)
+    for method, values in METHOD_VALUES.items():
+        for name, value in values.items():
+            assert value != METHOD_CLASSES[method].model_fields[name].default, (method, name)
+
+
+def _stored_fields(config: dict, method: str) -> dict:
+    out = {(s, n): v for s in ("model", "task", "train") for n, v in config[s].items() if n != "method"}
+    block = config["train"]["method"]
+    assert block["name"] == method
+    return out | {(method, n): v for n, v in block.items() if n != "name"}
+
+
+@pytest.mark.parametrize("method", list(METHOD_CLASSES))
+def test_a_run_file_that_sets_every_field_round_trips_into_the_checkpoint_config(method, tmp_path):
+    """Train one epoch from a run file setting every field a prefix-sums run takes; the checkpoint records each
+    value as given (the fields the task decides are the task's)."""
+    from stability.cli import main
+    from stability.tasks import make_task
+
+    sections = {s: {n: v for n, v in vals.items() if (s, n) not in NOT_IN_A_PREFIX_SUMS_RUN}
+                for s, vals in VALUES.items()}
+    run = tmp_path / "run.toml"
+    _run_file(run, sections, method)
+    out = tmp_path / "run.pt"
+    assert main(["train", "--config", str(run), "--out", str(out), "--quiet"]) == 0
+    stored = torch.load(out, weights_only=True)["config"]
+    got = _stored_fields(stored, method)
+    expected = {(s, n): v for s, vals in sections.items() for n, v in vals.items()}
+    expected |= {(method, n): v for n, v in METHOD_VALUES[method].items()}
+    for key, value in expected.items():
+        assert got[key] == value, key
+    task = make_task(SECTIONS["task"](**stored["task"]))
+    for name, value in task.model_options().items():
+        assert got[("model", name)] == value, name
+    # every stored field is one the file set, or one named (with its reason) in NOT_IN_A_PREFIX_SUMS_RUN
+    assert set(got) - set(expected) <= set(NOT_IN_A_PREFIX_SUMS_RUN)
+
+
+@pytest.mark.parametrize("method", list(METHOD_CLASSES))
+def test_a_run_file_that_sets_every_field_round_trips_through_the_checkpoint_config_block(method, tmp_path):
+    """Every field of the schema, the ones a prefix-sums run cannot take included: run file -> the command line's
+    RunConfig -> the checkpoint's config block on disk -> the RunConfig a checkpoint loads with."""
+    from stability import checkpoint as ckpt
+    from stability.cli import build_parser
+    from stability.commands.train import config_from_args
+
+    values = {s: dict(v) for s, v in VALUES.items()}
+    if method != "progressive":
+        values["train"]["compile"] = False  # compile only with progressive (a checked rule)
+    run = tmp_path / "run.toml"
+    _run_file(run, values, method)
+    args = build_parser("train").parse_args(["train", "--config", str(run), "--out", str(tmp_path / "x.pt")])
+    config = config_from_args(args)
+    path = tmp_path / "block.pt"
+    ckpt.atomic_save({"config": config.to_dict()}, path)
+    block = torch.load(path, weights_only=True)
+    loaded = ckpt.run_config(block, path)
+    got = _stored_fields(loaded.to_dict(), method)
+    expected = {(s, n): v for s, vals in values.items() for n, v in vals.items()}
+    expected |= {(method, n): v for n, v in METHOD_VALUES[method].items()}
+    assert got == expected
+
+
+def test_every_schema_field_has_a_flag_except_those_the_task_or_the_release_import_decides():
+    from stability.cli import build_parser
+    from stability.commands.train import flags
+
+    parser = build_parser("train")
+    sub = next(a for a in parser._actions if hasattr(a, "choices") and isinstance(a.choices, dict))
+    options = {o for a in sub.choices["train"]._actions for o in a.option_strings}
+    by_field = {(f.method or f.section, f.name): f"--{f.flag}" for f in flags()}
+    derived = {(s, n) for s, cls in SECTIONS.items() for n, info in cls.model_fields.items()
+               if field_extra(info).get("derived")}
+    assert derived == {("model", n) for n in ("in_channels", "out_channels", "spatial_ndim", "attention_window",
+                                              "flip_rows")}
+    assert set(by_field) == (_schema_fields() - derived) | {("train", "method")}
+    assert set(by_field.values()) <= options
+    # the names of today's flags
+    assert by_field[("task", "seed")] == "--data-seed" and by_field[("task", "name")] == "--task"
+    assert by_field[("progressive", "alpha")] == "--alpha" and by_field[("implicit", "solver_tol")] == "--solver-tol"
+
+
+def test_every_flag_sets_its_field(tmp_path):
+    """Each flag, given a non-default value, lands in its field (the method flags in the method block)."""
+    from stability.cli import build_parser
+    from stability.commands.train import config_from_args, flags
+
+    def text(v):
+        return ",".join(map(str, v)) if isinstance(v, list) else str(v)
+
+    for method, opts in METHOD_VALUES.items():
+        argv = ["train", "--method", method, "--out", str(tmp_path / "x.pt")]
+        for f in flags():
+            if f.method not in (None, method) or (f.section, f.name) == ("train", "method"):
+                continue
+            value = METHOD_VALUES[method][f.name] if f.method else VALUES[f.section][f.name]
+            if f.name == "compile" and method != "progressive":
+                continue
+            if isinstance(value, bool):
+                argv.append(f"--{f.flag}" if value else f"--no-{f.flag}")
+            else:
+                argv += [f"--{f.flag}", text(value)]
+        cfg = config_from_args(build_parser("train").parse_args(argv)).to_dict()
+        for f in flags():
+            if f.method is None and (f.section, f.name) != ("train", "method"):
+                if not (f.name == "compile" and method != "progressive"):
+                    assert cfg[f.section][f.name] == VALUES[f.section][f.name], f.flag
+        assert cfg["train"]["method"] == {"name": method, **opts}
+
+
+def test_flags_override_the_run_file(tmp_path):
+    from stability.cli import build_parser
+    from stability.commands.train import config_from_args
+
+    run = tmp_path / "run.toml"
+    run.write_text('[model]\nwidth = 32\nheads = 4\n[train]\nlr = 0.01\n[train.method]\nname = "implicit"\n'
+                   'solver_tol = 0.01\n')
+    args = build_parser("train").parse_args(["train", "--config", str(run), "--width", "64", "--solver-tol", "0.001",
+                                             "--out", str(tmp_path / "x.pt")])
+    cfg = config_from_args(args)
+    assert (cfg.model.width, cfg.model.heads, cfg.train.lr) == (64, 4, 0.01)
+    assert cfg.train.method.name == "implicit" and cfg.train.method.solver_tol == 0.001
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("[model]\nwidthh = 3\n", "[model]: unknown key(s) widthh; allowed: recall, norm, width"),
+    ("[modle]\n", "unknown key(s) modle; allowed: model, task, train"),
+    ('[train.method]\nname = "implicit"\nalpha = 0.5\n',
+     "TrainConfig.alpha: only the progressive method uses it, not implicit"),
+    ('[train.method]\nname = "implicit"\nsolver = 1\n', "[train].method: unknown key(s) solver"),
+    ("[train]\nlr = -1.0\n", "TrainConfig.lr: -1.0 is outside [0.0, inf]"),
+    ("[train\n", "not valid TOML"),
+])
+def test_a_bad_run_file_is_one_error_line_and_exit_2(content, needle, tmp_path, capsys):
+    from stability.cli import main
+
+    run = tmp_path / "run.toml"
+    run.write_text(content)
+    out = tmp_path / "x.pt"
+    assert main(["train", "--config", str(run), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--solver-tol", "0.01"], "--solver-tol: only the implicit method uses it, not progressive"),
+    (["--method", "implicit", "--alpha", "0.5"], "--alpha: only the progressive method uses it, not implicit"),
+    (["--method", "deep-supervision", "--jac-reg", "0.1"], "--jac-reg: only the implicit method uses it"),
+])
+def test_a_flag_of_another_method_exits_2_with_one_line(argv, needle, tmp_path, capsys):
+    from stability.cli import main
+
+    assert main(["train", *argv, "--out", str(tmp_path / "x.pt")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+
+
+def test_a_flag_method_that_drops_options_of_the_run_file_is_refused(tmp_path, capsys):
+    from stability.cli import main
+
+    run = tmp_path / "run.toml"
+    run.write_text('[train.method]\nname = "implicit"\nsolver_tol = 0.01\n')
+    assert main(["train", "--config", str(run), "--method", "progressive", "--out", str(tmp_path / "x.pt")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "sets options of the implicit method (solver_tol)" in err[0], err
+
+
+def test_an_explicit_value_of_the_methods_own_option_is_never_an_error():
+    """Recording a method's option at its default (schema 1 refused nothing here, but other methods' defaults
+    were policed); the other methods' options cannot be given at all."""
+    for method, cls in METHOD_CLASSES.items():
+        defaults = {n: f.default for n, f in cls.model_fields.items() if n != "name"}
+        cfg = TrainConfig(method={"name": method, **defaults})
+        assert cfg.method == cls()
+
+
+def test_the_method_block_and_the_flat_view_are_one_config():
+    flat = TrainConfig(method="implicit", solver_tol=1e-4, lr=1e-3)
+    block = TrainConfig(method={"name": "implicit", "solver_tol": 1e-4}, lr=1e-3)
+    assert flat == block and flat.to_dict()["method"]["solver_tol"] == 1e-4
+    assert TrainConfig().replace(method="deep-supervision", bptt_steps=2).method.bptt_steps == 2
+
+
+def test_a_record_with_a_schema_1_config_has_the_same_deterministic_view_as_one_with_the_method_block():
+    from stability.config import RunConfig, flat_train, flat_train_defaults
+    from stability.sweep.export import deterministic_view
+
+    cfg = RunConfig(train=TrainConfig(method="deep-supervision", bptt_steps=2, lr=3e-3)).to_dict()
+    old = {**cfg, "train": {**flat_train_defaults(), **flat_train(cfg["train"])}}
+    assert old != cfg
+    rec = {"id": "x", "final": {"val": {"accuracy": [0.5]}}, "timing": {"run_seconds": 1.0}}
+    assert deterministic_view({**rec, "config": old}) == deterministic_view({**rec, "config": cfg})
+    changed = RunConfig(train=TrainConfig(method="deep-supervision", bptt_steps=3, lr=3e-3)).to_dict()
+    assert deterministic_view({**rec, "config": changed}) != deterministic_view({**rec, "config": cfg})
+
+
+def test_analyze_takes_its_flag_defaults_from_analysis_options():
+    import dataclasses
+
+    from stability.analysis.pipeline import AnalysisOptions
+    from stability.cli import build_parser
+
+    args = build_parser("analyze").parse_args(["analyze", "ckpt.pt"])
+    flagged = [f for f in dataclasses.fields(AnalysisOptions) if "help" in f.metadata]
+    assert {f.name for f in flagged} >= {"samples", "solver", "tol", "max_iter", "iterations", "device", "probes",
+                                         "noise_std", "eig_route", "eig_precision"}
+    for f in flagged:
+        assert getattr(args, f.name) == f.default, f.name
+
+
+def test_a_grid_method_table_is_the_flat_options_and_gives_the_same_cell_ids():
+    from stability.errors import ConfigError
+    from stability.sweep import grid
+
+    base = {"fixed": {"task": {"train_size": 40}}}
+    flat = grid.parse({**base, "fixed": {**base["fixed"], "train": {"method": "implicit", "solver_tol": 1e-4}},
+                       "axes": {"train": {"jac_reg": [0.0, 0.1]}}})
+    table = grid.parse({**base, "fixed": {**base["fixed"], "train": {"method": {"name": "implicit",
+                                                                                "solver_tol": 1e-4}}},
+                        "axes": {"train": {"method": {"jac_reg": [0.0, 0.1]}}}})
+    assert [(c.id, c.cell_id) for c in flat.cells] == [(c.id, c.cell_id) for c in table.cells]
+    assert [c.config.train.method.jac_reg for c in table.cells] == [0.0, 0.1]
+    assert list(table.axes) == ["train.jac_reg"] and table.cells[1].cell_id.endswith("-jacreg1e-1")
+    with pytest.raises(ConfigError, match="TrainConfig.alpha: only the progressive method uses it, not implicit"):
+        grid.parse({"fixed": {"train": {"method": {"name": "implicit", "alpha": 0.5}}}})
+    with pytest.raises(ConfigError, match=r"fixed.train.method: unknown key\(s\) solvertol"):
+        grid.parse({"fixed": {"train": {"method": {"name": "implicit", "solvertol": 0.5}}}})
