@@ -343,7 +343,7 @@ class TrainConfig(_Config):
     method: MethodConfig = Field(Progressive(), description="the training method and its options: progressive "
                                  "loss, deep supervision with truncated BPTT (FPRM), or implicit (equilibrium, "
                                  "Anderson forward, implicit-function-theorem backward)")
-    lr: float = _f(1e-4, "peak learning rate", ge=0.0)
+    lr: float = _f(1e-4, "peak learning rate", gt=0.0)
     epochs: int = _f(100, "epochs", metavar="N", ge=1)
     batch_size: int = _f(500, "batch size", metavar="N", ge=1)
     iterations: int = _f(30, "maximum training iterations T of every method", metavar="T", ge=1)
@@ -576,7 +576,9 @@ def _message(cls: type, exc: ValidationError) -> str:
         got = ctx.get("tag", None)
         what = f"{got!r} is not allowed" if kind == "union_tag_invalid" else "the method table needs a name"
         return f"TrainConfig.method: {what}; allowed: {', '.join(METHODS)}"
-    if kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than") and info is not None:
+    if kind == "greater_than" and "gt" in ctx:
+        return f"{where}: {value!r} must be greater than {ctx['gt']}"
+    if kind in ("greater_than_equal", "less_than_equal", "less_than") and info is not None:
         lo, hi = bounds(info)
         return f"{where}: {value!r} is outside [{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
     if kind in _EXPECTED:
