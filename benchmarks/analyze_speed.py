@@ -13,7 +13,9 @@ Per split (val, hard; the first ``--samples`` samples, as ``stability analyze`` 
   ``input_dependence_frobenius_batched`` (all samples × probes in one batched GMRES);
 * the App. A.8 solves from zeros and noise (the pipeline's, not changed here) for scale.
 
-``--crossover`` only times the dense ρ/σ_max route against the Krylov one at n = 128 … 2048 (the measurement behind
+``--routes`` only times the dense routes of the hard split before and after issue 12's last change (J and Prop. 4's M
+by rows against compressed forward-mode columns, ρ by batched Krylov–Schur against ARPACK per matrix, σ_max by
+``svdvals`` against Lanczos on JᵀJ; results-dense-routes.json). ``--crossover`` only times the dense ρ/σ_max route against the Krylov one at n = 128 … 2048 (the measurement behind
 ``DENSE_MAX``; results-dense-crossover.json); ``--dense`` only runs the whole analysis with the dense thresholds at
 their old values and at the current ones, per-stage timings and numbers side by side
 (results-dense-before-after.json).
@@ -206,6 +208,83 @@ def bench_dense_crossover(model, lengths=(4, 8, 16, 32, 64), samples=(8, 8, 8, 4
     return rows
 
 
+def bench_dense_routes(model, task, samples: int, seed: int = 0, repeats: int = 2) -> dict:
+    """The dense routes of the hard split (n = 512 for the demo) side by side, CPU seconds (the best of
+    ``repeats``) and the largest difference from the reference route: J by rows (reverse mode, the route before),
+    by forward-mode columns, and compressed (positions coloured, certified); Prop. 4's M likewise (rows of the
+    linear map's vjp against its columns); ρ by the batched Krylov–Schur on bmm products against ARPACK one
+    matrix at a time; σ_max by ``svdvals`` against ``eigvalsh(JᵀJ)`` and Lanczos per matrix."""
+    from stability.analysis.operators import batched_dense_jacobian
+    from stability.analysis.recall import RecallMatrixOperator
+    from stability.analysis.spectra import _arpack_dense, batched_spectral_radius, dense_sigma_max
+    from stability.solvers import solve
+
+    inputs, _ = task.dataset("hard")
+    N = min(samples, inputs.shape[0])
+    with torch.no_grad():
+        x0 = model.embed(inputs[:N].double())
+        e = model.initial_state(x0, generator=torch.Generator().manual_seed(seed))
+    x = solve(model.step, e, x0, tol=1e-5, max_iter=500).x_best
+    n = x[0].numel()
+
+    def best(name, fn):
+        times = []
+        for _ in range(repeats):
+            c = time.process_time()
+            out = fn()
+            times.append(time.process_time() - c)
+        CPU_TIMES[name] = min(times)
+        return out
+
+    rows: dict = {"samples": N, "n": n, "cpu_s": CPU_TIMES, "max_abs_diff": {}}
+    J_rows = best("J_rows", lambda: batched_dense_jacobian(model.step, x, x0, route="rows"))
+    J_cols = best("J_columns", lambda: batched_dense_jacobian(model.step, x, x0, route="columns"))
+    J = best("J_compressed", lambda: batched_dense_jacobian(model.step, x, x0))
+    rows["max_abs_diff"]["J_columns"] = float((J_cols - J_rows).abs().max())
+    rows["max_abs_diff"]["J_compressed"] = float((J - J_rows).abs().max())
+    op = RecallMatrixOperator(model, x, x0, batched=True)
+    zero = torch.zeros_like(op.x_in)
+    M_rows = best("M_rows", lambda: batched_dense_jacobian(lambda V, _: op.apply_M(V), zero, None, route="rows"))
+    M = best("M_compressed", lambda: op.dense_batched())
+    rows["max_abs_diff"]["M_compressed"] = float((M - M_rows).abs().max())
+
+    def ks():
+        def restrict(idx):
+            Ji = J[idx]
+            return lambda V: torch.bmm(Ji, V.reshape(Ji.shape[0], n, 1)).reshape(V.shape)
+        return batched_spectral_radius(restrict(torch.arange(N)), (N, n), k=6, tol=1e-6, seed=seed,
+                                       restrict=restrict, dtype=torch.float64)
+
+    exact = torch.linalg.eigvals(J[:4]).abs().max(dim=1).values  # LAPACK on 4 of them: the reference
+    rho_ks = best("rho_batched_krylov_schur", ks).rho
+    rho_ar = best("rho_arpack_per_matrix", lambda: _arpack_dense(J.double(), 6, 1e-6, seed)).rho
+    rows["max_abs_diff"]["rho_batched_krylov_schur_vs_eigvals"] = float((rho_ks[:4] - exact).abs().max())
+    rows["max_abs_diff"]["rho_arpack_per_matrix_vs_eigvals"] = float((rho_ar[:4] - exact).abs().max())
+    sv = best("sigma_svdvals", lambda: torch.linalg.svdvals(J)[:, 0])
+    ev = best("sigma_eigvalsh", lambda: torch.linalg.eigvalsh(J.transpose(1, 2) @ J)[:, -1].sqrt())
+    lz = best("sigma_lanczos_per_matrix", lambda: dense_sigma_max(J))
+    rows["max_abs_diff"]["sigma_eigvalsh"] = float(((ev - sv).abs() / sv).max())
+    rows["max_abs_diff"]["sigma_lanczos_per_matrix"] = float(((lz - sv).abs() / sv).max())
+    return rows
+
+
+def routes_markdown(r: dict) -> str:
+    c, d = r["cpu_s"], r["max_abs_diff"]
+    lines = [f"hard split, {r['samples']} samples, n = {r['n']}; CPU s (best of 2), one thread", "",
+             "| quantity | before | after | CPU s before → after | difference |", "|---|---|---|---|---|",
+             f"| dense J | rows (reverse mode) | compressed forward-mode columns | {c['J_rows']:.2f} → "
+             f"{c['J_compressed']:.2f} (uncompressed columns {c['J_columns']:.2f}) | {d['J_compressed']:.1e} |",
+             f"| dense M (Prop. 4) | rows of the linear map | its columns, compressed | {c['M_rows']:.2f} → "
+             f"{c['M_compressed']:.2f} | {d['M_compressed']:.1e} |",
+             f"| ρ on dense J | batched Krylov–Schur (bmm) | ARPACK per matrix | {c['rho_batched_krylov_schur']:.2f} → "
+             f"{c['rho_arpack_per_matrix']:.2f} | vs eigvals: {d['rho_batched_krylov_schur_vs_eigvals']:.1e} → "
+             f"{d['rho_arpack_per_matrix_vs_eigvals']:.1e} |",
+             f"| σ_max | svdvals | Lanczos on JᵀJ per matrix | {c['sigma_svdvals']:.2f} → "
+             f"{c['sigma_lanczos_per_matrix']:.2f} (eigvalsh {c['sigma_eigvalsh']:.2f}) | "
+             f"rel. {d['sigma_lanczos_per_matrix']:.1e} |"]
+    return "\n".join(lines)
+
+
 def crossover_markdown(rows: list) -> str:
     lines = ["| n (L) | samples | dense: s/sample (CPU s) | Krylov: s/sample (CPU s) | |Δρ| max | |Δσ_max| max |",
              "|---|---|---|---|---|---|"]
@@ -323,6 +402,8 @@ def main(argv=None) -> int:
                    help="only time the dense ρ/σ_max route against Krylov at n = 128 … 2048 (sets DENSE_MAX)")
     p.add_argument("--dense", action="store_true",
                    help="only the whole analysis with the dense threshold at 32 (before) and at DENSE_MAX (after)")
+    p.add_argument("--routes", action="store_true",
+                   help="only the dense routes of the hard split side by side (J, M, ρ, σ_max: before and after)")
     p.add_argument("--json", default=str(HERE / "results-analyze-speed.json"))
     args = p.parse_args(argv)
 
@@ -341,6 +422,14 @@ def main(argv=None) -> int:
                "load_avg_end": os.getloadavg()}
         write_text(str(Path(args.json).with_name("results-dense-before-after.json")), json.dumps(out, indent=1))
         print(f"load average at start / end: {out['load_avg_start']} / {out['load_avg_end']}")
+        return 0
+    if args.routes:
+        r = bench_dense_routes(model, loaded.task, args.samples)
+        out = {"checkpoint": str(ckpt), "torch": torch.__version__, "threads": torch.get_num_threads(),
+               "load_avg": os.getloadavg(), **r}
+        write_text(str(Path(args.json).with_name("results-dense-routes.json")), json.dumps(out, indent=1))
+        print(routes_markdown(r))
+        print(f"\nload average at end: {out['load_avg']}")
         return 0
     if args.crossover:
         rows = bench_dense_crossover(model)

@@ -5,7 +5,7 @@ Every config is a frozen pydantic v2 model with ``extra="forbid"``: an unknown k
 ones, so that no key is ever silently ignored (the paper's release did that). Each field carries its help text
 (``Field(description=...)``) and, where useful, its CLI ``metavar``/``flag`` (``json_schema_extra``); ranges are
 ``ge``/``le`` bounds; cross-field checks are ``model_validator``\\ s. Any failure is one :class:`ConfigError` line in
-the style ``TrainConfig.lr: -1.0 is outside [0.0, inf]`` (:func:`_message` converts pydantic's ValidationError).
+the style ``ModelConfig.width: 0 is outside [1, inf]`` (:func:`_message` converts pydantic's ValidationError).
 
 ``TrainConfig.method`` is a discriminated union (on ``name``) of :class:`Progressive`, :class:`DeepSupervision` and
 :class:`Implicit`: the options of a method live in its block, so an explicit value is never an error, and an option

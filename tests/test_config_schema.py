@@ -209,7 +209,7 @@ def test_flags_override_the_run_file(tmp_path):
     ('[train.method]\nname = "implicit"\nalpha = 0.5\n',
      "TrainConfig.alpha: only the progressive method uses it, not implicit"),
     ('[train.method]\nname = "implicit"\nsolver = 1\n', "[train].method: unknown key(s) solver"),
-    ("[train]\nlr = -1.0\n", "TrainConfig.lr: -1.0 is outside [0.0, inf]"),
+    ("[train]\nlr = -1.0\n", "TrainConfig.lr: -1.0 must be greater than 0.0"),
     ("[train\n", "not valid TOML"),
 ])
 def test_a_bad_run_file_is_one_error_line_and_exit_2(content, needle, tmp_path, capsys):
