@@ -23,7 +23,7 @@ Methods (the registry :data:`SOLVERS`; ``auto`` is :data:`AUTO`, chosen by ``ben
 
 Anderson and Broyden are root-finders: they can converge to a fixed point that f's own iteration cannot reach
 (ρ(J*) > 1, Props. 3–4). For them ``solve`` reports ρ(J*) of every converged sample (:func:`classify`, the
-batched Krylov–Schur route of :mod:`stability.analysis.spectra`) and marks those with ρ(J*) > 1 ``repelling``.
+batched Krylov–Schur route of :func:`stability.linalg.jacobian_rho`) and marks those with ρ(J*) > 1 ``repelling``.
 
 Shapes (torchdeq-style; B = batch, S = the state's trailing shape, e.g. (L, d) or (9, 9, d), N = iterations):
 
@@ -56,6 +56,7 @@ from typing import Callable, Optional
 
 import torch
 
+from stability.linalg import jacobian_rho
 from stability.stats import median
 
 STATUSES = ("converged", "max-iterations", "stalled", "diverged", "non-finite", "repelling")
@@ -347,13 +348,11 @@ def detect_period(f: Callable, x: torch.Tensor, x0: Optional[torch.Tensor], *, m
 
 def classify(result: SolveResult, f: Callable, x0: Optional[torch.Tensor], *, tol: float = 1e-6,
              fast_f: Optional[Callable] = None, **kwargs) -> SolveResult:
-    """ρ(J*) at ``x_best`` of every converged sample, by :func:`stability.analysis.spectra.jacobian_spectral_radius`
-    (Krylov–Schur on Jᵀ, Ritz residual ``tol``); sets ``result.rho`` (NaN for the others) and marks a converged
-    sample with ρ(J*) > 1 ``repelling`` (Props. 3–4: plain iteration of f cannot reach it). In place; returns
+    """ρ(J*) at ``x_best`` of every converged sample, by :func:`stability.linalg.jacobian_rho`
+    (matrix-free Krylov–Schur on Jᵀ, Ritz residual ``tol``; exact to rounding for n ≤ 60); sets ``result.rho``
+    (NaN for the others) and marks a converged sample with ρ(J*) > 1 ``repelling`` (Props. 3–4: plain iteration of f cannot reach it). In place; returns
     ``result``. The products with Jᵀ are counted in ``result.info["rho_products"]`` (they are not evaluations of
     f, so not in ``nfe``)."""
-    from stability.analysis.spectra import jacobian_spectral_radius
-
     B = len(result.status)
     rho = torch.full((B,), math.nan, dtype=torch.float64)
     idx = result.converged.nonzero().flatten()
@@ -362,7 +361,7 @@ def classify(result: SolveResult, f: Callable, x0: Optional[torch.Tensor], *, to
         dev = result.x_best.device
         xs = result.x_best[idx.to(dev)]
         xb = None if x0 is None else x0[idx.to(x0.device)]
-        spec = jacobian_spectral_radius(f, xs, xb, fast_f=fast_f, tol=tol, **kwargs)
+        spec = jacobian_rho(f, xs, xb, fast_f=fast_f, tol=tol, **kwargs)
         rho[idx] = spec.rho.detach().double().cpu()
         products = int(spec.matvecs)
         for i, b in enumerate(idx.tolist()):

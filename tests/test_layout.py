@@ -16,7 +16,6 @@ ROOT = Path(stability.__file__).resolve().parent
 
 #: the room-level imports that still point back up, each for a stated reason; the graph without them is acyclic
 KNOWN_BACK_EDGES = {
-    ("solvers", "analysis"): "solve certifies ρ(J*) of a root-finder's fixed point with analysis.spectra",
     ("checkpoint", "release"): "load opens the paper's release checkpoints through stability/release.py",
 }
 
