@@ -18,8 +18,8 @@ Methods (the registry :data:`SOLVERS`; ``auto`` is :data:`AUTO`, chosen by ``ben
 * ``damped`` x ← (1 − η) x + η f(x);
 * ``anderson`` type-II Anderson acceleration (memory m, Tikhonov λ relative to the Gram matrix, mixing η);
 * ``broyden`` Broyden's "good" method on g(x) = f(x) − x with the inverse Jacobian kept as −I + Σ uᵢvᵢᵀ over
-  at most ``memory`` pairs (limited memory: 2·m·n numbers per sample, whatever ``max_iter`` is; the oldest
-  pair is dropped when the memory is full).
+  at most ``memory`` pairs (limited memory: 2·m·n numbers per sample, whatever ``max_iter`` is; when the memory
+  is full, Σ uᵢvᵢᵀ is compressed to its best rank-m/2 approximation).
 
 Anderson and Broyden are root-finders: they can converge to a fixed point that f's own iteration cannot reach
 (ρ(J*) > 1, Props. 3–4). For them ``solve`` reports ρ(J*) of every converged sample (:func:`classify`, the
