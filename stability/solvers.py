@@ -18,12 +18,12 @@ Methods (the registry :data:`SOLVERS`; ``auto`` is :data:`AUTO`, chosen by ``ben
 * ``damped`` x ← (1 − η) x + η f(x);
 * ``anderson`` type-II Anderson acceleration (memory m, Tikhonov λ relative to the Gram matrix, mixing η);
 * ``broyden`` Broyden's "good" method on g(x) = f(x) − x with the inverse Jacobian kept as −I + Σ uᵢvᵢᵀ over
-  at most ``memory`` pairs (limited memory: 2·m·n numbers per sample, whatever ``max_iter`` is; the oldest
-  pair is dropped when the memory is full).
+  at most ``memory`` pairs (limited memory: 2·m·n numbers per sample, whatever ``max_iter`` is; when the memory
+  is full, Σ uᵢvᵢᵀ is compressed to its best rank-m/2 approximation).
 
 Anderson and Broyden are root-finders: they can converge to a fixed point that f's own iteration cannot reach
 (ρ(J*) > 1, Props. 3–4). For them ``solve`` reports ρ(J*) of every converged sample (:func:`classify`, the
-batched Krylov–Schur route of :mod:`stability.analysis.spectra`) and marks those with ρ(J*) > 1 ``repelling``.
+batched Krylov–Schur route of :func:`stability.linalg.jacobian_rho`) and marks those with ρ(J*) > 1 ``repelling``.
 
 Shapes (torchdeq-style; B = batch, S = the state's trailing shape, e.g. (L, d) or (9, 9, d), N = iterations):
 
@@ -56,6 +56,7 @@ from typing import Callable, Optional
 
 import torch
 
+from stability.linalg import jacobian_rho
 from stability.stats import median
 
 STATUSES = ("converged", "max-iterations", "stalled", "diverged", "non-finite", "repelling")
@@ -214,94 +215,148 @@ class _Broyden:
     """Limited-memory "good" Broyden on g(x) = f(x) − x (Broyden 1965, the inverse-Jacobian update DEQ solvers
     use): H ≈ (∂g/∂x)⁻¹ = −I + Σ uᵢ vᵢᵀ, step x ← x − η H g (the first step, H = −I, is a Picard step). With
     Δx, Δg the last differences: v = Hᵀ Δx, u = (Δx − H Δg) / (vᵀ Δg), where H Δg = H g + Δx/η reuses the
-    previous step (Δx = −η H g_prev), so a step costs two products with the stored pairs. When the ``memory`` m
-    pairs are full, the correction Σ uᵢvᵢᵀ is compressed to its best rank-⌊m/2⌋ approximation (Broyden rank
-    reduction, van de Rotten & Verduyn Lunel 2003: thin QR of U and V, SVD of the m × m core) instead of
-    dropping the oldest pair, which measured far worse (``benchmarks/RESULTS.md``). ``pairs_float32`` keeps a
-    float64 state's pairs in float32 (half the memory traffic; measured on the sudoku-size map at recall ×1.0:
-    163 instead of 161 evaluations for 108 % instead of 116 % overhead over f's time, so it is off by default)."""
+    previous step (Δx = −η H g_prev), so a step costs two products with the stored pairs, each over the filled
+    slots only. When the ``memory`` m pairs are full, the correction Σ uᵢvᵢᵀ is compressed to its best
+    rank-⌊m/2⌋ approximation (Broyden rank reduction, van de Rotten & Verduyn Lunel 2003) instead of dropping the
+    oldest pair, which measured far worse (``benchmarks/RESULTS.md``); the factorisation goes through the m × m
+    Gram matrices (``compression="gram"``, BLAS-3 products; ``"qr"``: thin QR of the n × m factors, the same
+    result to rounding at 2–3× the time). ``pairs_float32`` keeps a float64 state's pairs in float32 (half the
+    memory traffic of the products; the measurements that set both defaults are in ``benchmarks/RESULTS.md``)."""
 
     name = "broyden"
+    compression = "gram"
+    pairs_float32 = False
 
-    def __init__(self, B, n, dtype, device, *, memory=20, damping=1.0, restart_factor=1e2, pairs_float32=False,
-                 **_):
+    def __init__(self, B, n, dtype, device, *, memory=40, damping=1.0, restart_factor=1e2, **_):
         self.m, self.eta, self.restart_factor = memory, damping, restart_factor
         self.q = memory // 2
-        hd = torch.float32 if (dtype == torch.float64 and pairs_float32) else dtype
+        hd = torch.float32 if (dtype == torch.float64 and self.pairs_float32) else dtype
         self.U = torch.zeros(B, memory, n, dtype=hd, device=device)
         self.V = torch.zeros(B, memory, n, dtype=hd, device=device)
         self.px = torch.zeros(B, n, dtype=dtype, device=device)
         self.pg = torch.zeros(B, n, dtype=dtype, device=device)
-        self.has_prev = torch.zeros(B, dtype=torch.bool, device=device)
+        self.has_prev = False  # every running sample has a previous step (False only before the first)
+        self.fresh = torch.ones(B, dtype=torch.bool, device=device)  # restarted: no previous step
         self.count = torch.zeros(B, dtype=torch.long, device=device)
         self.compressions = 0
 
     @staticmethod
     def _H(U, V, w):  # H w = −w + Σ u_i (v_i · w)
-        return -w + torch.bmm(torch.bmm(V, w.to(V.dtype).unsqueeze(2)).transpose(1, 2), U).squeeze(1).to(w.dtype)
+        # the coefficients V w as a row times Vᵀ: MKL's batched gemm is 2–4× faster this way round than as a
+        # (c × n) · (n × 1) product (measured at n = 81 · 256, c = 40, one thread)
+        a = torch.bmm(w.to(V.dtype).unsqueeze(1), V.transpose(1, 2))
+        if U.dtype != w.dtype:  # float32 pairs: only the correction in float32
+            return torch.bmm(a, U).squeeze(1).to(w.dtype) - w
+        return torch.baddbmm(-w.unsqueeze(1), a, U).squeeze(1)
 
     @staticmethod
     def _HT(U, V, w):  # Hᵀ w = −w + Σ v_i (u_i · w)
-        return -w + torch.bmm(torch.bmm(U, w.to(U.dtype).unsqueeze(2)).transpose(1, 2), V).squeeze(1).to(w.dtype)
+        return _Broyden._H(V, U, w)
+
+    def _factor(self, A):
+        """(A, m, n) → (Q-coefficients C (A, m, m), R (A, m, m)) with Aᵀ = (Aᵀ C) R and Aᵀ C orthonormal."""
+        if self.compression == "qr":
+            return None, torch.linalg.qr(A.transpose(1, 2).double())
+        Ad = A.double()
+        G = torch.bmm(Ad, Ad.transpose(1, 2))  # float64 even for float32 pairs (a float32 Gram measured worse)
+        lam, E = torch.linalg.eigh(G)  # G = E Λ Eᵀ, Aᵀ = (Aᵀ E Λ^-½)(Λ^½ Eᵀ)
+        cut = lam > 1e-12 * lam[:, -1:].clamp_min(1e-300)  # drop directions the Gram matrix cannot resolve
+        sq = torch.where(cut, lam.clamp_min(0).sqrt(), torch.zeros_like(lam))
+        inv = torch.where(cut, 1 / sq.clamp_min(1e-300), torch.zeros_like(lam))
+        return E * inv[:, None, :], sq[:, :, None] * E.transpose(1, 2)
 
     def _compress(self, rows):
         """Replace the pairs of ``rows`` by the best rank-q approximation of Σ uᵢvᵢᵀ (zero pairs after q)."""
         q = self.q
-        U, V = self.U[rows], self.V[rows]
-        Qu, Ru = torch.linalg.qr(U.transpose(1, 2).double())  # (A, n, m), (A, m, m)
-        Qv, Rv = torch.linalg.qr(V.transpose(1, 2).double())
-        W, sig, Zh = torch.linalg.svd(Ru @ Rv.transpose(1, 2))
-        U2, V2 = torch.zeros_like(U), torch.zeros_like(V)
-        if q:
-            U2[:, :q] = (Qu @ (W[:, :, :q] * sig[:, None, :q])).transpose(1, 2).to(U.dtype)
-            V2[:, :q] = (Qv @ Zh[:, :q, :].transpose(1, 2)).transpose(1, 2).to(V.dtype)
-        self.U[rows], self.V[rows] = U2, V2
+        every = rows.numel() == self.U.shape[0]  # the usual case: all samples fill up at the same step
+        U, V = (self.U, self.V) if every else (self.U[rows], self.V[rows])
+        Cu, Fu = self._factor(U)
+        Cv, Fv = self._factor(V)
+        if Cu is None:  # QR
+            (Qu, Ru), (Qv, Rv) = Fu, Fv
+            W, sig, Zh = torch.linalg.svd(Ru @ Rv.transpose(1, 2))
+            U2 = (Qu @ (W[:, :, :q] * sig[:, None, :q])).transpose(1, 2)
+            V2 = (Qv @ Zh[:, :q, :].transpose(1, 2)).transpose(1, 2)
+        else:
+            W, sig, Zh = torch.linalg.svd(Fu @ Fv.transpose(1, 2))
+            cu = (Cu @ (W[:, :, :q] * sig[:, None, :q])).transpose(1, 2).to(U.dtype)
+            cv = (Cv @ Zh[:, :q, :].transpose(1, 2)).transpose(1, 2).to(V.dtype)
+            U2, V2 = torch.bmm(cu, U), torch.bmm(cv, V)
+        if every:
+            self.U[:, :q], self.V[:, :q] = U2, V2
+            self.U[:, q:], self.V[:, q:] = 0, 0
+        else:
+            self.U[rows, :q] = U2.to(self.U.dtype)
+            self.V[rows, :q] = V2.to(self.V.dtype)
+            self.U[rows, q:] = 0
+            self.V[rows, q:] = 0
         self.count[rows] = q
         self.compressions += int(rows.numel())
 
     def propose(self, x, fx, r, best_r):
         g = fx - x
-        U, V = self.U, self.V
-        Hg = self._H(U, V, g)
-        hp = self.has_prev
-        if bool(hp.any()):
+        c = int(self.count.max()) if self.count.numel() else 0  # slots at and beyond c are zero in every row
+        U, V = self.U[:, :c], self.V[:, :c]
+        Hg = self._H(U, V, g) if c else -g
+        if self.has_prev:
             dx = x - self.px
             dg = g - self.pg
-            v = self._HT(U, V, dx)
-            den = (v * dg).sum(1)
-            ok = hp & torch.isfinite(den) & (den.abs() > 1e-30 * v.norm(dim=1) * dg.norm(dim=1))
-            u = (dx - (Hg + dx / self.eta)) / torch.where(ok, den, torch.ones_like(den))[:, None]
-            ok &= _finite(u) & _finite(v)
+            v = self._HT(U, V, dx) if c else -dx
+            dot = torch.linalg.vecdot
+            den, vv, dd, hh = dot(v, dg), dot(v, v), dot(dg, dg), dot(Hg, Hg)
+            # sums of squares finite ⇒ v, Hg finite; |vᵀΔg| not negligible against ‖v‖‖Δg‖
+            ok = (~self.fresh) & torch.isfinite(den + vv + hh) & (den.abs() > 1e-30 * (vv * dd).sqrt())
+            den = torch.where(ok, den, torch.ones_like(den))
+            u = (-Hg if self.eta == 1.0 else dx * (1 - 1 / self.eta) - Hg) / den[:, None]
             full = ok & (self.count >= self.m)
-            if bool(full.any()):
+            any_full = bool(full.any())
+            if any_full:
                 self._compress(full.nonzero().flatten())
-            rows = ok.nonzero().flatten()
-            if rows.numel():
-                sl = self.count[rows]
-                U[rows, sl] = u[rows].to(U.dtype)
-                V[rows, sl] = v[rows].to(V.dtype)
-                self.count[rows] += 1
-                Hg = torch.where(ok[:, None], Hg + u * (v * g).sum(1, keepdim=True), Hg)
-                if bool(full.any()):  # the compressed H is another operator: its product anew
+            all_ok = bool(ok.all())
+            sl = self.count
+            if all_ok and bool((sl == sl[0]).all()):  # one slot for every row: plain copies
+                k = int(sl[0])
+                self.U[:, k] = u
+                self.V[:, k] = v
+                self.count += 1
+            else:
+                rows = ok.nonzero().flatten()
+                if rows.numel():
+                    self.U[rows, sl[rows]] = u[rows].to(self.U.dtype)
+                    self.V[rows, sl[rows]] = v[rows].to(self.V.dtype)
+                    self.count[rows] += 1
+            if bool(ok.any()):
+                s = torch.where(ok, dot(v, g), torch.zeros_like(den))  # H'g = Hg + u (vᵀg); unchanged where not ok
+                Hg = torch.addcmul(Hg, u, s[:, None])
+                if any_full:  # the compressed H is another operator: its product anew
                     fr = full.nonzero().flatten()
-                    Hg[fr] = self._H(U[fr], V[fr], g[fr])
-        nxt = x - self.eta * Hg
+                    Hg[fr] = self._H(self.U[fr], self.V[fr], g[fr])
+        nxt = x - Hg if self.eta == 1.0 else x - self.eta * Hg
         self.px, self.pg = x, g
-        self.has_prev = torch.ones_like(hp)
-        return nxt, (~_finite(nxt)) | (r > self.restart_factor * best_r)
+        self.has_prev = True
+        self.fresh = torch.zeros_like(self.fresh)
+        return nxt, (~torch.isfinite(nxt.sum(1))) | (r > self.restart_factor * best_r)
 
     def keep(self, mask):
-        self.U, self.V, self.px, self.pg = self.U[mask], self.V[mask], self.px[mask], self.pg[mask]
-        self.has_prev, self.count = self.has_prev[mask], self.count[mask]
+        # in place: the running rows move up (a fresh (B, m, n) buffer would cost a copy and its page faults)
+        idx = mask.nonzero().flatten().tolist()
+        for new_row, old_row in enumerate(idx):
+            if new_row != old_row:
+                self.U[new_row] = self.U[old_row]
+                self.V[new_row] = self.V[old_row]
+        k = len(idx)
+        self.U, self.V = self.U[:k], self.V[:k]
+        self.px, self.pg, self.fresh, self.count = self.px[mask], self.pg[mask], self.fresh[mask], self.count[mask]
 
     def forget(self, mask):
         self.U[mask] = 0
         self.V[mask] = 0
-        self.has_prev[mask] = False
+        self.fresh[mask] = True
         self.count[mask] = 0
 
     def info(self):
-        return {"damping": self.eta, "memory": self.m, "compressions": self.compressions}
+        return {"damping": self.eta, "memory": self.m, "compressions": self.compressions,
+                "pairs": "float32" if self.pairs_float32 else "state dtype", "compression": self.compression}
 
 
 SOLVERS: dict[str, type] = {"picard": _Picard, "damped": _Picard, "anderson": _Anderson, "broyden": _Broyden}
@@ -311,6 +366,7 @@ METHODS = (*SOLVERS, "auto")
 ROOT_FINDERS = ("anderson", "broyden")
 _DEFAULT_DAMPING = {"picard": 1.0, "damped": 0.5, "anderson": 1.0, "broyden": 1.0}
 _DEFAULT_MEMORY = {"anderson": 20, "broyden": 40}  # measured: benchmarks/RESULTS.md, "Fixed-point solvers"
+_DEFAULT_RESTART = {"broyden": 1e4}  # measured: benchmarks/RESULTS.md, "Fixed-point solvers" (others: 1e2)
 
 
 def register_solver(name: str, cls: type) -> None:
@@ -347,13 +403,11 @@ def detect_period(f: Callable, x: torch.Tensor, x0: Optional[torch.Tensor], *, m
 
 def classify(result: SolveResult, f: Callable, x0: Optional[torch.Tensor], *, tol: float = 1e-6,
              fast_f: Optional[Callable] = None, **kwargs) -> SolveResult:
-    """ρ(J*) at ``x_best`` of every converged sample, by :func:`stability.analysis.spectra.jacobian_spectral_radius`
-    (Krylov–Schur on Jᵀ, Ritz residual ``tol``); sets ``result.rho`` (NaN for the others) and marks a converged
-    sample with ρ(J*) > 1 ``repelling`` (Props. 3–4: plain iteration of f cannot reach it). In place; returns
+    """ρ(J*) at ``x_best`` of every converged sample, by :func:`stability.linalg.jacobian_rho`
+    (matrix-free Krylov–Schur on Jᵀ, Ritz residual ``tol``; exact to rounding for n ≤ 60); sets ``result.rho``
+    (NaN for the others) and marks a converged sample with ρ(J*) > 1 ``repelling`` (Props. 3–4: plain iteration of f cannot reach it). In place; returns
     ``result``. The products with Jᵀ are counted in ``result.info["rho_products"]`` (they are not evaluations of
     f, so not in ``nfe``)."""
-    from stability.analysis.spectra import jacobian_spectral_radius
-
     B = len(result.status)
     rho = torch.full((B,), math.nan, dtype=torch.float64)
     idx = result.converged.nonzero().flatten()
@@ -362,7 +416,7 @@ def classify(result: SolveResult, f: Callable, x0: Optional[torch.Tensor], *, to
         dev = result.x_best.device
         xs = result.x_best[idx.to(dev)]
         xb = None if x0 is None else x0[idx.to(x0.device)]
-        spec = jacobian_spectral_radius(f, xs, xb, fast_f=fast_f, tol=tol, **kwargs)
+        spec = jacobian_rho(f, xs, xb, fast_f=fast_f, tol=tol, **kwargs)
         rho[idx] = spec.rho.detach().double().cpu()
         products = int(spec.matvecs)
         for i, b in enumerate(idx.tolist()):
@@ -376,7 +430,7 @@ def classify(result: SolveResult, f: Callable, x0: Optional[torch.Tensor], *, to
 def solve(f: Callable, x_init: torch.Tensor, x0: Optional[torch.Tensor] = None, *, method: str = "picard",
           tol: float = 1e-4, max_iter: int = 500, damping: Optional[float] = None, memory: Optional[int] = None,
           reg: float = 1e-8, eps: float = 1e-8, stall_patience: int = 50, diverge_ratio: float = 1e6,
-          restart_factor: float = 1e2, max_period: int = 8, cycle_tol: Optional[float] = None,
+          restart_factor: Optional[float] = None, max_period: int = 8, cycle_tol: Optional[float] = None,
           certify_rho: Optional[bool] = None, rho_tol: float = 1e-6) -> SolveResult:
     """Find x* = f(x*, x0) per sample by Picard, damped, Anderson or limited-memory Broyden iteration.
 
@@ -391,7 +445,8 @@ def solve(f: Callable, x_init: torch.Tensor, x0: Optional[torch.Tensor] = None, 
             sample is reported stalled. diverge_ratio: ‖f(x)‖∞ or ‖x‖∞ above this times
             max(1, ‖x_init‖∞, ‖f(x_init)‖∞) means diverged. restart_factor: root-finder safeguard: when a step's
             residual exceeds this times the best so far, or the proposal is not finite, the sample's history is
-            cleared and it restarts with a Picard step from its best iterate. max_period / cycle_tol: unconverged
+            cleared and it restarts with a Picard step from its best iterate (default 1e2 for Anderson, 1e4 for
+            Broyden, whose residual can rise by 10²–10³ on its way down: measured in benchmarks/RESULTS.md). max_period / cycle_tol: unconverged
             finite samples are checked for period-k orbits, k ≤ max_period, at tolerance cycle_tol (default
             10·tol); 0 disables the check (its 2·max_period evaluations per checked sample count in ``nfe``).
         certify_rho: compute ρ(J*) of the converged samples and mark ρ > 1 ``repelling`` (:func:`classify`, to
@@ -415,6 +470,8 @@ def solve(f: Callable, x_init: torch.Tensor, x0: Optional[torch.Tensor] = None, 
     if mem < 1:
         raise ValueError("memory must be at least 1")
     cycle_tol = 10 * tol if cycle_tol is None else cycle_tol
+    if restart_factor is None:
+        restart_factor = _DEFAULT_RESTART.get(method, 1e2)
 
     with torch.no_grad():
         x = x_init.detach().clone()

@@ -269,3 +269,51 @@ def test_nfe_counts_every_evaluation_of_f_including_the_cycle_check(method):
     if method == "picard":
         assert res.status == ["converged", "stalled"] and res.period.tolist() == [1, 2]
         assert int(res.nfe[1]) == 300 + 16  # the budget plus the cycle check's 2 · max_period evaluations
+
+
+@pytest.mark.parametrize("compression", ["gram", "qr"])
+def test_broyden_rank_reduction_is_the_truncated_svd_of_the_correction(compression):
+    """Eckart–Young: the best rank-q approximation of M = Σ uᵢvᵢᵀ is M's SVD truncated to q terms; the Gram and
+    the QR routes of the compression must both give it (to rounding), and zero the pairs after q."""
+    from stability.solvers import _Broyden
+
+    g = torch.Generator().manual_seed(7)
+    B, m, n = 3, 8, 30
+    solver = type("B", (_Broyden,), {"compression": compression})(B, n, torch.float64, "cpu", memory=m)
+    solver.U.copy_(torch.randn(B, m, n, generator=g, dtype=torch.float64))
+    solver.V.copy_(torch.randn(B, m, n, generator=g, dtype=torch.float64))
+    solver.count[:] = m
+    M = solver.U.transpose(1, 2) @ solver.V  # (B, n, n)
+    Us, s, Vh = torch.linalg.svd(M)
+    q = m // 2
+    best = (Us[:, :, :q] * s[:, None, :q]) @ Vh[:, :q]
+    solver._compress(torch.arange(B))
+    got = solver.U.transpose(1, 2) @ solver.V
+    assert torch.allclose(got, best, atol=1e-10 * float(s.max()), rtol=0)
+    assert solver.count.tolist() == [q] * B
+    assert (solver.U[:, q:] == 0).all() and (solver.V[:, q:] == 0).all()
+
+
+def test_broyden_with_float32_pairs_reaches_the_same_fixed_point():
+    from stability.solvers import SOLVERS, _Broyden, register_solver
+
+    f, x0, x_star = linear_map(n=60, rho=0.97, seed=2)
+    register_solver("broyden-f32-test", type("B32", (_Broyden,), {"pairs_float32": True}))
+    try:
+        b = solve(f, x0, x0, method="broyden-f32-test", tol=1e-10, max_iter=2000, memory=10)
+    finally:
+        SOLVERS.pop("broyden-f32-test")
+    assert b.status == ["converged"] * 3
+    assert (b.x_best - x_star).abs().max() < 1e-7
+
+
+def test_classify_above_the_krylov_size_matches_the_constructed_spectral_radius():
+    """n = 150 > the Krylov basis (60): restarted Krylov–Schur on Jᵀ, certified to a Ritz residual of 1e-10;
+    the linear map's ρ(A) is 0.95 by construction (A scaled by its own dense eigenvalues)."""
+    from stability.solvers import classify
+
+    f, x0, _ = linear_map(n=150, rho=0.95, seed=8)
+    r = solve(f, x0, x0, method="picard", tol=1e-10, max_iter=3000)
+    classify(r, f, x0, tol=1e-10)
+    assert torch.allclose(r.rho, torch.full((3,), 0.95, dtype=torch.float64), atol=1e-8)
+    assert r.status == ["converged"] * 3
