@@ -491,7 +491,8 @@ def stage_rho(run: _Run) -> JacobianSpectra:
     keep = N * n * n * 8 <= 4 * DENSE_BUDGET
     mid = n > DENSE_MAX and n <= DENSE_KRYLOV_MAX and keep and "prop4" in o.stages
     if o.eig_route == "arnoldi" and (n <= DENSE_MAX or mid):
-        # small states: every sample's dense J (batched vjps, chunked by memory) and LAPACK, exact to rounding;
+        # small states: every sample's dense J (forward-mode columns, compressed where positions reach only their
+        # neighbours, chunked by memory) and LAPACK, exact to rounding;
         # the dense J go to stage prop4 (its check against autograd) when they fit 4 × the chunk budget. Mid-size
         # states (``mid``): the same J, ρ by Krylov–Schur on the dense matrices, for Prop. 4 to reuse
         group = max(1, (DENSE_BUDGET // 4) // (8 * n * n))
@@ -508,10 +509,10 @@ def stage_rho(run: _Run) -> JacobianSpectra:
                 Js.append(J)
         if keep:
             run.shared["dense_J"] = (x_star, torch.cat(Js))
-        method = (f"dense (n = {n} ≤ {DENSE_MAX}: every sample's Jacobian by batched vjps, eigenvalues and σ_max "
-                  f"by LAPACK; exact to rounding, ritz_residual 0)" if not mid else
-                  f"dense Jacobian (n = {n} ≤ {DENSE_KRYLOV_MAX}: every sample's J by batched vjps), ρ by "
-                  f"Krylov–Schur on it (float64 products, leading Ritz residual < {o.eig_tol:g}), σ_max by LAPACK")
+        method = (f"dense (n = {n} ≤ {DENSE_MAX}: every sample's Jacobian by batched forward-mode columns, "
+                  f"eigenvalues by LAPACK, σ_max by λ_max(JᵀJ); exact to rounding, ritz_residual 0)" if not mid else
+                  f"dense Jacobian (n = {n} ≤ {DENSE_KRYLOV_MAX}: every sample's J by batched forward-mode columns), "
+                  f"ρ by ARPACK on each dense J (leading Ritz residual < {o.eig_tol:g}), σ_max by λ_max(JᵀJ)")
     elif o.eig_route == "arnoldi":
         chunk = o.eig_batch or (N if dev.type == "cuda" else 1)
         mixed = o.eig_precision == "mixed" and dtype == torch.float64
