@@ -641,24 +641,30 @@ def _unknown(where: str, data: dict, allowed) -> None:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}")
 
 
-def read_toml(path) -> dict:
-    """A run file (``stability train --config run.toml``): tables ``[model]``, ``[task]``, ``[train]`` and
-    ``[train.method]``, as ``{section: {option: value}}`` in the flat view; one ConfigError line on bad content."""
-    from pathlib import Path
-
+def parse_toml(path, where: str) -> dict:
+    """The TOML file ``path`` as a dict; content that is not TOML text is one ConfigError line starting ``where``
+    (run files here, grid files in stability/sweep/grid.py)."""
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
         import tomli as tomllib
 
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{where}: not valid TOML ({exc})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where}: not a text file") from None
+
+
+def read_toml(path) -> dict:
+    """A run file (``stability train --config run.toml``): tables ``[model]``, ``[task]``, ``[train]`` and
+    ``[train.method]``, as ``{section: {option: value}}`` in the flat view; one ConfigError line on bad content."""
+    from pathlib import Path
+
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"--config {path}: no such file" if not path.exists() else f"--config {path}: not a file")
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"--config {path}: not valid TOML ({exc})") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"--config {path}: not a text file") from None
+    data = parse_toml(path, f"--config {path}")
     _unknown(f"--config {path}", data, SECTIONS)
     return {s: section_options(s, t, f"--config {path}: [{s}]") for s, t in data.items()}

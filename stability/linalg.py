@@ -25,9 +25,10 @@ above ``tol`` means; nothing here raises on it.
 
 Spectral radius (App. A.4: x* attracts iff ρ(J*) < 1): :func:`batched_spectral_radius`, the Krylov–Schur method
 on every sample at once; :func:`certified_spectral_radius`, the same on low-precision products certified by a
-float64 Ritz residual; :func:`jacobian_transpose_product` and :func:`jacobian_rho`, both applied to J_b =
-∂f/∂x (x_b, x0_b) of a loop map by reused reverse-mode products (what :func:`stability.solvers.classify` uses;
-:mod:`stability.analysis.spectra` re-exports the core and adds the dense and ARPACK routes).
+float64 Ritz residual; :class:`BatchedJacobian`, every sample's J_b = ∂f/∂x (x_b, x0_b) of a loop map (one jvp,
+or the reused vjp for J_bᵀ); :func:`jacobian_rho`, ρ(J_b) by those reverse-mode products (what
+:func:`stability.solvers.classify` uses; :mod:`stability.analysis.spectra` re-exports the core and adds the dense
+and ARPACK routes).
 """
 
 from __future__ import annotations
@@ -431,28 +432,38 @@ def _padded(apply: Callable, shape: tuple, index: torch.Tensor) -> Callable:
     return op
 
 
-class _TransposedJacobian:
-    """U ↦ (J_bᵀ U_b)_b for J_b = ∂f/∂x (x_b, x0_b): one ``torch.func.vjp`` forward pass on the batch, kept and
-    reused for every product (the samples of f are independent, as ``step`` guarantees)."""
+class BatchedJacobian:
+    """Every sample's J_b = ∂f/∂x (x_b, x0_b) at once: ``apply(V)`` (B, *S) → (J_b V_b)_b, ``rapply`` the
+    transposes. Relies on the samples of f being independent, as ``step`` guarantees; the vjp's forward
+    pass is computed once and reused."""
 
     def __init__(self, f: Callable, x: torch.Tensor, x0: Optional[torch.Tensor]):
         self.f, self.x, self.x0 = f, x.detach(), None if x0 is None else x0.detach()
         self._vjp_fn = None
+        self._vjp_T = None
 
-    def __call__(self, U: torch.Tensor) -> torch.Tensor:
+    def apply(self, V: torch.Tensor) -> torch.Tensor:
+        """(J_b V_b)_b by one jvp of f on the batch."""
+        return torch.func.jvp(lambda p: self.f(p, self.x0), (self.x,), (V.to(self.x.dtype),))[1]
+
+    def rapply(self, U: torch.Tensor) -> torch.Tensor:
+        """(J_bᵀ U_b)_b by the vjp, whose forward pass is taken once."""
         if self._vjp_fn is None:
             _, self._vjp_fn = torch.func.vjp(lambda p: self.f(p, self.x0), self.x)
         return self._vjp_fn(U.to(self.x.dtype))[0]
 
-    def restrict(self, index: torch.Tensor) -> "_TransposedJacobian":
-        """The same products for the samples ``index`` only (a new forward pass on those samples)."""
-        return _TransposedJacobian(self.f, self.x[index], None if self.x0 is None else self.x0[index])
+    def restrict(self, index: torch.Tensor) -> "BatchedJacobian":
+        """The same Jacobians for the samples ``index`` only (a new forward pass on those samples)."""
+        return BatchedJacobian(self.f, self.x[index], None if self.x0 is None else self.x0[index])
 
+    def apply_reuse(self, V: torch.Tensor) -> torch.Tensor:
+        """(J_b V_b)_b as the transpose of the cached vjp map (same numbers as :meth:`apply`, no new forward)."""
+        if self._vjp_T is None:
+            self.rapply(torch.zeros_like(self.x))
+            vjp_fn = self._vjp_fn
+            _, self._vjp_T = torch.func.vjp(lambda u: vjp_fn(u)[0], torch.zeros_like(self.x))
+        return self._vjp_T(V.to(self.x.dtype))[0]
 
-def jacobian_transpose_product(f: Callable, x: torch.Tensor, x0: Optional[torch.Tensor]) -> Callable:
-    """The batched product U ↦ (J_bᵀ U_b)_b of the loop map's Jacobians at (x, x0), (B, *S) → (B, *S); the
-    returned callable has ``restrict(idx)`` for a sub-batch."""
-    return _TransposedJacobian(f, x, x0)
 
 
 def jacobian_rho(f: Callable, x: torch.Tensor, x0: Optional[torch.Tensor], *, fast_f: Optional[Callable] = None,
@@ -466,9 +477,11 @@ def jacobian_rho(f: Callable, x: torch.Tensor, x0: Optional[torch.Tensor], *, fa
     shape = tuple(x.shape)
     kwargs.setdefault("dtype", x.dtype)
     kwargs.setdefault("device", x.device)
-    exact = _TransposedJacobian(f, x, x0)
+    exact = BatchedJacobian(f, x, x0)
     if fast_f is None:
-        return batched_spectral_radius(exact, shape, tol=tol, restrict=lambda i: exact.restrict(i), **kwargs)
-    fast = _TransposedJacobian(fast_f, x.float(), None if x0 is None else x0.float())
-    return certified_spectral_radius(fast, exact, shape, tol=tol, fast_restrict=lambda i: fast.restrict(i),
-                                     exact_restrict=lambda i: exact.restrict(i), **kwargs)
+        return batched_spectral_radius(exact.rapply, shape, tol=tol, restrict=lambda i: exact.restrict(i).rapply,
+                                       **kwargs)
+    fast = BatchedJacobian(fast_f, x.float(), None if x0 is None else x0.float())
+    return certified_spectral_radius(fast.rapply, exact.rapply, shape, tol=tol,
+                                     fast_restrict=lambda i: fast.restrict(i).rapply,
+                                     exact_restrict=lambda i: exact.restrict(i).rapply, **kwargs)

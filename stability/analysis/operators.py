@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from scipy.sparse.linalg import LinearOperator
 
+from stability.linalg import BatchedJacobian  # noqa: F401  (the batched products live in the numerics layer)
+
 _TORCH_TO_NP = {torch.float64: np.float64, torch.float32: np.float32}
 
 
@@ -147,39 +149,6 @@ class JacobianOperator(TorchLinearOperator):
         """f(x, x0) at the operator's point, (*S)."""
         with torch.no_grad():
             return self._fn(self.point.unsqueeze(0))[0]
-
-
-class BatchedJacobian:
-    """Every sample's J_b = ∂f/∂x (x_b, x0_b) at once: ``apply(V)`` (B, *S) → (J_b V_b)_b, ``rapply`` the
-    transposes. Relies on the samples of f being independent, as ``step`` guarantees; the vjp's forward
-    pass is computed once and reused."""
-
-    def __init__(self, f: Callable, x: torch.Tensor, x0: Optional[torch.Tensor]):
-        self.f, self.x, self.x0 = f, x.detach(), None if x0 is None else x0.detach()
-        self._vjp_fn = None
-        self._vjp_T = None
-
-    def apply(self, V: torch.Tensor) -> torch.Tensor:
-        """(J_b V_b)_b by one jvp of f on the batch."""
-        return torch.func.jvp(lambda p: self.f(p, self.x0), (self.x,), (V.to(self.x.dtype),))[1]
-
-    def rapply(self, U: torch.Tensor) -> torch.Tensor:
-        """(J_bᵀ U_b)_b by the vjp, whose forward pass is taken once."""
-        if self._vjp_fn is None:
-            _, self._vjp_fn = torch.func.vjp(lambda p: self.f(p, self.x0), self.x)
-        return self._vjp_fn(U.to(self.x.dtype))[0]
-
-    def restrict(self, index: torch.Tensor) -> "BatchedJacobian":
-        """The same Jacobians for the samples ``index`` only (a new forward pass on those samples)."""
-        return BatchedJacobian(self.f, self.x[index], None if self.x0 is None else self.x0[index])
-
-    def apply_reuse(self, V: torch.Tensor) -> torch.Tensor:
-        """(J_b V_b)_b as the transpose of the cached vjp map (same numbers as :meth:`apply`, no new forward)."""
-        if self._vjp_T is None:
-            self.rapply(torch.zeros_like(self.x))
-            vjp_fn = self._vjp_fn
-            _, self._vjp_T = torch.func.vjp(lambda u: vjp_fn(u)[0], torch.zeros_like(self.x))
-        return self._vjp_T(V.to(self.x.dtype))[0]
 
 
 #: memory budget of one chunk of :func:`batched_dense_jacobian` (bytes)

@@ -124,22 +124,13 @@ def jacobian_spectral_radius(f: Callable, x: torch.Tensor, x0: Optional[torch.Te
     model's float32 copy) its products run in float32 and every result is certified in float64
     (:func:`certified_spectral_radius`). States of n ≤ ``dense_max`` (default :data:`DENSE_MAX`) take the dense
     route instead (:func:`~stability.analysis.operators.batched_dense_jacobian` and LAPACK, exact to rounding)."""
-    from stability.analysis.operators import BatchedJacobian, batched_dense_jacobian
+    from stability.analysis.operators import batched_dense_jacobian
+    from stability.linalg import jacobian_rho
 
-    exact = BatchedJacobian(f, x, x0)
-    shape = tuple(x.shape)
-    n = int(np.prod(shape[1:]))
+    n = int(np.prod(tuple(x.shape)[1:]))
     if n <= (DENSE_MAX if dense_max is None else dense_max):
         return dense_batched_spectra(batched_dense_jacobian(f, x, x0), k=kwargs.get("k", 6))[0]
-    kwargs.setdefault("dtype", x.dtype)
-    kwargs.setdefault("device", x.device)
-    if fast_f is None:
-        return batched_spectral_radius(exact.rapply, shape, tol=tol, restrict=lambda i: exact.restrict(i).rapply,
-                                       **kwargs)
-    fast = BatchedJacobian(fast_f, x.float(), None if x0 is None else x0.float())
-    return certified_spectral_radius(fast.rapply, exact.rapply, shape, tol=tol,
-                                     fast_restrict=lambda i: fast.restrict(i).rapply,
-                                     exact_restrict=lambda i: exact.restrict(i).rapply, **kwargs)
+    return jacobian_rho(f, x, x0, fast_f=fast_f, tol=tol, **kwargs)
 
 
 #: States up to this size take the dense route for ρ(J*), σ_max and Prop. 4's ρ(M): the batched dense Jacobian

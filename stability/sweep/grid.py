@@ -72,7 +72,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from stability.config import (SECTIONS, RunConfig, flat_options, flat_train, flat_train_defaults, from_dict,
-                              option_names, section_options, to_dict)
+                              option_names, parse_toml, section_options, to_dict)
 from stability.errors import ConfigError
 
 try:
@@ -329,12 +329,7 @@ def load(path: Path | str, *, extra_fixed: Optional[dict] = None, _seen: tuple =
         raise ConfigError(f"{path}: no such grid file")
     if path.is_dir():
         raise ConfigError(f"{path}: is a directory, not a grid file")
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a text file") from None
+    data = parse_toml(path, str(path))
     if extra_fixed:
         # an including file's fixed options may not flatten an axis of this one
         own_axes = _options(path, "axes", data.get("axes", {}))
