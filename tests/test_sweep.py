@@ -326,6 +326,7 @@ def test_records_hold_config_final_metrics_and_stability_summary(resumed):
         else:
             assert s["rho_Wx"] is None
         assert rec["timing"]["run_seconds"] > 0 and rec["environment"]["device"] == "cpu"
+        assert 0 < rec["timing"]["cpu_seconds"] <= rec["timing"]["wall_seconds"] * (os.cpu_count() or 1)
 
 
 @pytest.mark.slow

@@ -40,7 +40,7 @@ def csv_columns(records: list[dict]) -> list[str]:
         cols += [f"{split}_accuracy", f"{split}_position_accuracy", f"{split}_best_accuracy"]
     for split in splits:
         cols += [f"{split}_{k}" for k in ANALYSIS_COLUMNS]
-    return cols + ["stability_source", "train_seconds", "summary_seconds", "run_seconds"]
+    return cols + ["stability_source", "train_seconds", "summary_seconds", "run_seconds", "cpu_seconds"]
 
 
 def csv_row(rec: dict) -> dict:
@@ -64,6 +64,7 @@ def csv_row(rec: dict) -> dict:
     row["train_seconds"] = (timing.get("epoch_seconds") or 0.0) + (timing.get("eval_and_io_seconds") or 0.0)
     row["summary_seconds"] = timing.get("summary_seconds")
     row["run_seconds"] = timing.get("run_seconds")
+    row["cpu_seconds"] = timing.get("cpu_seconds")
     return {k: ("" if v is None else v) for k, v in row.items()}
 
 

@@ -241,7 +241,7 @@ def run_cell(cell, results: Path, options: RunOptions = RunOptions(), *, grid_na
             return {"id": cell.id, "status": "busy", "seconds": 0.0, "message": "another process runs this cell"}
         if rpath.exists():  # finished by another process while we waited for nothing
             return {"id": cell.id, "status": "skipped", "seconds": 0.0, "message": "record exists"}
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         out = checkpoint_path(results, cell.id)
         resumed_from = 0
         if out.exists():
@@ -311,6 +311,9 @@ def run_cell(cell, results: Path, options: RunOptions = RunOptions(), *, grid_na
                 "summary_seconds": summary_seconds,
                 "run_seconds": epoch_seconds + overhead + summary_seconds,
                 "wall_seconds": time.perf_counter() - t0,
+                # CPU seconds of this process (all its threads): what the cell costs on a free core, whatever the
+                # machine's load made of its wall time
+                "cpu_seconds": time.process_time() - cpu0,
                 "resumed_from_epoch": resumed_from,
             },
             "environment": _environment(device),
