@@ -431,7 +431,8 @@ def solve(f: Callable, x_init: torch.Tensor, x0: Optional[torch.Tensor] = None, 
           tol: float = 1e-4, max_iter: int = 500, damping: Optional[float] = None, memory: Optional[int] = None,
           reg: float = 1e-8, eps: float = 1e-8, stall_patience: int = 50, diverge_ratio: float = 1e6,
           restart_factor: Optional[float] = None, max_period: int = 8, cycle_tol: Optional[float] = None,
-          certify_rho: Optional[bool] = None, rho_tol: float = 1e-6) -> SolveResult:
+          certify_rho: Optional[bool] = None, rho_tol: float = 1e-6,
+          observe: Optional[Callable[[int, torch.Tensor], None]] = None, observe_steps: int = 0) -> SolveResult:
     """Find x* = f(x*, x0) per sample by Picard, damped, Anderson or limited-memory Broyden iteration.
 
     Args:
@@ -451,6 +452,13 @@ def solve(f: Callable, x_init: torch.Tensor, x0: Optional[torch.Tensor] = None, 
             10·tol); 0 disables the check (its 2·max_period evaluations per checked sample count in ``nfe``).
         certify_rho: compute ρ(J*) of the converged samples and mark ρ > 1 ``repelling`` (:func:`classify`, to
             Ritz residual ``rho_tol``); default: for the root-finders (anderson, broyden), not for picard/damped.
+        observe / observe_steps (plain Picard only): every sample is iterated from x_init for observe_steps steps
+            whatever its status, one evaluation of the whole batch a step, and ``observe(t, x_t)`` sees each
+            x_t = f(x_{t−1}, x0), t = 1..observe_steps: the accuracy against iteration from the solve's own
+            evaluations (stage accuracy of :mod:`stability.analysis.pipeline`). The solve reads its running
+            samples' rows of these, so its result is the one without ``observe`` (equal bit for bit where f's
+            rows do not depend on the rest of the batch: tests/test_solvers.py); those evaluations of samples it
+            has stopped are not in ``nfe``.
 
     Returns: :class:`SolveResult` (shapes in the module docstring). No autograd graph is built.
     """
@@ -472,6 +480,9 @@ def solve(f: Callable, x_init: torch.Tensor, x0: Optional[torch.Tensor] = None, 
     cycle_tol = 10 * tol if cycle_tol is None else cycle_tol
     if restart_factor is None:
         restart_factor = _DEFAULT_RESTART.get(method, 1e2)
+    watching = observe is not None and observe_steps > 0
+    if watching and (method != "picard" or eta != 1.0):
+        raise ValueError("observe needs plain Picard iteration (method picard), whose iterates are f's images")
 
     with torch.no_grad():
         x = x_init.detach().clone()
@@ -494,13 +505,21 @@ def solve(f: Callable, x_init: torch.Tensor, x0: Optional[torch.Tensor] = None, 
         restarts = torch.zeros(B, dtype=torch.long, device=dev)
         iters = 0
         act = torch.arange(B, device=dev)
+        plain = x.clone() if watching else None  # the whole batch's plain iterate, for observe
 
-        for it in range(max_iter):
-            if act.numel() == 0:
+        for it in range(max(max_iter, observe_steps) if watching else max_iter):
+            if watching:
+                plain = f(plain, x0)
+                if it < observe_steps:
+                    observe(it + 1, plain)
+                if act.numel() == 0 or it >= max_iter:
+                    continue
+            elif act.numel() == 0:
                 break
             iters = it + 1
             xa = x[act]
-            fa = f(xa, _take(x0, act))
+            # a running sample's iterate is its row of the plain iterate (Picard with η = 1: x_{t+1} = f(x_t))
+            fa = plain[act] if watching else f(xa, _take(x0, act))
             nfe[act] += 1
             finite = _finite(fa)
             r = residual(fa, xa, eps).double()

@@ -177,6 +177,31 @@ def test_accuracy_curve_follows_the_models_own_forward():
     assert np.allclose(curve.position_accuracy, expected_pos)
 
 
+def test_the_accuracy_scored_during_the_picard_solve_is_the_curve_of_the_models_own_forward():
+    """Stage accuracy reads the curve the reachability solve scored (Picard from e): it must be the curve of
+    ``model(inputs, T)``, the release's forward, at every T, also past max_iter and after every sample stopped."""
+    from stability.analysis.pipeline import AnalysisOptions, run_stages
+    from stability.tasks import make_task
+
+    task = make_task(TaskConfig(name="prefix-sums", train_size=4, val_size=8, hard_size=4, train_length=L))
+    m = small_model("external", "post", seed=6)
+    xs, ys = task.dataset("val")
+    opts = AnalysisOptions(samples=8, max_iter=5, iterations=9, stages=("reachability", "accuracy"))
+    out = run_stages(m, xs, ys, opts, score=task.score, split="val")
+    with torch.no_grad():
+        logits = m(xs.double(), 9)  # (T, B, L, C)
+    expected = [float(task.score(logits[t], ys)[0].double().mean()) for t in range(9)]
+    expected_pos = [float(task.score(logits[t], ys)[1].double().mean()) for t in range(9)]
+    assert out.accuracy.iterations == list(range(1, 10))
+    assert out.accuracy.accuracy == expected and out.accuracy.position_accuracy == expected_pos
+    assert out.timings["accuracy"] < out.timings["reachability"]  # its evaluations were the solve's
+    # and the solve itself is the one without the curve
+    x0 = m.embed(xs.double())
+    alone = solve(m.step, m.initial_state(x0), x0, tol=opts.tol, max_iter=5)
+    assert torch.equal(alone.x_best, out.x_star)
+    assert out.reachability.status == alone.status and out.reachability.nfe == alone.nfe.tolist()
+
+
 def test_analysis_of_a_split_agrees_between_the_arpack_and_the_batched_arnoldi_route():
     """analyze_split end to end on a tiny prefix-sums model; the batched torch Arnoldi route (all three samples in
     one batch, as on CUDA) gives the same spectral radii and σ_max as per-sample ARPACK."""

@@ -317,3 +317,35 @@ def test_classify_above_the_krylov_size_matches_the_constructed_spectral_radius(
     classify(r, f, x0, tol=1e-10)
     assert torch.allclose(r.rho, torch.full((3,), 0.95, dtype=torch.float64), atol=1e-8)
     assert r.status == ["converged"] * 3
+
+
+def test_observe_sees_every_plain_iterate_and_leaves_the_solve_unchanged():
+    # samples converging at different rates plus one diverging: the solve stops each at its own step, while
+    # observe must see x_t = f^t(e) of the whole batch for every t ≤ observe_steps, even past max_iter
+    def f(x, x0):
+        return x0[:, :1] * x + 1.0
+
+    x0 = torch.tensor([[0.1, 0.0], [0.9, 0.0], [1.5, 0.0]], dtype=torch.float64)
+    e = torch.zeros(3, 2, dtype=torch.float64)
+    seen = []
+    plain = solve(f, e, x0, tol=1e-10, max_iter=300)
+    watched = solve(f, e, x0, tol=1e-10, max_iter=300, observe=lambda t, x: seen.append((t, x.clone())),
+                    observe_steps=320)
+    assert plain.status == watched.status and plain.status[:2] == ["converged", "converged"]
+    assert plain.status[2] != "converged"
+    for name in ("x_best", "x_last", "best_residual", "nfe", "period"):
+        assert torch.equal(getattr(plain, name), getattr(watched, name)), name
+    assert torch.equal(plain.residuals.nan_to_num(-1), watched.residuals.nan_to_num(-1))
+    assert [t for t, _ in seen] == list(range(1, 321))
+    x = e
+    for t, xt in seen:  # independent reference: the plain iteration written out
+        x = f(x, x0)
+        assert torch.equal(xt, x), t
+    # x_t of the slow sample: the geometric sum 1 + 0.9 + ... + 0.9^(t-1)
+    assert abs(float(seen[99][1][1, 0]) - (1 - 0.9 ** 100) / 0.1) < 1e-12
+
+
+def test_observe_is_refused_for_a_root_finder():
+    f, x0, _ = linear_map()
+    with pytest.raises(ValueError, match="observe needs plain Picard"):
+        solve(f, x0, x0, method="anderson", observe=lambda t, x: None, observe_steps=3)

@@ -47,6 +47,32 @@ def _as_scored(logits: torch.Tensor) -> torch.Tensor:
     return logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
 
 
+class CurveRecorder:
+    """Scores readout(x_t) against ``targets`` for t = 1..T_max, batch by batch: ``record(t, x_t, targets)`` adds
+    the batch's whole-answer and per-position counts at t (summed in float64), :meth:`curve` divides by the samples
+    seen. ``observe(t, x_t)`` is the same for one fixed batch of ``targets``: the hook of the Picard solve that
+    yields the curve from the solve's own evaluations (:func:`stability.solvers.solve`, ``observe``)."""
+
+    def __init__(self, model, score, T_max: int, targets: Optional[torch.Tensor] = None):
+        self.model, self.score, self.T_max, self.targets = model, _scorer(score), T_max, targets
+        self.correct = torch.zeros(T_max, dtype=torch.float64)
+        self.pos = torch.zeros(T_max, dtype=torch.float64)
+        self.n = 0 if targets is None else int(targets.shape[0])
+
+    @torch.no_grad()
+    def record(self, t: int, x: torch.Tensor, targets: torch.Tensor) -> None:
+        ok, pa = self.score(_as_scored(self.model.readout(x)), targets)
+        self.correct[t - 1] += ok.double().sum().cpu()
+        self.pos[t - 1] += pa.double().sum().cpu()
+
+    def observe(self, t: int, x: torch.Tensor) -> None:
+        self.record(t, x, self.targets)
+
+    def curve(self) -> AccuracyCurve:
+        return AccuracyCurve(iterations=list(range(1, self.T_max + 1)), accuracy=(self.correct / self.n).tolist(),
+                             position_accuracy=(self.pos / self.n).tolist())
+
+
 @torch.no_grad()
 def accuracy_curve(model, score, batches: Iterable, T_max: int, *, context: Optional[Callable] = None,
                    on_step: Optional[Callable[[], None]] = None) -> AccuracyCurve:
@@ -56,26 +82,21 @@ def accuracy_curve(model, score, batches: Iterable, T_max: int, *, context: Opti
     ``batches`` may be a generator, so a batch's x0 and e are made only when it is reached (memory: one batch of
     states, whatever T_max). ``context``: a function returning the context the iteration runs in (the trainer's
     bf16 autocast); ``on_step``: called after every scored iteration (a progress bar). Counts are summed in
-    float64 and divided by the total number of samples. Used by :func:`accuracy_vs_iteration` (the analysis)
-    and by the trainer's evaluation (:func:`stability.train.loop.evaluate`), so the two curves are one routine.
+    float64 and divided by the total number of samples (:class:`CurveRecorder`). Used by
+    :func:`accuracy_vs_iteration` (the analysis) and by the trainer's evaluation
+    (:func:`stability.train.loop.evaluate`), so the two curves are one routine.
     """
-    score = _scorer(score)
-    correct = torch.zeros(T_max, dtype=torch.float64)
-    pos = torch.zeros(T_max, dtype=torch.float64)
-    n = 0
+    rec = CurveRecorder(model, score, T_max)
     for x0, e, tb in batches:
-        n += int(x0.shape[0])
+        rec.n += int(x0.shape[0])
         with (context() if context is not None else contextlib.nullcontext()):
             x = e
-            for t in range(T_max):
+            for t in range(1, T_max + 1):
                 x = model.step(x, x0)
-                ok, pa = score(_as_scored(model.readout(x)), tb)
-                correct[t] += ok.double().sum().cpu()
-                pos[t] += pa.double().sum().cpu()
+                rec.record(t, x, tb)
                 if on_step is not None:
                     on_step()
-    return AccuracyCurve(iterations=list(range(1, T_max + 1)), accuracy=(correct / n).tolist(),
-                         position_accuracy=(pos / n).tolist())
+    return rec.curve()
 
 
 @torch.no_grad()

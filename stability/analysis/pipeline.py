@@ -91,6 +91,10 @@ class AnalysisOptions:
     noise_std: Optional[float] = field(default=None, metadata={
         "metavar": "F", "help": "std of the noise start of App. A.8 (default: the checkpoint's noise_std; 1 for "
         "--model)"})
+    # splits analysed side by side on the CPU, one process each, sharing torch's threads (None: one per split, up to
+    # the thread count; ``stability analyze`` and ``demo`` use None). 1 in the library: a spawned process re-imports
+    # the caller's main module, which a script without ``if __name__ == "__main__":`` cannot survive
+    workers: Optional[int] = 1
     stages: tuple = STAGES
 
     def __post_init__(self):
@@ -101,6 +105,8 @@ class AnalysisOptions:
         object.__setattr__(self, "stages", parse_stages(self.stages))
         if self.noise_std is not None and not (np.isfinite(self.noise_std) and self.noise_std >= 0):
             raise StabilityError(f"noise_std must be a finite number ≥ 0, got {self.noise_std!r}")
+        if self.workers is not None and not (isinstance(self.workers, int) and self.workers >= 1):
+            raise StabilityError(f"workers must be an integer ≥ 1, got {self.workers!r}")
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -470,7 +476,16 @@ def stage_reachability(run: _Run):
     from stability.solvers import solve
 
     o = run.options
-    run.result = solve(run.f, run.e, run.x0, method=o.solver, tol=o.tol, max_iter=o.max_iter)
+    curve = None
+    if "accuracy" in o.stages and run.targets is not None and o.solver == "picard":
+        # Picard from e is the iteration the accuracy curve scores: the solve's evaluations give it (stage accuracy)
+        from stability.analysis.accuracy import CurveRecorder
+
+        curve = CurveRecorder(run.model, run.score, o.iterations, run.targets)
+    run.result = solve(run.f, run.e, run.x0, method=o.solver, tol=o.tol, max_iter=o.max_iter,
+                       observe=curve.observe if curve else None, observe_steps=o.iterations if curve else 0)
+    if curve is not None:
+        run.shared["accuracy_curve"] = curve.curve()
     reach = reachability(run.result, solver=o.solver, max_iter=o.max_iter)
     run.log(f"{run.split}: {int(run.conv.sum())}/{run.conv.numel()} converged ({o.solver}, τ={o.tol:g})")
     return reach
@@ -659,12 +674,16 @@ def stage_a8(run: _Run) -> InitialIterate:
 
 
 def stage_accuracy(run: _Run):
-    """Accuracy against the iteration count 1..T and at x* (Fig. 3), by the task's (or argmax) scoring."""
+    """Accuracy against the iteration count 1..T and at x* (Fig. 3), by the task's (or argmax) scoring. With the
+    Picard solver the curve was scored during stage reachability's solve (the same iterates from e; its time is in
+    that stage's)."""
     from stability.analysis.accuracy import accuracy_at, accuracy_vs_iteration
 
     if run.targets is None:
         return NotApplicable("no targets given")
-    acc = accuracy_vs_iteration(run.model, run.score, run.x0, run.e, run.targets, run.options.iterations)
+    acc = run.shared.pop("accuracy_curve", None)
+    if acc is None:
+        acc = accuracy_vs_iteration(run.model, run.score, run.x0, run.e, run.targets, run.options.iterations)
     acc.at_fixed_point = accuracy_at(run.model, run.score, run.x_star, run.targets)
     acc.at_fixed_point_converged = accuracy_at(run.model, run.score, run.x_star, run.targets, run.conv)
     return acc
@@ -792,6 +811,98 @@ def analyze_checkpoint(path, *, splits=("val", "hard"), options: AnalysisOptions
     model = analysis_model(loaded.model, torch.float64, options.device)
     out = CheckpointAnalysis(source={"checkpoint": str(path)}, config=loaded.config.to_dict(), options=options,
                              epoch=loaded.epoch, splits={})
-    for split in splits:
-        out.splits[split] = analyze_split(model, loaded.task, split, options, log=log)
+    splits = tuple(splits)
+    threads = torch.get_num_threads()
+    workers = min(len(splits), options.workers or threads) if options.device == "cpu" else 1
+    # (the numbers do not depend on it: tests/test_parallel_splits.py)
+    if workers <= 1:
+        for split in splits:
+            out.splits[split] = analyze_split(model, loaded.task, split, options, log=log)
+        return out
+    out.splits = _parallel_splits(path, release_config, model, loaded.task, splits, options, workers,
+                                  max(1, threads // workers), log)
     return out
+
+
+# ---- splits in parallel: one process per split on the CPU ------------------------------------------------
+
+def _split_worker(path, release_config, split: str, options: AnalysisOptions, threads: int, queue) -> None:
+    """A spawned process: load the checkpoint, analyse one split with ``threads`` torch threads, and put
+    ("log", text) lines and then ("done", split, pickled SplitAnalysis) or ("error", split, message) on ``queue``."""
+    import pickle
+
+    torch.set_num_threads(threads)
+    try:
+        from stability.checkpoint import load
+
+        loaded = load(path, device=options.device, release_config=release_config)
+        model = analysis_model(loaded.model, torch.float64, options.device)
+        res = analyze_split(model, loaded.task, split, options, log=lambda m: queue.put(("log", m)))
+        queue.put(("done", split, pickle.dumps(res)))
+    except BaseException as exc:  # reported to the parent, which raises it there as one line
+        kind = "" if isinstance(exc, StabilityError) else f"{type(exc).__name__}: "
+        queue.put(("error", split, kind + (str(exc).strip().splitlines() or [""])[0]))
+
+
+def _parallel_splits(path, release_config, model, task, splits: tuple, options: AnalysisOptions, workers: int,
+                     threads: int, log) -> dict:
+    """Each split but the last in a spawned process (the last one here), ``threads`` torch threads each, at most
+    ``workers`` at a time. Every split's numbers are those of analysing it alone: each split seeds its own
+    generators and reads nothing another split computed. Log lines of the processes reach ``log`` as they come."""
+    import multiprocessing as mp
+    import pickle
+    import threading
+
+    ctx = mp.get_context("spawn")  # fork after torch has started its thread pools is not safe
+    queue = ctx.Queue()
+    say = log or (lambda msg: None)
+    results: dict = {}
+    errors: dict = {}
+    remote = list(splits[:-1])
+    waiting = list(remote)
+    running: list = []
+    done = threading.Event()
+
+    def start_next():
+        while waiting and len([p for p in running if p.is_alive()]) < workers - 1:
+            split = waiting.pop(0)
+            proc = ctx.Process(target=_split_worker, args=(str(path), release_config, split, options, threads,
+                                                           queue), daemon=True)
+            proc.start()
+            running.append(proc)
+
+    def drain():
+        pending = len(remote)
+        while pending:
+            msg = queue.get()
+            if msg[0] == "log":
+                say(msg[1])
+                continue
+            pending -= 1
+            if msg[0] == "done":
+                results[msg[1]] = pickle.loads(msg[2])
+            else:
+                errors[msg[1]] = msg[2]
+            start_next()
+        done.set()
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    reader = threading.Thread(target=drain, daemon=True)
+    try:
+        start_next()
+        reader.start()
+        results[splits[-1]] = analyze_split(model, task, splits[-1], options, log=log)
+        while not done.wait(1.0):
+            if not any(p.is_alive() for p in running) and not waiting and not done.wait(5.0):
+                raise StabilityError("an analysis process ended without a result (out of memory?)")
+    finally:
+        torch.set_num_threads(old)
+        for proc in running:
+            if proc.is_alive():
+                proc.terminate()
+            proc.join(5)
+    if errors:
+        split, message = next(iter(errors.items()))
+        raise StabilityError(f"{split}: {message}")
+    return {split: results[split] for split in splits}

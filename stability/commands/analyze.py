@@ -49,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="PATH", help="write the full results as JSON")
     p.add_argument("--plots", metavar="DIR", help="write PNG plots (residuals, eigenvalues, accuracy, Prop. 5)")
     _option(p, "device")
+    p.add_argument("--workers", metavar="N", type=positive_int, default=None,
+                   help="processes on the CPU, one split each, sharing torch's threads (default: one per split, up "
+                        "to the thread count; 1: one split after the other); the numbers do not depend on it")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
@@ -208,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
     options = AnalysisOptions(samples=args.samples, solver=args.solver, tol=args.tol, max_iter=args.max_iter,
                               iterations=args.iterations, device=args.device, probes=args.probes,
                               eig_route=args.eig_route, eig_precision=args.eig_precision,
-                              noise_std=args.noise_std, stages=args.only or STAGES)
+                              noise_std=args.noise_std, workers=args.workers, stages=args.only or STAGES)
     if args.json:
         check_writable(args.json, "file", "--json")
     if args.plots:

@@ -38,8 +38,9 @@ def run(args: argparse.Namespace) -> int:
         from stability.analysis.report import text_report, write_json, write_plots
 
         log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-        report = analyze_checkpoint(ckpt, splits=("val", "hard"), options=AnalysisOptions(samples=ANALYSIS_SAMPLES),
-                                    log=log)
+        # workers=None: the two splits side by side, one process each, on a machine with two threads or more
+        options = AnalysisOptions(samples=ANALYSIS_SAMPLES, workers=None)
+        report = analyze_checkpoint(ckpt, splits=("val", "hard"), options=options, log=log)
         print(text_report(report), end="")
         write_json(report, json_path)
         print(f"json: {json_path}")

@@ -342,7 +342,8 @@ def _summarise(ckpt_path: Path, results: Path, cell_id: str, options: RunOptions
     from stability.analysis.report import write_json
 
     aopts = AnalysisOptions(samples=options.analyze_samples, max_iter=options.analyze_max_iter,
-                            iterations=test_iterations, device=device.type)
+                            iterations=test_iterations, device=device.type,
+                            workers=1)  # the sweep runs cells side by side, so one split after the other here
     say(f"analysis: {options.analyze_samples} samples of {', '.join(options.analyze_splits)}")
     t = time.perf_counter()
     report = analyze_checkpoint(ckpt_path, splits=tuple(options.analyze_splits), options=aopts, log=say)
