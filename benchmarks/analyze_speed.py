@@ -20,6 +20,10 @@ by rows against compressed forward-mode columns, ρ by batched Krylov–Schur ag
 their old values and at the current ones, per-stage timings and numbers side by side
 (results-dense-before-after.json).
 
+``--processes`` times the whole ``stability analyze`` process as a user runs it: the code of ``--before-tree``
+against this tree's, one split after the other (``--workers 1``) and with the splits side by side (the default),
+alternated, with the numbers compared (results-analyze-processes.json).
+
 ``--full`` also runs the whole ``analyze_checkpoint`` (both splits) as the pipeline stands and records its
 per-stage ``timings_s``. Results go to benchmarks/results-analyze-speed.json and are printed as markdown
 (benchmarks/RESULTS.md, section "Analysis speed"). Read the ratios: the machine is shared.
@@ -393,6 +397,57 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
+# ---- the whole command, as a user runs it ---------------------------------------------------------------
+
+def _numbers(report: dict) -> dict:
+    """An analysis JSON without what may differ between two runs of the same numbers (timings, workers)."""
+    out = json.loads(json.dumps(report))
+    out["options"].pop("workers", None)
+    out.pop("checkpoint", None)
+    for split in out["splits"]:
+        out[split].pop("timings", None)
+    return out
+
+
+def bench_processes(ckpt: Path, trees: dict, repeats: int = 2) -> dict:
+    """``python -m stability analyze CKPT --json F --quiet`` as a whole process, for every (label → (source tree,
+    extra flags, OMP threads)) of ``trees``, the labels alternated ``repeats`` times so that the machine's load
+    falls on each alike. Wall and CPU seconds of each process (CPU: its children's rusage, spawned split processes
+    included), the stage times its JSON reports, and whether every label printed the same numbers as the first."""
+    import resource
+    import subprocess
+    import tempfile
+
+    rows: dict = {label: [] for label in trees}
+    reports: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(repeats):
+            for label, (tree, flags, threads) in trees.items():
+                js = Path(tmp) / f"{label.replace(' ', '_')}-{rep}.json"
+                env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS=str(threads),
+                           MKL_NUM_THREADS=str(threads))
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                t = time.perf_counter()
+                proc = subprocess.run([sys.executable, "-m", "stability", "analyze", str(ckpt), "--json", str(js),
+                                       "--quiet", *flags], env=env, capture_output=True, text=True)
+                wall = time.perf_counter() - t
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                if proc.returncode != 0:
+                    raise SystemExit(f"{label}: exit {proc.returncode}: {proc.stderr.strip()[-500:]}")
+                report = json.loads(js.read_text())
+                reports.setdefault(label, report)
+                stages = {sp: report[sp]["timings"] for sp in report["splits"]}
+                rows[label].append({"wall_s": wall, "cpu_s": (after.ru_utime - before.ru_utime)
+                                    + (after.ru_stime - before.ru_stime), "stages_s": stages,
+                                    "load_avg": os.getloadavg()[0]})
+                print(f"  {label}: {wall:.1f} s wall, {rows[label][-1]['cpu_s']:.1f} CPU s; stages "
+                      + "; ".join(f"{sp} {sum(v.values()):.1f}" for sp, v in stages.items()), flush=True)
+    first = next(iter(reports))
+    same = {label: _numbers(r) == _numbers(reports[first]) for label, r in reports.items()}
+    return {"runs": rows, "same_numbers_as_" + first.replace(" ", "_"): same,
+            "best_wall_s": {label: min(r["wall_s"] for r in v) for label, v in rows.items()}}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", default="runs/demo/prefix-sums.pt")
@@ -404,8 +459,31 @@ def main(argv=None) -> int:
                    help="only the whole analysis with the dense threshold at 32 (before) and at DENSE_MAX (after)")
     p.add_argument("--routes", action="store_true",
                    help="only the dense routes of the hard split side by side (J, M, ρ, σ_max: before and after)")
+    p.add_argument("--processes", action="store_true",
+                   help="only the whole `stability analyze` process: --before-tree's code (one split after the "
+                        "other) against this tree's with --workers 1 and with the default (the splits side by side)")
+    p.add_argument("--before-tree", metavar="DIR", help="a checkout of the code before (for --processes)")
+    p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--json", default=str(HERE / "results-analyze-speed.json"))
     args = p.parse_args(argv)
+    if args.processes:
+        ckpt = ensure_checkpoint(Path(args.checkpoint))
+        here = HERE.parent
+        trees = {}
+        if args.before_tree:
+            trees["before, 2 threads"] = (Path(args.before_tree).resolve(), [], 2)
+        trees.update({"after, --workers 1, 2 threads": (here, ["--workers", "1"], 2),
+                      "after, --workers 1, 1 thread": (here, ["--workers", "1"], 1),
+                      "after, default (splits side by side)": (here, [], 2)})
+        out = {"checkpoint": str(ckpt), "torch": torch.__version__, "cpu_count": os.cpu_count(),
+               "load_avg_start": os.getloadavg(), **bench_processes(ckpt, trees, args.repeats),
+               "load_avg_end": os.getloadavg()}
+        from stability.atomic import write_text
+
+        write_text(str(Path(args.json).with_name("results-analyze-processes.json")), json.dumps(out, indent=1))
+        print("best wall: " + "; ".join(f"{k} {v:.1f} s" for k, v in out["best_wall_s"].items()))
+        print(f"load average at start / end: {out['load_avg_start']} / {out['load_avg_end']}")
+        return 0
 
     import stability
     from stability.analysis.pipeline import analysis_model
