@@ -429,7 +429,8 @@ def bench_processes(ckpt: Path, trees: dict, repeats: int = 2) -> dict:
                 before = resource.getrusage(resource.RUSAGE_CHILDREN)
                 t = time.perf_counter()
                 proc = subprocess.run([sys.executable, "-m", "stability", "analyze", str(ckpt), "--json", str(js),
-                                       "--quiet", *flags], env=env, capture_output=True, text=True)
+                                       "--quiet", *flags], env=env, capture_output=True, text=True,
+                                      cwd=tree)  # `python -m` puts the working directory first on the path
                 wall = time.perf_counter() - t
                 after = resource.getrusage(resource.RUSAGE_CHILDREN)
                 if proc.returncode != 0:
@@ -467,7 +468,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=str(HERE / "results-analyze-speed.json"))
     args = p.parse_args(argv)
     if args.processes:
-        ckpt = ensure_checkpoint(Path(args.checkpoint))
+        ckpt = ensure_checkpoint(Path(args.checkpoint)).resolve()
         here = HERE.parent
         trees = {}
         if args.before_tree:

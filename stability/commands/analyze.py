@@ -217,6 +217,9 @@ def run(args: argparse.Namespace) -> int:
     if args.plots:
         check_writable(args.plots, "dir", "--plots")
     log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    from stability.analysis.pipeline import keep_freed_memory
+
+    keep_freed_memory()  # this process only analyses from here on: keep its large blocks for reuse
     if args.model:
         report = _own_model(args, options, log)
     else:
