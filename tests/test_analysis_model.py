@@ -195,6 +195,9 @@ def test_the_accuracy_scored_during_the_picard_solve_is_the_curve_of_the_models_
     assert out.accuracy.iterations == list(range(1, 10))
     assert out.accuracy.accuracy == expected and out.accuracy.position_accuracy == expected_pos
     assert out.timings["accuracy"] < out.timings["reachability"]  # its evaluations were the solve's
+    assert out.accuracy.scored_in == "reachability"
+    line = next(l for l in out.summary().splitlines() if l.startswith("time"))
+    assert "accuracy (in reachability)" in line
     # and the solve itself is the one without the curve
     x0 = m.embed(xs.double())
     alone = solve(m.step, m.initial_state(x0), x0, tol=opts.tol, max_iter=5)

@@ -24,11 +24,12 @@ class AccuracyCurve:
     position_accuracy: list
     at_fixed_point: Optional[float] = None
     at_fixed_point_converged: Optional[float] = None
+    scored_in: Optional[str] = None  # "reachability": scored from that stage's Picard solve (its time is there)
 
     def to_dict(self) -> dict:
         return {"iterations": self.iterations, "accuracy": self.accuracy,
                 "position_accuracy": self.position_accuracy, "at_fixed_point": self.at_fixed_point,
-                "at_fixed_point_converged": self.at_fixed_point_converged}
+                "at_fixed_point_converged": self.at_fixed_point_converged, "scored_in": self.scored_in}
 
 
 def argmax_score(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

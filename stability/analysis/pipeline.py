@@ -682,7 +682,9 @@ def stage_accuracy(run: _Run):
     if run.targets is None:
         return NotApplicable("no targets given")
     acc = run.shared.pop("accuracy_curve", None)
-    if acc is None:
+    if acc is not None:
+        acc.scored_in = "reachability"
+    else:
         acc = accuracy_vs_iteration(run.model, run.score, run.x0, run.e, run.targets, run.options.iterations)
     acc.at_fixed_point = accuracy_at(run.model, run.score, run.x_star, run.targets)
     acc.at_fixed_point_converged = accuracy_at(run.model, run.score, run.x_star, run.targets, run.conv)

@@ -126,8 +126,10 @@ def split_table(block: dict) -> str:
     elif acc is not None:
         rows.append(("accuracy", "not applicable", acc.get("reason", "")))
     if block.get("timings"):
+        inside = (block.get("accuracy") or {}).get("scored_in")  # the curve came from that stage's solve
         rows.append(("time", f"{sum(block['timings'].values()):.1f} s",
-                     ", ".join(f"{k} {v:.1f}" for k, v in block["timings"].items())))
+                     ", ".join(f"{k} (in {inside})" if k == "accuracy" and inside else f"{k} {v:.1f}"
+                               for k, v in block["timings"].items())))
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)
     line = "-" * (w0 + w1 + 40)
