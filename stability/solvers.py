@@ -508,10 +508,10 @@ def solve(f: Callable, x_init: torch.Tensor, x0: Optional[torch.Tensor] = None, 
         plain = x.clone() if watching else None  # the whole batch's plain iterate, for observe
 
         for it in range(max(max_iter, observe_steps) if watching else max_iter):
-            if watching:
+            observing = watching and it < observe_steps  # past observe_steps: the running samples only, as without
+            if observing:
                 plain = f(plain, x0)
-                if it < observe_steps:
-                    observe(it + 1, plain)
+                observe(it + 1, plain)
                 if act.numel() == 0 or it >= max_iter:
                     continue
             elif act.numel() == 0:
@@ -519,7 +519,7 @@ def solve(f: Callable, x_init: torch.Tensor, x0: Optional[torch.Tensor] = None, 
             iters = it + 1
             xa = x[act]
             # a running sample's iterate is its row of the plain iterate (Picard with η = 1: x_{t+1} = f(x_t))
-            fa = plain[act] if watching else f(xa, _take(x0, act))
+            fa = plain[act] if observing else f(xa, _take(x0, act))
             nfe[act] += 1
             finite = _finite(fa)
             r = residual(fa, xa, eps).double()

@@ -51,18 +51,20 @@ def _as_scored(logits: torch.Tensor) -> torch.Tensor:
 class CurveRecorder:
     """Scores readout(x_t) against ``targets`` for t = 1..T_max, batch by batch: ``record(t, x_t, targets)`` adds
     the batch's whole-answer and per-position counts at t (summed in float64), :meth:`curve` divides by the samples
-    seen. ``observe(t, x_t)`` is the same for one fixed batch of ``targets``: the hook of the Picard solve that
+    seen (counted at t = 1). ``observe(t, x_t)`` is the same for one fixed batch of ``targets``: the hook of the Picard solve that
     yields the curve from the solve's own evaluations (:func:`stability.solvers.solve`, ``observe``)."""
 
     def __init__(self, model, score, T_max: int, targets: Optional[torch.Tensor] = None):
         self.model, self.score, self.T_max, self.targets = model, _scorer(score), T_max, targets
         self.correct = torch.zeros(T_max, dtype=torch.float64)
         self.pos = torch.zeros(T_max, dtype=torch.float64)
-        self.n = 0 if targets is None else int(targets.shape[0])
+        self.n = 0
 
     @torch.no_grad()
     def record(self, t: int, x: torch.Tensor, targets: torch.Tensor) -> None:
         ok, pa = self.score(_as_scored(self.model.readout(x)), targets)
+        if t == 1:
+            self.n += int(ok.shape[0])
         self.correct[t - 1] += ok.double().sum().cpu()
         self.pos[t - 1] += pa.double().sum().cpu()
 
@@ -89,7 +91,6 @@ def accuracy_curve(model, score, batches: Iterable, T_max: int, *, context: Opti
     """
     rec = CurveRecorder(model, score, T_max)
     for x0, e, tb in batches:
-        rec.n += int(x0.shape[0])
         with (context() if context is not None else contextlib.nullcontext()):
             x = e
             for t in range(1, T_max + 1):
