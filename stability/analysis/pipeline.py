@@ -24,6 +24,7 @@ JSON block ``stability analyze`` writes per split; the text report, the plots an
 from __future__ import annotations
 
 import copy
+import os
 import sys
 import time
 from collections.abc import Mapping
@@ -847,12 +848,57 @@ def analyze_checkpoint(path, *, splits=("val", "hard"), options: AnalysisOptions
 
 # ---- splits in parallel: one process per split on the CPU ------------------------------------------------
 
+#: the environment variables that size the thread pools of OpenMP, MKL and OpenBLAS when a library loads
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+class limit_threads:
+    """Use ``threads`` threads in every thread pool of this process: torch's (OpenMP and its MKL) and, through
+    threadpoolctl, the OpenBLAS copies of numpy and scipy, which torch.set_num_threads does not reach. Two
+    analyses side by side on a 2-core machine otherwise run 2 + 2 BLAS threads each (measured on the demo
+    checkpoint: 45 CPU s for the command against 31 s with every pool at one thread; benchmarks/RESULTS.md).
+    Also a context manager that restores the previous sizes."""
+
+    def __init__(self, threads: int):
+        from threadpoolctl import threadpool_limits
+
+        self._torch = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        self._blas = threadpool_limits(limits=threads, user_api="blas")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._blas.restore_original_limits()
+        torch.set_num_threads(self._torch)
+
+
+class _child_thread_env:
+    """``THREAD_ENV`` set to ``threads`` while processes are started, so that a spawned process sizes its thread
+    pools before its libraries load (the variables are restored afterwards)."""
+
+    def __init__(self, threads: int):
+        self.threads = str(threads)
+
+    def __enter__(self):
+        self.saved = {k: os.environ.get(k) for k in THREAD_ENV}
+        os.environ.update({k: self.threads for k in THREAD_ENV})
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def _split_worker(path, release_config, split: str, options: AnalysisOptions, threads: int, queue) -> None:
     """A spawned process: load the checkpoint, analyse one split with ``threads`` torch threads, and put
     ("log", text) lines and then ("done", split, pickled SplitAnalysis) or ("error", split, message) on ``queue``."""
     import pickle
 
-    torch.set_num_threads(threads)
+    limit_threads(threads)
     keep_freed_memory()
     try:
         from stability.checkpoint import load
@@ -890,7 +936,8 @@ def _parallel_splits(path, release_config, model, task, splits: tuple, options: 
             split = waiting.pop(0)
             proc = ctx.Process(target=_split_worker, args=(str(path), release_config, split, options, threads,
                                                            queue), daemon=True)
-            proc.start()
+            with _child_thread_env(threads):
+                proc.start()
             running.append(proc)
 
     def drain():
@@ -909,12 +956,12 @@ def _parallel_splits(path, release_config, model, task, splits: tuple, options: 
         done.set()
 
     old = torch.get_num_threads()
-    torch.set_num_threads(threads)
     reader = threading.Thread(target=drain, daemon=True)
     try:
         start_next()
         reader.start()
-        results[splits[-1]] = analyze_split(model, task, splits[-1], options, log=log)
+        with limit_threads(threads):
+            results[splits[-1]] = analyze_split(model, task, splits[-1], options, log=log)
         while not done.wait(1.0):
             if not any(p.is_alive() for p in running) and not waiting and not done.wait(5.0):
                 raise StabilityError("an analysis process ended without a result (out of memory?)")

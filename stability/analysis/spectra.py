@@ -58,6 +58,17 @@ def dense_spectrum(J, k: int = 6) -> Spectrum:
     return Spectrum(rho=float(abs(vals[0])) if vals else 0.0, eigenvalues=vals[:k], method="dense")
 
 
+def serial_blas():
+    """A context in which numpy's and scipy's OpenBLAS run on one thread (threadpoolctl). ARPACK's own work
+    (the Hessenberg updates of ``dnaupd``, the Ritz vectors of ``dneupd``) and the products with matrices of
+    n ≤ 512 are far too small to split: with OpenBLAS's default of a thread a core, the ρ and σ_max of the demo's
+    32 hard-split Jacobians took 4.6–5.1 s against 1.5 s on one thread, the same numbers bit for bit
+    (benchmarks/RESULTS.md, "Analysis speed")."""
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=1, user_api="blas")
+
+
 class _Counting:
     """Wraps a LinearOperator to count matvecs."""
 
@@ -88,7 +99,9 @@ def spectral_radius(op, *, k: int = 3, tol: float = 1e-10, maxiter: Optional[int
     v0 = np.random.default_rng(seed).standard_normal(n)
     ncv = ncv or min(n, max(2 * k + 1, 40))  # a wide basis: J* spectra cluster near ρ, and restarts cost more
     try:
-        vals = eigs(wrapped, k=k, which="LM", tol=tol, maxiter=maxiter, ncv=ncv, v0=v0, return_eigenvectors=False)
+        with serial_blas():
+            vals = eigs(wrapped, k=k, which="LM", tol=tol, maxiter=maxiter, ncv=ncv, v0=v0,
+                        return_eigenvectors=False)
         converged = True
     except ArpackNoConvergence as exc:
         vals, converged = exc.eigenvalues, False
@@ -106,7 +119,8 @@ def sigma_max(op, *, tol: float = 1e-8, seed: int = 0) -> float:
         M = op.dense().cpu().numpy() if hasattr(op, "dense") else op @ np.eye(op.shape[1])
         return float(np.linalg.svd(M, compute_uv=False)[0])
     v0 = np.random.default_rng(seed).standard_normal(n)
-    s = svds(op, k=1, tol=tol, v0=v0, return_singular_vectors=False, solver="arpack")
+    with serial_blas():
+        s = svds(op, k=1, tol=tol, v0=v0, return_singular_vectors=False, solver="arpack")
     return float(s[0])
 
 
@@ -159,7 +173,8 @@ def dense_sigma_max(J: torch.Tensor) -> torch.Tensor:
     from scipy.sparse.linalg import eigsh
 
     v0 = np.random.default_rng(0).standard_normal(n)
-    top = [eigsh(g, k=1, which="LA", tol=1e-14, v0=v0, return_eigenvectors=False)[0] for g in G.numpy()]
+    with serial_blas():
+        top = [eigsh(g, k=1, which="LA", tol=1e-14, v0=v0, return_eigenvectors=False)[0] for g in G.numpy()]
     return torch.tensor(top, dtype=torch.float64).clamp_min(0.0).sqrt()
 
 
@@ -173,29 +188,32 @@ def _arpack_dense(Jd: torch.Tensor, k: int, tol: float, seed: int) -> BatchedSpe
     kk = min(k, n - 2)
     v0 = np.random.default_rng(seed).standard_normal(n)
     rho, vals_out, res, prods = [], [], [], []
-    for A in Jd.numpy():
-        count = [0]
+    # row-major copies: J built from forward-mode columns has strides that are neither C nor F order, and numpy
+    # multiplies such a matrix without BLAS (3.6 ms against 0.07 ms a product at n = 512)
+    with serial_blas():
+        for A in Jd.contiguous().numpy():
+            count = [0]
 
-        def mv(v, A=A, count=count):
-            count[0] += 1
-            return A @ v
+            def mv(v, A=A, count=count):
+                count[0] += 1
+                return A @ v
 
-        from scipy.sparse.linalg import LinearOperator
+            from scipy.sparse.linalg import LinearOperator
 
-        op = LinearOperator((n, n), matvec=mv, dtype=np.float64)
-        try:
-            vals, vecs = eigs(op, k=kk, which="LM", tol=tol, ncv=min(n, max(2 * kk + 1, 40)), v0=v0)
-        except ArpackNoConvergence as exc:
-            vals, vecs = exc.eigenvalues, exc.eigenvectors
-        order = np.argsort(-np.abs(vals), kind="stable")
-        vals, vecs = vals[order], vecs[:, order]
-        u = vecs[:, 0] / np.linalg.norm(vecs[:, 0])
-        rho.append(abs(vals[0]))
-        res.append(np.linalg.norm(A @ u - vals[0] * u) / max(abs(vals[0]), np.finfo(float).tiny))
-        row = np.zeros(k, dtype=complex)
-        row[:len(vals)] = vals[:k]
-        vals_out.append(row)
-        prods.append(count[0])
+            op = LinearOperator((n, n), matvec=mv, dtype=np.float64)
+            try:
+                vals, vecs = eigs(op, k=kk, which="LM", tol=tol, ncv=min(n, max(2 * kk + 1, 40)), v0=v0)
+            except ArpackNoConvergence as exc:
+                vals, vecs = exc.eigenvalues, exc.eigenvectors
+            order = np.argsort(-np.abs(vals), kind="stable")
+            vals, vecs = vals[order], vecs[:, order]
+            u = vecs[:, 0] / np.linalg.norm(vecs[:, 0])
+            rho.append(abs(vals[0]))
+            res.append(np.linalg.norm(A @ u - vals[0] * u) / max(abs(vals[0]), np.finfo(float).tiny))
+            row = np.zeros(k, dtype=complex)
+            row[:len(vals)] = vals[:k]
+            vals_out.append(row)
+            prods.append(count[0])
     return BatchedSpectrum(rho=torch.tensor(rho, dtype=torch.float64),
                            eigenvalues=torch.tensor(np.array(vals_out), dtype=torch.complex128),
                            ritz_residual=torch.tensor(res, dtype=torch.float64), matvecs=int(sum(prods)),
