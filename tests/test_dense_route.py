@@ -160,3 +160,36 @@ def test_mid_size_states_reuse_the_dense_J_with_krylov_on_the_dense_matrices(mon
                                                         prop4_columns=16)).to_dict()
     assert alone["prop4"]["columns_checked"] == 16
     assert np.allclose(alone["prop4"]["rho_M"], js["prop4"]["rho_M"], rtol=0, atol=1e-8)
+
+
+@pytest.mark.parametrize("mid", [False, True])
+def test_prop4_takes_stage_rhos_spectra_only_where_M_equals_J_entry_by_entry(mid):
+    from stability.analysis.recall import DenseSpectra, prop4_dense
+    from stability.analysis.spectra import dense_krylov_spectra
+
+    m = small_model()
+    x, x0 = point(m)
+    J = batched_dense_jacobian(m.step, x, x0)
+    tol = 1e-8 if mid else None
+    if mid:
+        spec = dense_krylov_spectra(J, k=3, tol=1e-8, sigma=False)[0]
+        route = ("krylov", 3, 1e-8, 0)
+    else:
+        spec = dense_batched_spectra(J, k=3)[0]
+        route = ("dense", 3)
+    given = DenseSpectra(spec.eigenvalues, spec.ritz_residual, spec.products, route)
+    own = prop4_dense(m, x, x0, k=3, J=J, krylov_tol=tol)
+    taken = prop4_dense(m, x, x0, k=3, J=J, krylov_tol=tol, J_spectra=given)
+    assert own.spectra_of_J == 0 and taken.spectra_of_J == 3
+    assert taken.rho_M == own.rho_M and taken.to_dict()["eigenvalues"] == own.to_dict()["eigenvalues"]
+    ref = np.abs(np.linalg.eigvals(J.numpy())).max(axis=1)  # independent reference: LAPACK on each J
+    np.testing.assert_allclose(taken.rho_M, ref, rtol=1e-7)
+    # a J that is not M (one entry moved) is not trusted: M's own spectra are computed
+    J2 = J.clone()
+    J2[0, 0, 0] += 1e-3
+    moved = prop4_dense(m, x, x0, k=3, J=J2, krylov_tol=tol, J_spectra=given)
+    assert moved.spectra_of_J == 2 and moved.rho_M[0] == own.rho_M[0]
+    assert moved.max_abs_diff_vs_autograd == pytest.approx(1e-3, rel=1e-6)
+    # spectra of another route are not taken
+    other = DenseSpectra(spec.eigenvalues, spec.ritz_residual, spec.products, ("krylov", 3, 1e-6, 1))
+    assert prop4_dense(m, x, x0, k=3, J=J, krylov_tol=tol, J_spectra=other).spectra_of_J == 0

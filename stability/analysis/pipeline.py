@@ -498,6 +498,7 @@ def stage_rho(run: _Run) -> JacobianSpectra:
     from stability.analysis.spectra import batched_sigma_max, jacobian_spectral_radius, sigma_max, spectral_radius
 
     from stability.analysis.operators import DENSE_BUDGET, batched_dense_jacobian
+    from stability.analysis.recall import DenseSpectra
     from stability.analysis.spectra import DENSE_KRYLOV_MAX, DENSE_MAX, dense_batched_spectra, dense_krylov_spectra
 
     o, f, x_star, x0 = run.options, run.f, run.x_star, run.x0
@@ -512,11 +513,12 @@ def stage_rho(run: _Run) -> JacobianSpectra:
         # the dense J go to stage prop4 (its check against autograd) when they fit 4 × the chunk budget. Mid-size
         # states (``mid``): the same J, ρ by Krylov–Schur on the dense matrices, for Prop. 4 to reuse
         group = max(1, (DENSE_BUDGET // 4) // (8 * n * n))
-        Js = []
+        Js, specs = [], []
         for i in range(0, N, group):
             J = batched_dense_jacobian(f, x_star[i:i + group], x0[i:i + group])
             spec, sig = (dense_krylov_spectra(J, k=o.eig_k, tol=o.eig_tol, seed=o.seed) if mid
                          else dense_batched_spectra(J, k=o.eig_k))
+            specs.append(spec)
             rhos += spec.rho.cpu().tolist()
             sigmas += sig.cpu().tolist()
             eigs += [[[float(z.real), float(z.imag)] for z in row] for row in spec.eigenvalues.cpu()]
@@ -525,6 +527,10 @@ def stage_rho(run: _Run) -> JacobianSpectra:
                 Js.append(J)
         if keep:
             run.shared["dense_J"] = (x_star, torch.cat(Js))
+            route = ("krylov", o.eig_k, o.eig_tol, o.seed) if mid else ("dense", o.eig_k)
+            run.shared["dense_J_spectra"] = DenseSpectra(
+                torch.cat([sp.eigenvalues for sp in specs]), torch.cat([sp.ritz_residual for sp in specs]),
+                torch.cat([sp.products for sp in specs]), route)
         method = (f"dense (n = {n} ≤ {DENSE_MAX}: every sample's Jacobian by batched forward-mode columns, "
                   f"eigenvalues by LAPACK, σ_max by λ_max(JᵀJ); exact to rounding, ritz_residual 0)" if not mid else
                   f"dense Jacobian (n = {n} ≤ {DENSE_KRYLOV_MAX}: every sample's J by batched forward-mode columns), "
@@ -572,8 +578,9 @@ def stage_prop4(run: _Run):
         return NotApplicable("no recall (recall none): Prop. 4 concerns recall models")
     o = run.options
     at, J = run.shared.get("dense_J", (None, None))  # stage rho's dense Jacobians, when it took the dense route
+    mine = at is run.x_star
     return prop4(run.model, run.x_star, run.x0, columns=o.prop4_columns, k=o.eig_k, tol=o.eig_tol,
-                 J=J if at is run.x_star else None)
+                 J=J if mine else None, J_spectra=run.shared.get("dense_J_spectra") if mine else None)
 
 
 def stage_rho_wx(run: _Run):

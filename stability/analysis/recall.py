@@ -28,7 +28,7 @@ multiplies J[c](x*) on the right; damping η (``variant_options["damping"]``) ma
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -182,11 +182,27 @@ class Prop4Result:
     max_abs_diff_vs_autograd: float
     columns_checked: int
     spectra: list = field(default_factory=list)
+    spectra_of_J: int = 0  # samples whose M equalled J entry by entry, so their spectra are J's (stage rho's)
 
     def to_dict(self) -> dict:
         return {"form": self.form, "rho_M": self.rho_M, "max_abs_diff_vs_autograd": self.max_abs_diff_vs_autograd,
-                "columns_checked": self.columns_checked,
+                "columns_checked": self.columns_checked, "spectra_of_J": self.spectra_of_J,
                 "eigenvalues": [s.to_dict()["eigenvalues"] for s in self.spectra]}
+
+
+class DenseSpectra(NamedTuple):
+    """Stage rho's spectra of the dense J_b of a batch, for :func:`prop4_dense` to reuse where M_b = J_b entry by
+    entry: eigenvalues (B, k) complex (descending modulus), ritz_residual (B,), products (B,), and the route that
+    computed them, ("dense", k) for LAPACK or ("krylov", k, tol, seed) for ARPACK."""
+
+    eigenvalues: torch.Tensor
+    ritz_residual: torch.Tensor
+    products: torch.Tensor
+    route: tuple
+
+    def rows(self, start: int, stop: int) -> "DenseSpectra":
+        return DenseSpectra(self.eigenvalues[start:stop], self.ritz_residual[start:stop],
+                            self.products[start:stop], self.route)
 
 
 def assembled_vs_autograd(model, x_star: torch.Tensor, x0: torch.Tensor, *, columns: Optional[int] = None,
@@ -207,7 +223,8 @@ def assembled_vs_autograd(model, x_star: torch.Tensor, x0: torch.Tensor, *, colu
 
 
 def prop4_dense(model, x_star: torch.Tensor, x0: torch.Tensor, *, k: int = 3, J: Optional[torch.Tensor] = None,
-                sample_chunk: Optional[int] = None, krylov_tol: Optional[float] = None) -> Prop4Result:
+                sample_chunk: Optional[int] = None, krylov_tol: Optional[float] = None,
+                J_spectra: Optional[DenseSpectra] = None) -> Prop4Result:
     """Prop. 4 / App. A.7 on small states, every sample at once: M_b assembled densely from the named parts
     (:meth:`RecallMatrixOperator.dense_batched`), ρ(M_b) and its leading eigenvalues by LAPACK (exact to rounding),
     and max |M_b − J_b| over ALL n columns against the dense autograd Jacobian of ``step``: ``J`` (B, n, n) when
@@ -215,53 +232,83 @@ def prop4_dense(model, x_star: torch.Tensor, x0: torch.Tensor, *, k: int = 3, J:
     :func:`~stability.analysis.operators.batched_dense_jacobian`. Samples go in groups of ``sample_chunk`` (default:
     dense matrices of at most 64 MiB per group). With ``krylov_tol`` (mid-size states) ρ(M_b) is taken by
     Krylov–Schur on the dense M_b (:func:`~stability.analysis.spectra.dense_krylov_spectra`, leading Ritz residual
-    below ``krylov_tol``) instead of LAPACK's full ``eigvals``."""
+    below ``krylov_tol``) instead of LAPACK's full ``eigvals``. ``J_spectra``: the spectra stage rho computed
+    on ``J`` (:class:`DenseSpectra`); a group whose M equals its J entry by entry (as it does for this toolkit's
+    models, whose M is built from the same forward-mode products) takes them instead of computing the same
+    eigenvalues of the same matrices again, when they were computed by the same route."""
     from stability.analysis.spectra import dense_krylov_spectra
     from stability.analysis.operators import DENSE_BUDGET, batched_dense_jacobian
 
     B = x_star.shape[0]
     n = int(torch.tensor(x_star.shape[1:]).prod())
     g = sample_chunk or max(1, (DENSE_BUDGET // 4) // (8 * n * n))
-    rhos, spectra, diff = [], [], 0.0
+    rhos, spectra, diff, reused = [], [], 0.0, 0
     for i in range(0, B, g):
         xs, xb = x_star[i:i + g], x0[i:i + g]
         M = RecallMatrixOperator(model, xs, xb, batched=True).dense_batched()
         Jg = J[i:i + g].to(M) if J is not None else batched_dense_jacobian(model.step, xs, xb)
         diff = max(diff, float((M - Jg).abs().max()))
+        route = ("krylov", k, krylov_tol, 0) if krylov_tol is not None else ("dense", k)
+        same = torch.zeros(M.shape[0], dtype=torch.bool)
+        given = J_spectra.rows(i, i + M.shape[0]) if (J_spectra is not None and J_spectra.route == route
+                                                      and J is not None) else None
+        if given is not None:
+            same = torch.tensor([bool(torch.equal(Mb, Jb)) for Mb, Jb in zip(M, Jg)])
+        reused += int(same.sum())
+        own = torch.nonzero(~same).flatten()
         if krylov_tol is not None:
-            ks = dense_krylov_spectra(M, k=k, tol=krylov_tol)[0]
+            ks = given
+            if own.numel():
+                mine = dense_krylov_spectra(M[own.to(M.device)], k=k, tol=krylov_tol, sigma=False)[0]
+                ks = _merge(ks, own, mine, M.shape[0], k)
             for row, res, p in zip(ks.eigenvalues.cpu(), ks.ritz_residual.cpu(), ks.products.tolist()):
                 spectra.append(Spectrum(rho=float(row[0].abs()), eigenvalues=[complex(z) for z in row.tolist()],
                                         method="dense M, Krylov–Schur", converged=bool(res < krylov_tol),
                                         matvecs=int(p)))
                 rhos.append(spectra[-1].rho)
             continue
-        vals = torch.linalg.eigvals(M.detach().double().cpu())
-        vals = torch.gather(vals, 1, torch.argsort(-vals.abs(), dim=1, stable=True))
+        vals = torch.zeros(M.shape[0], n, dtype=torch.complex128)
+        if bool(same.any()):
+            taken = given.eigenvalues.cpu()
+            vals[same, :taken.shape[1]] = taken[same]
+        if own.numel():
+            mine = torch.linalg.eigvals(M[own.to(M.device)].detach().double().cpu())
+            vals[own] = torch.gather(mine, 1, torch.argsort(-mine.abs(), dim=1, stable=True))
         for row in vals:
             spectra.append(Spectrum(rho=float(row[0].abs()), eigenvalues=[complex(z) for z in row[:k].tolist()],
                                     method="dense", matvecs=n))
             rhos.append(spectra[-1].rho)
     return Prop4Result(form=recall_form(model), rho_M=rhos, max_abs_diff_vs_autograd=diff, columns_checked=n,
-                       spectra=spectra)
+                       spectra=spectra, spectra_of_J=reused)
+
+
+def _merge(given: Optional[DenseSpectra], own: torch.Tensor, mine, B: int, k: int) -> DenseSpectra:
+    """Rows ``own`` of a group's spectra from ``mine`` (a BatchedSpectrum of those rows), the others from
+    ``given``."""
+    if given is None:
+        return DenseSpectra(mine.eigenvalues.cpu(), mine.ritz_residual.cpu(), mine.products.cpu(), ())
+    eig, res, prod = given.eigenvalues.cpu().clone(), given.ritz_residual.cpu().clone(), given.products.cpu().clone()
+    eig[own], res[own], prod[own] = mine.eigenvalues.cpu()[:, :eig.shape[1]], mine.ritz_residual.cpu(), \
+        mine.products.cpu()
+    return DenseSpectra(eig, res, prod, given.route)
 
 
 def prop4(model, x_star: torch.Tensor, x0: torch.Tensor, *, columns: Optional[int] = 256, k: int = 3,
-          tol: float = 1e-10, J: Optional[torch.Tensor] = None, dense_max: Optional[int] = None
-          ) -> Optional[Prop4Result]:
+          tol: float = 1e-10, J: Optional[torch.Tensor] = None, dense_max: Optional[int] = None,
+          J_spectra: Optional[DenseSpectra] = None) -> Optional[Prop4Result]:
     """Prop. 4 / App. A.7 on a batch of fixed points x_star (B, *S): ρ(M) per sample, and the largest entry-wise
     difference between M and the autograd Jacobian of ``step``. States of n ≤ ``dense_max`` (default
     :data:`~stability.analysis.spectra.DENSE_MAX`): :func:`prop4_dense` (dense M, LAPACK, all n columns checked;
-    ``J`` the dense Jacobians when already built). Larger states: ARPACK on the assembled operator per sample, the
+    ``J`` the dense Jacobians when already built, ``J_spectra`` their spectra). Larger states: ARPACK on the assembled operator per sample, the
     check over ``columns`` random columns per sample (all columns when None). None without recall.
     """
     if model.recall not in ("external", "internal"):
         return None
     n = int(torch.tensor(x_star.shape[1:]).prod())
     if n <= (DENSE_MAX if dense_max is None else dense_max):
-        return prop4_dense(model, x_star, x0, k=k, J=J)
+        return prop4_dense(model, x_star, x0, k=k, J=J, J_spectra=J_spectra)
     if J is not None and n <= DENSE_KRYLOV_MAX:  # mid-size: the dense J is at hand (stage rho's), so is dense M
-        return prop4_dense(model, x_star, x0, k=k, J=J, krylov_tol=max(tol, 1e-10))
+        return prop4_dense(model, x_star, x0, k=k, J=J, krylov_tol=max(tol, 1e-10), J_spectra=J_spectra)
     rhos, spectra, diff, cols = [], [], 0.0, 0
     for b in range(x_star.shape[0]):
         spec = spectral_radius(RecallMatrixOperator(model, x_star[b], x0[b]), k=k, tol=tol, transpose=True)

@@ -86,7 +86,9 @@ def split_table(block: dict) -> str:
     if _applies(p4):
         conv_rho_M = [r for r, st in zip(p4["rho_M"], fp["status"]) if st == "converged"]
         rows.append(("ρ(M) median", _fmt(_med(conv_rho_M)),
-                     f"{p4['form']}; max |M − J_autograd| = {_fmt(p4['max_abs_diff_vs_autograd'], '.2e')}"))
+                     f"{p4['form']}; max |M − J_autograd| = {_fmt(p4['max_abs_diff_vs_autograd'], '.2e')}"
+                     + ("; M = J entry by entry, so J's spectra" if p4.get("spectra_of_J") == len(p4["rho_M"])
+                        else "")))
     elif p4 is not None:
         rows.append(("ρ(M) (Prop. 4)", "not applicable", p4.get("reason", "")))
     rec = block.get("recall")

@@ -220,16 +220,17 @@ def _arpack_dense(Jd: torch.Tensor, k: int, tol: float, seed: int) -> BatchedSpe
                            products=torch.tensor(prods, dtype=torch.long))
 
 
-def dense_krylov_spectra(J: torch.Tensor, *, k: int = 6, tol: float = 1e-6, seed: int = 0) -> tuple:
+def dense_krylov_spectra(J: torch.Tensor, *, k: int = 6, tol: float = 1e-6, seed: int = 0, sigma: bool = True
+                         ) -> tuple:
     """ρ and the k leading eigenvalues of dense matrices J: (B, n, n) to a leading Ritz residual below ``tol``:
     on the CPU by ARPACK one matrix at a time (:func:`_arpack_dense`; 0.7 s for 32 matrices of n = 512 against
     6 s for the batched route, whose products stream all B matrices through memory at every step), elsewhere by
     :func:`batched_spectral_radius` with batched matrix products (float64). σ_max by :func:`dense_sigma_max`.
-    Returns (:class:`BatchedSpectrum`, σ_max (B,))."""
+    Returns (:class:`BatchedSpectrum`, σ_max (B,)), σ_max None with ``sigma=False``."""
     B, n = J.shape[0], J.shape[-1]
     Jd = J.detach().double()
     if J.device.type == "cpu" and n > k + 2:
-        return _arpack_dense(Jd, k, tol, seed), dense_sigma_max(Jd)
+        return _arpack_dense(Jd, k, tol, seed), dense_sigma_max(Jd) if sigma else None
 
     def restrict(idx):
         Ji = Jd[idx]
@@ -237,7 +238,7 @@ def dense_krylov_spectra(J: torch.Tensor, *, k: int = 6, tol: float = 1e-6, seed
 
     spec = batched_spectral_radius(restrict(torch.arange(B, device=J.device)), (B, n), k=k, tol=tol, seed=seed,
                                    restrict=restrict, dtype=torch.float64, device=J.device)
-    return spec, dense_sigma_max(Jd)
+    return spec, dense_sigma_max(Jd) if sigma else None
 
 
 def dense_batched_spectra(J: torch.Tensor, k: int = 6) -> tuple:
