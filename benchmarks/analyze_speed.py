@@ -449,6 +449,75 @@ def bench_processes(ckpt: Path, trees: dict, repeats: int = 2) -> dict:
             "best_wall_s": {label: min(r["wall_s"] for r in v) for label, v in rows.items()}}
 
 
+def bench_blas_threads(model, task, samples: int, repeats: int) -> dict:
+    """ρ (ARPACK per matrix) and σ_max (Lanczos on JᵀJ per matrix) of the hard split's dense J*, as stage rho
+    computes them: numpy's and scipy's OpenBLAS at their default thread count against one thread
+    (``serial_blas``), and the matrices as the column builder leaves them (strides neither C nor F order) against
+    row-major copies; alternated ``repeats`` times in this process, wall and CPU seconds, numbers compared."""
+    from threadpoolctl import threadpool_info
+
+    import stability.analysis.spectra as sp
+    from stability.analysis.operators import batched_dense_jacobian
+    from stability.solvers import solve
+
+    inputs, _ = task.dataset("hard")
+    N = min(samples, inputs.shape[0])
+    with torch.no_grad():
+        x0 = model.embed(inputs[:N].double())
+    xs = solve(model.step, x0, x0, tol=1e-5, max_iter=500).x_best
+    J = batched_dense_jacobian(model.step, xs, x0)  # strides (n, 1, B·n), as stage rho builds it
+    default = max(p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas")
+
+    class _Unlimited:  # serial_blas replaced by a context that leaves OpenBLAS at its default
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def restore_original_limits(self):
+            pass
+
+    variants = {f"OpenBLAS default ({default} threads), strided J (before)": (False, False),
+                "OpenBLAS default, row-major J": (False, True),
+                "one OpenBLAS thread, row-major J (after)": (True, True)}
+    rows, numbers = {k: [] for k in variants}, {}
+    keep = sp.serial_blas
+    try:
+        for _ in range(repeats):
+            for label, (serial, rowmajor) in variants.items():
+                sp.serial_blas = keep if serial else _Unlimited
+                t, c = time.perf_counter(), time.process_time()
+                spec = sp._arpack_dense(J if rowmajor else _Strided(J), 3, 1e-6, 0)
+                sig = sp.dense_sigma_max(J)
+                rows[label].append({"wall_s": time.perf_counter() - t, "cpu_s": time.process_time() - c})
+                numbers[label] = (spec.rho.tolist(), sig.tolist())
+                print(f"  {label}: {rows[label][-1]['wall_s']:.2f} s wall, {rows[label][-1]['cpu_s']:.2f} CPU s",
+                      flush=True)
+    finally:
+        sp.serial_blas = keep
+    ref = numbers[next(iter(numbers))]
+    return {"samples": N, "n": J.shape[-1], "openblas_default_threads": default, "runs": rows,
+            "best_wall_s": {k: min(r["wall_s"] for r in v) for k, v in rows.items()},
+            "max_rel_diff_vs_before": {k: max(_rel_diff(v[0], ref[0]), _rel_diff(v[1], ref[1]))
+                                       for k, v in numbers.items()}}
+
+
+class _Strided:
+    """A (B, n, n) tensor whose ``contiguous()`` keeps its strides: what ``_arpack_dense`` saw before it made
+    row-major copies."""
+
+    def __init__(self, J):
+        self.J = J
+        self.shape = J.shape
+
+    def contiguous(self):
+        return self
+
+    def numpy(self):
+        return self.J.numpy()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", default="runs/demo/prefix-sums.pt")
@@ -463,6 +532,9 @@ def main(argv=None) -> int:
     p.add_argument("--processes", action="store_true",
                    help="only the whole `stability analyze` process: --before-tree's code (one split after the "
                         "other) against this tree's with --workers 1 and with the default (the splits side by side)")
+    p.add_argument("--blas", action="store_true",
+                   help="only ρ and σ_max of the hard split's dense J with OpenBLAS at its default thread count "
+                        "against one thread, strided against row-major (results-blas-threads.json)")
     p.add_argument("--before-tree", metavar="DIR", help="a checkout of the code before (for --processes)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--json", default=str(HERE / "results-analyze-speed.json"))
@@ -501,6 +573,16 @@ def main(argv=None) -> int:
                "load_avg_end": os.getloadavg()}
         write_text(str(Path(args.json).with_name("results-dense-before-after.json")), json.dumps(out, indent=1))
         print(f"load average at start / end: {out['load_avg_start']} / {out['load_avg_end']}")
+        return 0
+    if args.blas:
+        r = bench_blas_threads(model, loaded.task, args.samples, max(args.repeats, 2))
+        out = {"checkpoint": str(ckpt), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+               "load_avg": os.getloadavg(), **r}
+        write_text(str(Path(args.json).with_name("results-blas-threads.json")), json.dumps(out, indent=1))
+        print("best wall: " + "; ".join(f"{k} {v:.2f} s" for k, v in r["best_wall_s"].items()))
+        print("max relative difference against before: " + "; ".join(
+            f"{k} {v:.1e}" for k, v in r["max_rel_diff_vs_before"].items()))
+        print(f"load average at end: {out['load_avg']}")
         return 0
     if args.routes:
         r = bench_dense_routes(model, loaded.task, args.samples)
