@@ -26,8 +26,11 @@ method: Anderson with unlimited memory is equivalent to it on a linear map, Walk
 series (Picard linearised) need to solve (I − J*) w = g(e) to a relative residual of 1e-6, at x* of the first
 two samples: a floor for every Krylov-type accelerator's count against Picard's on the linearised map.
 
+``--before F``: the Broyden of another version of ``stability/solvers.py`` (column broyden-before), run in the
+same process right before ours on every map, for a side-by-side timing.
+
 Usage: python benchmarks/solver_benchmarks.py [--checkpoint CKPT] [--threads N] [--quick] [--gmres-bound]
-       [--out results.json]
+       [--before OLD_SOLVERS_PY] [--out results.json]
 """
 
 from __future__ import annotations
@@ -99,9 +102,26 @@ class _Stop(Exception):
 RHO_TOL = 1e-6  # the Ritz-residual tolerance of the ρ(J*) certification (--rho-tol)
 
 
+BEFORE = None  # --before: another stability/solvers.py, loaded as a module, for the "broyden-before" column
+
+
+def load_before(path: str):
+    """Load another version of ``stability/solvers.py`` (e.g. ``git show REV:stability/solvers.py > F``) as a
+    module, so that its Broyden runs beside the current one in the same process (column broyden-before)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("solvers_before", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["solvers_before"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def run_ours(method: str, mp: dict) -> dict:
     from stability.solvers import classify, solve
 
+    if method == "broyden-before":
+        solve, method = BEFORE.solve, "broyden"
     f = _Timed(mp["model"].step)
     t = time.perf_counter()
     r = solve(f, mp["e"], mp["x0"], method=method, tol=TOL, max_iter=MAX_ITER, certify_rho=False)
@@ -208,6 +228,8 @@ def main(argv=None) -> int:
                     help="Ritz-residual tolerance of the ρ(J*) at converged points (1e-6)")
     ap.add_argument("--gmres-bound", action="store_true",
                     help="also the linearised Krylov floor on the sudoku-size maps (module docstring)")
+    ap.add_argument("--before", help="another stability/solvers.py: its Broyden as column broyden-before, run "
+                    "right before ours on every map (a side-by-side timing)")
     ap.add_argument("--out", default=str(HERE / "results-solvers.json"))
     args = ap.parse_args(argv)
     globals()["RHO_TOL"] = args.rho_tol
@@ -229,6 +251,10 @@ def main(argv=None) -> int:
     out = {"tol": TOL, "max_iter": MAX_ITER, "threads": args.threads, "torch": torch.__version__, "auto": AUTO,
            "cpu_count": os.cpu_count(), "checkpoint": str(ckpt), "maps": []}
     cols = (*OURS, *theirs)
+    if args.before:
+        globals()["BEFORE"] = load_before(args.before)
+        i = cols.index("broyden")
+        cols = (*cols[:i], "broyden-before", *cols[i:])
     if args.methods:
         pick = {"picard", *args.methods.split(",")}
         cols = tuple(c for c in cols if c in pick)
@@ -238,11 +264,11 @@ def main(argv=None) -> int:
         print(f"{mp['name']}: {mp['e'].shape[0]} samples", flush=True)
         rows = {}
         for name in cols:
-            rows[name] = run_ours(name, mp) if name in OURS else run_torchdeq(name, mp)
+            rows[name] = run_ours(name, mp) if name in (*OURS, "broyden-before") else run_torchdeq(name, mp)
             rows[name]["summary"] = summarise(rows[name])
             sm = rows[name]["summary"]
             extra = ""
-            if name in OURS:
+            if name in (*OURS, "broyden-before"):
                 implied = ((1 + rows[name]["overhead_per_eval_fraction"])
                            / (1 + rows["picard"]["overhead_per_eval_fraction"]))
                 rows[name]["overhead_implied_time_ratio"] = implied

@@ -17,9 +17,9 @@ Methods (the registry :data:`SOLVERS`; ``auto`` is :data:`AUTO`, chosen by ``ben
 * ``picard`` x ← f(x) — the model's own iteration, the reachability the paper means;
 * ``damped`` x ← (1 − η) x + η f(x);
 * ``anderson`` type-II Anderson acceleration (memory m, Tikhonov λ relative to the Gram matrix, mixing η);
-* ``broyden`` Broyden's "good" method on g(x) = f(x) − x with the inverse Jacobian kept as −I + Σ uᵢvᵢᵀ over
-  at most ``memory`` pairs (limited memory: 2·m·n numbers per sample, whatever ``max_iter`` is; when the memory
-  is full, Σ uᵢvᵢᵀ is compressed to its best rank-m/2 approximation).
+* ``broyden`` Broyden's "good" method on g(x) = f(x) − x with the inverse Jacobian kept as −I + Bᵀ K B over a
+  basis B of at most 2·``memory`` residuals (limited memory: 2·m·n numbers per sample, whatever ``max_iter`` is;
+  when the basis is full, the correction is compressed to its best rank-(m/2 − 1) approximation).
 
 Anderson and Broyden are root-finders: they can converge to a fixed point that f's own iteration cannot reach
 (ρ(J*) > 1, Props. 3–4). For them ``solve`` reports ρ(J*) of every converged sample (:func:`classify`, the
@@ -213,150 +213,167 @@ class _Anderson:
 
 class _Broyden:
     """Limited-memory "good" Broyden on g(x) = f(x) − x (Broyden 1965, the inverse-Jacobian update DEQ solvers
-    use): H ≈ (∂g/∂x)⁻¹ = −I + Σ uᵢ vᵢᵀ, step x ← x − η H g (the first step, H = −I, is a Picard step). With
-    Δx, Δg the last differences: v = Hᵀ Δx, u = (Δx − H Δg) / (vᵀ Δg), where H Δg = H g + Δx/η reuses the
-    previous step (Δx = −η H g_prev), so a step costs two products with the stored pairs, each over the filled
-    slots only. When the ``memory`` m pairs are full, the correction Σ uᵢvᵢᵀ is compressed to its best
-    rank-⌊m/2⌋ approximation (Broyden rank reduction, van de Rotten & Verduyn Lunel 2003) instead of dropping the
-    oldest pair, which measured far worse (``benchmarks/RESULTS.md``); the factorisation goes through the m × m
-    Gram matrices (``compression="gram"``, BLAS-3 products; ``"qr"``: thin QR of the n × m factors, the same
-    result to rounding at 2–3× the time). ``pairs_float32`` keeps a float64 state's pairs in float32 (half the
-    memory traffic of the products; the measurements that set both defaults are in ``benchmarks/RESULTS.md``)."""
+    use) in a compact form over one basis: H ≈ (∂g/∂x)⁻¹ = −I + Bᵀ K B, where the rows of B (k × n) are the
+    residuals g₀ … g_k since the last restart and K is k × k (in the spirit of the compact quasi-Newton matrices
+    of Byrd, Nocedal & Schnabel 1994: every uᵢ, vᵢ of the update −I + Σ uᵢvᵢᵀ lies in span(g₀ … gᵢ), so it is
+    kept as a coefficient vector). The step x ← x − η H g is the plain Broyden one: with s = Δx, y = Δg,
+    v = Hᵀ s, u = (s − H y) / (vᵀ y), K ← K + μ νᵀ for the coefficients μ, ν of u, v, where H g_{k−1} = −s/η
+    reuses the previous step. The Gram matrix Γ = B Bᵀ is kept, so the update is done in coefficient space and a
+    step makes two passes over the stored vectors: B g (inner products, also Γ's new row) and x − η Bᵀ h.
+
+    Limited memory: at most 2·``memory`` basis vectors (the 2·m·n numbers per sample of m stored pairs; 5 for
+    m < 3). When full, the correction Bᵀ K B is replaced by its best rank-q approximation Ũᵀ Ṽ (Broyden rank
+    reduction, van de Rotten & Verduyn Lunel 2003; q = ``memory``/2 − 1 unless ``rank`` is set), through Γ's
+    eigendecomposition (no n × k factorisation); the new basis is Ũ, Ṽ and the last s and g (2q + 2 vectors), so
+    the next update's secant condition holds for the compressed H. The measurements that set these defaults are in
+    ``benchmarks/RESULTS.md``."""
 
     name = "broyden"
-    compression = "gram"
-    pairs_float32 = False
+    rank: Optional[int] = None  # q of the rank reduction; None: memory // 2 − 1
+    chunk = 4096  # columns per block of the in-place basis change
 
     def __init__(self, B, n, dtype, device, *, memory=40, damping=1.0, restart_factor=1e2, **_):
         self.m, self.eta, self.restart_factor = memory, damping, restart_factor
-        self.q = memory // 2
-        hd = torch.float32 if (dtype == torch.float64 and self.pairs_float32) else dtype
-        self.U = torch.zeros(B, memory, n, dtype=hd, device=device)
-        self.V = torch.zeros(B, memory, n, dtype=hd, device=device)
-        self.px = torch.zeros(B, n, dtype=dtype, device=device)
-        self.pg = torch.zeros(B, n, dtype=dtype, device=device)
-        self.has_prev = False  # every running sample has a previous step (False only before the first)
+        self.q = q = max(1, min(self.rank if self.rank is not None else memory // 2 - 1, memory - 2))
+        self.cap = c = max(2 * memory, 2 * q + 3)  # room after a rank reduction (memory < 3: 5 vectors)
+        # B is not zeroed: slots [0, top) hold a basis vector or zeros in every row, those above are never read
+        self.B = torch.empty(B, c, n, dtype=dtype, device=device)
+        self.top = 0
+        self.G = torch.zeros(B, c, c, dtype=torch.float64, device=device)  # Γ = B Bᵀ
+        self.K = torch.zeros(B, c, c, dtype=torch.float64, device=device)
+        self.sig = torch.zeros(B, c, dtype=torch.float64, device=device)  # coefficients of s = x_k − x_{k−1}
+        self.gp = torch.zeros(B, c, dtype=torch.float64, device=device)  # coefficients of g_{k−1}
+        self.count = torch.zeros(B, dtype=torch.long, device=device)  # basis vectors in use per row
+        self.kmax, self.uniform = 0, True  # max of count; every row has the same count
         self.fresh = torch.ones(B, dtype=torch.bool, device=device)  # restarted: no previous step
-        self.count = torch.zeros(B, dtype=torch.long, device=device)
+        self.any_fresh = True
         self.compressions = 0
 
-    @staticmethod
-    def _H(U, V, w):  # H w = −w + Σ u_i (v_i · w)
-        # the coefficients V w as a row times Vᵀ: MKL's batched gemm is 2–4× faster this way round than as a
-        # (c × n) · (n × 1) product (measured at n = 81 · 256, c = 40, one thread)
-        a = torch.bmm(w.to(V.dtype).unsqueeze(1), V.transpose(1, 2))
-        if U.dtype != w.dtype:  # float32 pairs: only the correction in float32
-            return torch.bmm(a, U).squeeze(1).to(w.dtype) - w
-        return torch.baddbmm(-w.unsqueeze(1), a, U).squeeze(1)
-
-    @staticmethod
-    def _HT(U, V, w):  # Hᵀ w = −w + Σ v_i (u_i · w)
-        return _Broyden._H(V, U, w)
-
-    def _factor(self, A):
-        """(A, m, n) → (Q-coefficients C (A, m, m), R (A, m, m)) with Aᵀ = (Aᵀ C) R and Aᵀ C orthonormal."""
-        if self.compression == "qr":
-            return None, torch.linalg.qr(A.transpose(1, 2).double())
-        Ad = A.double()
-        G = torch.bmm(Ad, Ad.transpose(1, 2))  # float64 even for float32 pairs (a float32 Gram measured worse)
-        lam, E = torch.linalg.eigh(G)  # G = E Λ Eᵀ, Aᵀ = (Aᵀ E Λ^-½)(Λ^½ Eᵀ)
-        cut = lam > 1e-12 * lam[:, -1:].clamp_min(1e-300)  # drop directions the Gram matrix cannot resolve
+    def _compress(self, rows):
+        """Replace the correction Bᵀ K B of ``rows`` (full bases) by its best rank-q approximation Ũᵀ Ṽ, on the
+        new basis (Ũ, Ṽ, s, g_{k−1})."""
+        q, k = self.q, 2 * self.q + 2
+        G, K = self.G[rows], self.K[rows]
+        # B = Rᵀ Qᵀ with Q = Bᵀ C orthonormal: C = D E Λ^-½, R = Λ^½ Eᵀ D⁻¹ (D scales Γ to unit diagonal)
+        d = torch.diagonal(G, dim1=1, dim2=2).clamp_min(1e-300).rsqrt()
+        lam, E = torch.linalg.eigh(G * d[:, :, None] * d[:, None, :])
+        cut = lam > 1e-12 * lam[:, -1:].clamp_min(1e-300)  # directions Γ cannot resolve are dropped
         sq = torch.where(cut, lam.clamp_min(0).sqrt(), torch.zeros_like(lam))
         inv = torch.where(cut, 1 / sq.clamp_min(1e-300), torch.zeros_like(lam))
-        return E * inv[:, None, :], sq[:, :, None] * E.transpose(1, 2)
-
-    def _compress(self, rows):
-        """Replace the pairs of ``rows`` by the best rank-q approximation of Σ uᵢvᵢᵀ (zero pairs after q)."""
-        q = self.q
-        every = rows.numel() == self.U.shape[0]  # the usual case: all samples fill up at the same step
-        U, V = (self.U, self.V) if every else (self.U[rows], self.V[rows])
-        Cu, Fu = self._factor(U)
-        Cv, Fv = self._factor(V)
-        if Cu is None:  # QR
-            (Qu, Ru), (Qv, Rv) = Fu, Fv
-            W, sig, Zh = torch.linalg.svd(Ru @ Rv.transpose(1, 2))
-            U2 = (Qu @ (W[:, :, :q] * sig[:, None, :q])).transpose(1, 2)
-            V2 = (Qv @ Zh[:, :q, :].transpose(1, 2)).transpose(1, 2)
+        C = d[:, :, None] * E * inv[:, None, :]
+        R = sq[:, :, None] * E.transpose(1, 2) / d[:, None, :]
+        W, s, Zh = torch.linalg.svd(R @ K @ R.transpose(1, 2))  # Bᵀ K B = Q (R K Rᵀ) Qᵀ
+        Tu = (C @ (W[:, :, :q] * s[:, None, :q])).transpose(1, 2)
+        Tv = (C @ Zh[:, :q, :].transpose(1, 2)).transpose(1, 2)
+        T = torch.cat([Tu, Tv, self.sig[rows, None], self.gp[rows, None]], 1)  # (A, 2q + 2, cap)
+        Tb = T.to(self.B.dtype)
+        n = self.B.shape[2]
+        for i, row in enumerate(rows.tolist()):  # B ← T B in place, a block of columns at a time
+            for j in range(0, n, self.chunk):
+                blk = self.B[row, :, j:j + self.chunk]
+                blk[:k] = Tb[i] @ blk
+        if rows.numel() == self.B.shape[0]:
+            self.top = k  # every row holds k vectors; the slots above are not read before they are written
         else:
-            W, sig, Zh = torch.linalg.svd(Fu @ Fv.transpose(1, 2))
-            cu = (Cu @ (W[:, :, :q] * sig[:, None, :q])).transpose(1, 2).to(U.dtype)
-            cv = (Cv @ Zh[:, :q, :].transpose(1, 2)).transpose(1, 2).to(V.dtype)
-            U2, V2 = torch.bmm(cu, U), torch.bmm(cv, V)
-        if every:
-            self.U[:, :q], self.V[:, :q] = U2, V2
-            self.U[:, q:], self.V[:, q:] = 0, 0
-        else:
-            self.U[rows, :q] = U2.to(self.U.dtype)
-            self.V[rows, :q] = V2.to(self.V.dtype)
-            self.U[rows, q:] = 0
-            self.V[rows, q:] = 0
-        self.count[rows] = q
+            self.B[rows, k:self.top] = 0
+            self.uniform = False
+        G = torch.zeros_like(G)
+        G[:, :k, :k] = T @ self.G[rows] @ T.transpose(1, 2)
+        K = torch.zeros_like(K)
+        ar = torch.arange(q, device=K.device)
+        K[:, ar, q + ar] = 1.0  # Σ ũᵢ ṽᵢᵀ
+        self.G[rows], self.K[rows] = G, K
+        self.sig[rows] = 0
+        self.sig[rows, 2 * q] = 1.0
+        self.gp[rows] = 0
+        self.gp[rows, 2 * q + 1] = 1.0
+        self.count[rows] = k
+        self.kmax = int(self.count.max())
         self.compressions += int(rows.numel())
 
     def propose(self, x, fx, r, best_r):
         g = fx - x
-        c = int(self.count.max()) if self.count.numel() else 0  # slots at and beyond c are zero in every row
-        U, V = self.U[:, :c], self.V[:, :c]
-        Hg = self._H(U, V, g) if c else -g
-        if self.has_prev:
-            dx = x - self.px
-            dg = g - self.pg
-            v = self._HT(U, V, dx) if c else -dx
-            dot = torch.linalg.vecdot
-            den, vv, dd, hh = dot(v, dg), dot(v, v), dot(dg, dg), dot(Hg, Hg)
-            # sums of squares finite ⇒ v, Hg finite; |vᵀΔg| not negligible against ‖v‖‖Δg‖
-            ok = (~self.fresh) & torch.isfinite(den + vv + hh) & (den.abs() > 1e-30 * (vv * dd).sqrt())
-            den = torch.where(ok, den, torch.ones_like(den))
-            u = (-Hg if self.eta == 1.0 else dx * (1 - 1 / self.eta) - Hg) / den[:, None]
-            full = ok & (self.count >= self.m)
-            any_full = bool(full.any())
-            if any_full:
-                self._compress(full.nonzero().flatten())
-            all_ok = bool(ok.all())
-            sl = self.count
-            if all_ok and bool((sl == sl[0]).all()):  # one slot for every row: plain copies
-                k = int(sl[0])
-                self.U[:, k] = u
-                self.V[:, k] = v
-                self.count += 1
-            else:
-                rows = ok.nonzero().flatten()
-                if rows.numel():
-                    self.U[rows, sl[rows]] = u[rows].to(self.U.dtype)
-                    self.V[rows, sl[rows]] = v[rows].to(self.V.dtype)
-                    self.count[rows] += 1
-            if bool(ok.any()):
-                s = torch.where(ok, dot(v, g), torch.zeros_like(den))  # H'g = Hg + u (vᵀg); unchanged where not ok
-                Hg = torch.addcmul(Hg, u, s[:, None])
-                if any_full:  # the compressed H is another operator: its product anew
-                    fr = full.nonzero().flatten()
-                    Hg[fr] = self._H(self.U[fr], self.V[fr], g[fr])
-        nxt = x - Hg if self.eta == 1.0 else x - self.eta * Hg
-        self.px, self.pg = x, g
-        self.has_prev = True
-        self.fresh = torch.zeros_like(self.fresh)
+        if self.kmax >= self.cap:
+            self._compress((self.count >= self.cap).nonzero().flatten())
+        A = x.shape[0]
+        k = self.kmax + 1
+        if self.uniform:  # the usual case: one slot for every row
+            c0 = k - 1
+            self.B[:, c0] = g
+            self.top = max(self.top, k)
+        else:
+            if k > self.top:
+                self.B[:, self.top:k] = 0
+                self.top = k
+            rows = torch.arange(A, device=x.device)
+            self.B[rows, self.count] = g
+        Bk = self.B[:, :k]
+        p = torch.bmm(g.unsqueeze(1), Bk.transpose(1, 2)).squeeze(1).double()  # p_j = b_j · g (rows past c: 0)
+        if self.uniform:
+            self.G[:, c0, :k] = p
+            self.G[:, :k, c0] = p
+            eg = torch.zeros_like(p)
+            eg[:, c0] = 1.0
+        else:
+            self.G[rows, self.count, :k] = p
+            self.G[rows, :k, self.count] = p
+            eg = torch.nn.functional.one_hot(self.count, k).double()
+        G, K = self.G[:, :k, :k], self.K[:, :k, :k]
+        h = torch.bmm(K, p.unsqueeze(2)).squeeze(2) - eg  # coefficients of H g
+        if not (self.any_fresh and bool(self.fresh.all())):
+            sig = self.sig[:, :k]
+            psi = eg - self.gp[:, :k]  # y = g − g_{k−1}
+            nu = torch.baddbmm(sig.unsqueeze(2), K.transpose(1, 2), torch.bmm(G, sig.unsqueeze(2)),
+                               beta=-1.0).squeeze(2)  # v = Hᵀ s
+            Y = torch.stack([nu, psi], 2)
+            M = torch.bmm(Y.transpose(1, 2), torch.bmm(G, Y))  # [v, y]ᵀ [v, y] from Γ
+            den, vv, dd = M[:, 0, 1], M[:, 0, 0], M[:, 1, 1]
+            # |vᵀΔg| not negligible against ‖v‖‖Δg‖ (false for NaN; squares from Γ can round below 0)
+            ok = den * den > 1e-60 * (vv * dd).abs()
+            if self.any_fresh:
+                ok &= ~self.fresh
+            mu = (sig * (1 - 1 / self.eta) - h if self.eta != 1.0 else -h) / den[:, None]
+            if not bool(ok.all()):
+                mu = torch.where(ok[:, None], mu, torch.zeros_like(mu)).nan_to_num(0.0, 0.0, 0.0)
+            self.K[:, :k, :k] = torch.baddbmm(K, mu.unsqueeze(2), nu.unsqueeze(1))  # K + μ νᵀ
+            h = torch.addcmul(h, mu, torch.linalg.vecdot(nu, p)[:, None])  # H' g = H g + u (vᵀ g)
+        # x − η Bᵀ h (h holds g's own −1: the −g term of H g)
+        nxt = torch.baddbmm(x.unsqueeze(1), h.to(Bk.dtype).unsqueeze(1), Bk, alpha=-self.eta).squeeze(1)
+        torch.mul(h, -self.eta, out=self.sig[:, :k])
+        self.gp[:, :k] = eg
+        self.count += 1
+        self.kmax += 1
+        if self.any_fresh:
+            self.fresh.zero_()
+            self.any_fresh = False
         return nxt, (~torch.isfinite(nxt.sum(1))) | (r > self.restart_factor * best_r)
 
     def keep(self, mask):
-        # in place: the running rows move up (a fresh (B, m, n) buffer would cost a copy and its page faults)
+        # in place: the running rows move up (a fresh (B, cap, n) buffer would cost a copy and its page faults)
         idx = mask.nonzero().flatten().tolist()
         for new_row, old_row in enumerate(idx):
             if new_row != old_row:
-                self.U[new_row] = self.U[old_row]
-                self.V[new_row] = self.V[old_row]
-        k = len(idx)
-        self.U, self.V = self.U[:k], self.V[:k]
-        self.px, self.pg, self.fresh, self.count = self.px[mask], self.pg[mask], self.fresh[mask], self.count[mask]
+                self.B[new_row, :self.top] = self.B[old_row, :self.top]
+        self.B = self.B[:len(idx)]
+        self.G, self.K, self.sig, self.gp = self.G[mask], self.K[mask], self.sig[mask], self.gp[mask]
+        self.fresh, self.count = self.fresh[mask], self.count[mask]
+        if idx and not self.uniform:
+            self.uniform = bool((self.count == self.count[0]).all())
+            self.kmax = int(self.count.max())
 
     def forget(self, mask):
-        self.U[mask] = 0
-        self.V[mask] = 0
+        self.B[mask, :self.top] = 0
+        for t in (self.G, self.K, self.sig, self.gp):
+            t[mask] = 0
         self.fresh[mask] = True
+        self.any_fresh = True
         self.count[mask] = 0
+        self.uniform = bool(mask.all())
+        self.kmax = int(self.count.max())
 
     def info(self):
-        return {"damping": self.eta, "memory": self.m, "compressions": self.compressions,
-                "pairs": "float32" if self.pairs_float32 else "state dtype", "compression": self.compression}
+        return {"damping": self.eta, "memory": self.m, "compressions": self.compressions, "rank": self.q,
+                "basis": self.cap}
 
 
 SOLVERS: dict[str, type] = {"picard": _Picard, "damped": _Picard, "anderson": _Anderson, "broyden": _Broyden}
@@ -440,7 +457,7 @@ def solve(f: Callable, x_init: torch.Tensor, x0: Optional[torch.Tensor] = None, 
         x_init: (B, *S) the first iterate e (Def. 3.1). x0: (B, *S') or None, passed through to f.
         method: one of :data:`METHODS` (module docstring); ``auto`` runs :data:`AUTO`.
         tol: τ of the relative L∞ residual. damping: η (default 1, 0.5 for damped; Anderson's mixing, Broyden's
-            step length). memory: Anderson's m past iterates (20) or Broyden's stored update pairs (40).
+            step length). memory: Anderson's m past iterates (20) or Broyden's m (40: 2m stored vectors).
         reg: Anderson's Tikhonov λ, relative to the largest diagonal entry of the Gram matrix.
         stall_patience: evaluations without a 1 % improvement of the best residual after which an unconverged
             sample is reported stalled. diverge_ratio: ‖f(x)‖∞ or ‖x‖∞ above this times

@@ -148,7 +148,12 @@ def test_broyden_reaches_the_exact_fixed_point_of_a_linear_map_with_fewer_evalua
     p = solve(f, x0, x0, method="picard", tol=1e-10, max_iter=5000)
     b = solve(f, x0, x0, method="broyden", tol=1e-10, max_iter=5000, memory=10)
     assert b.status == ["converged"] * 3
-    assert (b.x_best - x_star).abs().max() < 1e-7  # τ · ‖x*‖∞ ≈ 7e-9, times ‖(I − A)⁻¹‖
+    # x − x* = −(I − A)⁻¹ (f(x) − x): the certified residual bounds the error
+    A = f(torch.eye(60, dtype=torch.float64), torch.zeros_like(x0[:1])).T
+    bound = torch.linalg.inv(torch.eye(60, dtype=torch.float64) - A).abs().sum(1).max()
+    err = (b.x_best - x_star).abs().amax(1)
+    assert (err <= bound * (f(b.x_best, x0) - b.x_best).abs().amax(1) * (1 + 1e-6)).all()
+    assert (err < 2e-7).all()  # τ · ‖x*‖∞ ≈ 7e-9, times ‖(I − A)⁻¹‖∞
     assert (b.nfe < 0.4 * p.nfe).all(), (b.nfe, p.nfe)
     assert b.rho is not None and torch.allclose(b.rho, torch.full((3,), 0.97, dtype=torch.float64), atol=1e-6)
 
@@ -271,40 +276,76 @@ def test_nfe_counts_every_evaluation_of_f_including_the_cycle_check(method):
         assert int(res.nfe[1]) == 300 + 16  # the budget plus the cycle check's 2 · max_period evaluations
 
 
-@pytest.mark.parametrize("compression", ["gram", "qr"])
-def test_broyden_rank_reduction_is_the_truncated_svd_of_the_correction(compression):
-    """Eckart–Young: the best rank-q approximation of M = Σ uᵢvᵢᵀ is M's SVD truncated to q terms; the Gram and
-    the QR routes of the compression must both give it (to rounding), and zero the pairs after q."""
+def _dense_broyden(f, x, x0, steps):
+    """Reference: "good" Broyden with the dense inverse H (H₀ = −I, H ← H + (s − Hy) sᵀH / (sᵀHy)), x ← x − Hg;
+    the residual r of every iterate."""
+    n = x.shape[1]
+    H = -torch.eye(n, dtype=torch.float64).expand(x.shape[0], n, n).clone()
+    out, xp, gp = [], None, None
+    for _ in range(steps):
+        fx = f(x, x0)
+        g = fx - x
+        out.append(residual(fx, x))
+        if xp is not None:
+            s, y = x - xp, g - gp
+            sH = torch.einsum("bi,bij->bj", s, H)
+            Hy = torch.einsum("bij,bj->bi", H, y)
+            H = H + torch.einsum("bi,bj->bij", s - Hy, sH) / torch.linalg.vecdot(sH, y)[:, None, None]
+        xp, gp = x, g
+        x = x - torch.einsum("bij,bj->bi", H, g)
+    return torch.stack(out, 1)
+
+
+def test_broyden_compact_form_follows_the_dense_good_broyden_iteration():
+    """Before its memory is full the compact form (H = −I + Bᵀ K B over the residuals) is the plain "good"
+    Broyden iteration: the same residual at every step as the dense inverse-Jacobian update, to rounding."""
+    f, x0, _ = linear_map(n=40, rho=0.98, seed=8)
+    ref = _dense_broyden(f, x0.clone(), x0, 30)
+    got = solve(f, x0, x0, method="broyden", tol=1e-300, max_iter=30, memory=20, max_period=0,
+                certify_rho=False)
+    assert got.info["compressions"] == 0 and got.info["basis"] == 40
+    assert torch.allclose(got.residuals, ref, rtol=1e-6, atol=0), (got.residuals / ref - 1).abs().max()
+
+
+def test_broyden_rank_reduction_is_the_truncated_svd_of_the_correction():
+    """Eckart–Young: the best rank-q approximation of M = Bᵀ K B is M's SVD truncated to q terms. The compressed
+    basis must carry it (the new Bᵀ K B equals the truncated SVD, to rounding), represent the last step s and
+    residual g_{k−1} exactly, and keep Γ = B Bᵀ."""
     from stability.solvers import _Broyden
 
     g = torch.Generator().manual_seed(7)
-    B, m, n = 3, 8, 30
-    solver = type("B", (_Broyden,), {"compression": compression})(B, n, torch.float64, "cpu", memory=m)
-    solver.U.copy_(torch.randn(B, m, n, generator=g, dtype=torch.float64))
-    solver.V.copy_(torch.randn(B, m, n, generator=g, dtype=torch.float64))
-    solver.count[:] = m
-    M = solver.U.transpose(1, 2) @ solver.V  # (B, n, n)
-    Us, s, Vh = torch.linalg.svd(M)
-    q = m // 2
-    best = (Us[:, :, :q] * s[:, None, :q]) @ Vh[:, :q]
-    solver._compress(torch.arange(B))
-    got = solver.U.transpose(1, 2) @ solver.V
-    assert torch.allclose(got, best, atol=1e-10 * float(s.max()), rtol=0)
-    assert solver.count.tolist() == [q] * B
-    assert (solver.U[:, q:] == 0).all() and (solver.V[:, q:] == 0).all()
+    A, m, n = 3, 8, 50
+    solver = _Broyden(A, n, torch.float64, "cpu", memory=m)
+    c, q = solver.cap, solver.q
+    Bv = torch.randn(A, c, n, generator=g, dtype=torch.float64)
+    solver.B.copy_(Bv)
+    solver.G.copy_(Bv @ Bv.transpose(1, 2))
+    solver.K.copy_(torch.randn(A, c, c, generator=g, dtype=torch.float64))
+    solver.sig.copy_(torch.randn(A, c, generator=g, dtype=torch.float64))
+    solver.gp.copy_(torch.randn(A, c, generator=g, dtype=torch.float64))
+    solver.count[:], solver.kmax, solver.top = c, c, c
+    M = Bv.transpose(1, 2) @ solver.K @ Bv  # (A, n, n)
+    s_vec = torch.einsum("ac,acn->an", solver.sig, Bv)
+    g_vec = torch.einsum("ac,acn->an", solver.gp, Bv)
+    Us, sv, Vh = torch.linalg.svd(M)
+    best = (Us[:, :, :q] * sv[:, None, :q]) @ Vh[:, :q]
+    solver._compress(torch.arange(A))
+    k = 2 * q + 2
+    Bn = solver.B[:, :k]
+    assert solver.count.tolist() == [k] * A and q == m // 2 - 1
+    assert torch.allclose(Bn.transpose(1, 2) @ solver.K[:, :k, :k] @ Bn, best, atol=1e-10 * float(sv.max()), rtol=0)
+    assert (solver.K[:, k:] == 0).all() and (solver.K[:, :, k:] == 0).all()
+    assert torch.allclose(torch.einsum("ac,acn->an", solver.sig[:, :k], Bn), s_vec, atol=1e-10, rtol=0)
+    assert torch.allclose(torch.einsum("ac,acn->an", solver.gp[:, :k], Bn), g_vec, atol=1e-10, rtol=0)
+    G = Bn @ Bn.transpose(1, 2)
+    assert torch.allclose(solver.G[:, :k, :k], G, atol=1e-9 * float(G.abs().max()), rtol=0)
 
 
-def test_broyden_with_float32_pairs_reaches_the_same_fixed_point():
-    from stability.solvers import SOLVERS, _Broyden, register_solver
-
-    f, x0, x_star = linear_map(n=60, rho=0.97, seed=2)
-    register_solver("broyden-f32-test", type("B32", (_Broyden,), {"pairs_float32": True}))
-    try:
-        b = solve(f, x0, x0, method="broyden-f32-test", tol=1e-10, max_iter=2000, memory=10)
-    finally:
-        SOLVERS.pop("broyden-f32-test")
-    assert b.status == ["converged"] * 3
-    assert (b.x_best - x_star).abs().max() < 1e-7
+def test_broyden_memory_of_m_pairs_holds_2m_basis_vectors_independent_of_max_iter():
+    f, x0, x_star = linear_map(n=200, rho=0.999, seed=1)
+    r = solve(f, x0, x0, method="broyden", tol=1e-10, max_iter=3000, memory=10, certify_rho=False)
+    assert r.info["basis"] == 20 and r.info["compressions"] > 0
+    assert r.status == ["converged"] * 3
 
 
 def test_classify_above_the_krylov_size_matches_the_constructed_spectral_radius():
@@ -349,3 +390,26 @@ def test_observe_is_refused_for_a_root_finder():
     f, x0, _ = linear_map()
     with pytest.raises(ValueError, match="observe needs plain Picard"):
         solve(f, x0, x0, method="anderson", observe=lambda t, x: None, observe_steps=3)
+
+
+def test_broyden_sample_is_solved_the_same_alone_and_in_a_batch_with_other_restarts_and_rank_reductions():
+    """Restarts (a low restart factor) and rank reductions (memory 3) fall on different steps in different
+    samples, so the batch runs with unequal basis sizes; each sample's iterates must still be its own."""
+    g = torch.Generator().manual_seed(11)
+    n = 12
+    W = torch.randn(n, n, generator=g, dtype=torch.float64) / n ** 0.5
+
+    def f(x, x0):  # a tanh map, its gain per sample in x0[:, 0]
+        return torch.tanh(x0[:, :1] * (x @ W.T)) + x0
+
+    x0 = torch.randn(4, n, generator=g, dtype=torch.float64) * 0.5
+    x0[:, 0] = torch.tensor([1.2, 2.0, 1.6, 2.4])
+    kw = dict(tol=1e-10, max_iter=400, memory=3, restart_factor=1.5, certify_rho=False, max_period=0)
+    batch = solve(f, x0, x0, method="broyden", **kw)
+    assert sum(batch.info["restarts"]) > 0 and batch.info["compressions"] > 0
+    assert len(set(batch.info["restarts"])) > 1  # restarts differ between samples
+    for b in range(4):
+        alone = solve(f, x0[b:b + 1], x0[b:b + 1], method="broyden", **kw)
+        assert alone.status[0] == batch.status[b]
+        assert int(alone.nfe[0]) == int(batch.nfe[b])
+        assert torch.allclose(alone.x_best[0], batch.x_best[b], atol=1e-12, rtol=0)
