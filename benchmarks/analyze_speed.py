@@ -446,7 +446,37 @@ def bench_processes(ckpt: Path, trees: dict, repeats: int = 2) -> dict:
     first = next(iter(reports))
     same = {label: _numbers(r) == _numbers(reports[first]) for label, r in reports.items()}
     return {"runs": rows, "same_numbers_as_" + first.replace(" ", "_"): same,
+            "differences_from_" + first.replace(" ", "_"): {
+                label: _differences(_numbers(reports[first]), _numbers(r)) for label, r in reports.items()},
             "best_wall_s": {label: min(r["wall_s"] for r in v) for label, v in rows.items()}}
+
+
+def _differences(a, b) -> dict:
+    """Where two analysis JSONs differ: the largest relative difference of a float (and its path), the paths of
+    other values that differ, and keys that only one of them has."""
+    worst, other, only = [0.0, None], [], []
+
+    def walk(x, y, path):
+        if isinstance(x, dict) and isinstance(y, dict):
+            for k in sorted(set(x) | set(y)):
+                if (k in x) != (k in y):
+                    only.append(f"{path}/{k}")
+                else:
+                    walk(x[k], y[k], f"{path}/{k}")
+        elif isinstance(x, list) and isinstance(y, list) and len(x) == len(y):
+            for u, v in zip(x, y):
+                walk(u, v, path + "[]")
+        elif isinstance(x, float) and isinstance(y, float):
+            if x != y:
+                r = abs(x - y) / max(abs(x), abs(y), 1e-300)
+                if r > worst[0]:
+                    worst[:] = [r, path]
+        elif x != y:
+            other.append(path)
+
+    walk(a, b, "")
+    return {"max_rel_diff": worst[0], "at": worst[1], "other_values": sorted(set(other)),
+            "keys_in_one_only": sorted(set(only))}
 
 
 def bench_blas_threads(model, task, samples: int, repeats: int) -> dict:
