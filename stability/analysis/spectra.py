@@ -62,8 +62,8 @@ def serial_blas():
     """A context in which numpy's and scipy's OpenBLAS run on one thread (threadpoolctl). ARPACK's own work
     (the Hessenberg updates of ``dnaupd``, the Ritz vectors of ``dneupd``) and the products with matrices of
     n ≤ 512 are far too small to split: with OpenBLAS's default of a thread a core, the ρ and σ_max of the demo's
-    32 hard-split Jacobians took 4.6–5.1 s against 1.5 s on one thread, the same numbers bit for bit
-    (benchmarks/RESULTS.md, "Analysis speed")."""
+    32 hard-split Jacobians took 1.09 s against 0.74 s on one thread on a free machine, 5.2 s against 1.0 s beside
+    other work, the same numbers bit for bit (benchmarks/RESULTS.md, "Analysis speed")."""
     from threadpoolctl import threadpool_limits
 
     return threadpool_limits(limits=1, user_api="blas")
@@ -188,10 +188,8 @@ def _arpack_dense(Jd: torch.Tensor, k: int, tol: float, seed: int) -> BatchedSpe
     kk = min(k, n - 2)
     v0 = np.random.default_rng(seed).standard_normal(n)
     rho, vals_out, res, prods = [], [], [], []
-    # row-major copies: J built from forward-mode columns has strides that are neither C nor F order, and numpy
-    # multiplies such a matrix without BLAS (3.6 ms against 0.07 ms a product at n = 512)
     with serial_blas():
-        for A in Jd.contiguous().numpy():
+        for A in Jd.numpy():
             count = [0]
 
             def mv(v, A=A, count=count):
