@@ -527,7 +527,7 @@ def stage_rho(run: _Run) -> JacobianSpectra:
                 Js.append(J)
         if keep:
             run.shared["dense_J"] = (x_star, torch.cat(Js))
-            route = ("krylov", o.eig_k, o.eig_tol, o.seed) if mid else ("dense", o.eig_k)
+            route = DenseSpectra.route_for(o.eig_k, o.eig_tol if mid else None, o.seed)
             run.shared["dense_J_spectra"] = DenseSpectra(
                 torch.cat([sp.eigenvalues for sp in specs]), torch.cat([sp.ritz_residual for sp in specs]),
                 torch.cat([sp.products for sp in specs]), route)
@@ -861,10 +861,9 @@ THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 class limit_threads:
     """Use ``threads`` threads in every thread pool of this process: torch's (OpenMP and its MKL) and, through
-    threadpoolctl, the OpenBLAS copies of numpy and scipy, which torch.set_num_threads does not reach. Two
-    analyses side by side on a 2-core machine otherwise run 2 + 2 BLAS threads each (measured on the demo
-    checkpoint: 45 CPU s for the command against 31 s with every pool at one thread; benchmarks/RESULTS.md).
-    Also a context manager that restores the previous sizes."""
+    threadpoolctl, the OpenBLAS copies of numpy and scipy, which torch.set_num_threads does not reach: two
+    analyses side by side on a 2-core machine would otherwise each start a BLAS thread a core. Also a context
+    manager that restores the previous sizes."""
 
     def __init__(self, threads: int):
         from threadpoolctl import threadpool_limits

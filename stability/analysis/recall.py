@@ -200,6 +200,11 @@ class DenseSpectra(NamedTuple):
     products: torch.Tensor
     route: tuple
 
+    @staticmethod
+    def route_for(k: int, krylov_tol: Optional[float] = None, seed: int = 0) -> tuple:
+        """The ``route`` of spectra computed by LAPACK (``krylov_tol`` None) or by ARPACK to ``krylov_tol``."""
+        return ("dense", k) if krylov_tol is None else ("krylov", k, krylov_tol, seed)
+
     def rows(self, start: int, stop: int) -> "DenseSpectra":
         return DenseSpectra(self.eigenvalues[start:stop], self.ritz_residual[start:stop],
                             self.products[start:stop], self.route)
@@ -248,7 +253,7 @@ def prop4_dense(model, x_star: torch.Tensor, x0: torch.Tensor, *, k: int = 3, J:
         M = RecallMatrixOperator(model, xs, xb, batched=True).dense_batched()
         Jg = J[i:i + g].to(M) if J is not None else batched_dense_jacobian(model.step, xs, xb)
         diff = max(diff, float((M - Jg).abs().max()))
-        route = ("krylov", k, krylov_tol, 0) if krylov_tol is not None else ("dense", k)
+        route = DenseSpectra.route_for(k, krylov_tol)
         same = torch.zeros(M.shape[0], dtype=torch.bool)
         given = J_spectra.rows(i, i + M.shape[0]) if (J_spectra is not None and J_spectra.route == route
                                                       and J is not None) else None
@@ -260,7 +265,7 @@ def prop4_dense(model, x_star: torch.Tensor, x0: torch.Tensor, *, k: int = 3, J:
             ks = given
             if own.numel():
                 mine = dense_krylov_spectra(M[own.to(M.device)], k=k, tol=krylov_tol, sigma=False)[0]
-                ks = _merge(ks, own, mine, M.shape[0], k)
+                ks = _merge(ks, own, mine)
             for row, res, p in zip(ks.eigenvalues.cpu(), ks.ritz_residual.cpu(), ks.products.tolist()):
                 spectra.append(Spectrum(rho=float(row[0].abs()), eigenvalues=[complex(z) for z in row.tolist()],
                                         method="dense M, Krylov–Schur", converged=bool(res < krylov_tol),
@@ -282,7 +287,7 @@ def prop4_dense(model, x_star: torch.Tensor, x0: torch.Tensor, *, k: int = 3, J:
                        spectra=spectra, spectra_of_J=reused)
 
 
-def _merge(given: Optional[DenseSpectra], own: torch.Tensor, mine, B: int, k: int) -> DenseSpectra:
+def _merge(given: Optional[DenseSpectra], own: torch.Tensor, mine) -> DenseSpectra:
     """Rows ``own`` of a group's spectra from ``mine`` (a BatchedSpectrum of those rows), the others from
     ``given``."""
     if given is None:
