@@ -18,8 +18,9 @@ Methods (the registry :data:`SOLVERS`; ``auto`` is :data:`AUTO`, chosen by ``ben
 * ``damped`` x ← (1 − η) x + η f(x);
 * ``anderson`` type-II Anderson acceleration (memory m, Tikhonov λ relative to the Gram matrix, mixing η);
 * ``broyden`` Broyden's "good" method on g(x) = f(x) − x with the inverse Jacobian kept as −I + Bᵀ K B over a
-  basis B of at most 2·``memory`` residuals (limited memory: 2·m·n numbers per sample, whatever ``max_iter`` is;
-  when the basis is full, the correction is compressed to its best rank-(m/2 − 1) approximation).
+  basis B of at most 2·``memory`` residuals (limited memory: 2·m·n numbers per sample, whatever ``max_iter`` is,
+  stored in float32 for a float64 state; when the basis is full, the correction is compressed to its best
+  rank-(m/2 − 1) approximation).
 
 Anderson and Broyden are root-finders: they can converge to a fixed point that f's own iteration cannot reach
 (ρ(J*) > 1, Props. 3–4). For them ``solve`` reports ρ(J*) of every converged sample (:func:`classify`, the
@@ -211,6 +212,13 @@ class _Anderson:
         return {"damping": self.eta, "memory": self.m, "reg": self.reg}
 
 
+def _mv(M: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Batched small matrix–vector products M v, (..., r, k) · (..., k) → (..., r), as one elementwise product and
+    a sum: a batched GEMM on many tiny matrices costs ≈ 10 µs a matrix on the CPU (measured: 32 products with
+    80 × 80 matrices 322 µs by ``bmm``, 115 µs this way)."""
+    return (M * v.unsqueeze(-2)).sum(-1)
+
+
 class _Broyden:
     """Limited-memory "good" Broyden on g(x) = f(x) − x (Broyden 1965, the inverse-Jacobian update DEQ solvers
     use) in a compact form over one basis: H ≈ (∂g/∂x)⁻¹ = −I + Bᵀ K B, where the rows of B (k × n) are the
@@ -226,10 +234,17 @@ class _Broyden:
     reduction, van de Rotten & Verduyn Lunel 2003; q = ``memory``/2 − 1 unless ``rank`` is set), through Γ's
     eigendecomposition (no n × k factorisation); the new basis is Ũ, Ṽ and the last s and g (2q + 2 vectors), so
     the next update's secant condition holds for the compressed H. The measurements that set these defaults are in
-    ``benchmarks/RESULTS.md``."""
+    ``benchmarks/RESULTS.md``.
+
+    Storage: for a float64 state the basis is kept in float32 (:attr:`storage`), the coefficients, Γ and K in
+    float64. Both passes are memory-bound, so this halves their cost (and the memory); the residuals' rounding,
+    6e-8 of each stored g, perturbs the quasi-Newton direction relative to the step, not to x, so the attainable
+    residual does not floor (measured to τ = 1e-12 with the same evaluation counts; benchmarks/RESULTS.md)."""
 
     name = "broyden"
     rank: Optional[int] = None  # q of the rank reduction; None: memory // 2 − 1
+    #: dtype of the stored basis for a float64 state (None: the state's own; other states keep their dtype)
+    storage: Optional[torch.dtype] = torch.float32
     chunk = 4096  # columns per block of the in-place basis change
 
     def __init__(self, B, n, dtype, device, *, memory=40, damping=1.0, restart_factor=1e2, **_):
@@ -237,7 +252,8 @@ class _Broyden:
         self.q = q = max(1, min(self.rank if self.rank is not None else memory // 2 - 1, memory - 2))
         self.cap = c = max(2 * memory, 2 * q + 3)  # room after a rank reduction (memory < 3: 5 vectors)
         # B is not zeroed: slots [0, top) hold a basis vector or zeros in every row, those above are never read
-        self.B = torch.empty(B, c, n, dtype=dtype, device=device)
+        self.B = torch.empty(B, c, n, dtype=self.storage if dtype == torch.float64 and self.storage is not None
+                             else dtype, device=device)
         self.top = 0
         self.G = torch.zeros(B, c, c, dtype=torch.float64, device=device)  # Γ = B Bᵀ
         self.K = torch.zeros(B, c, c, dtype=torch.float64, device=device)
@@ -292,23 +308,25 @@ class _Broyden:
         self.compressions += int(rows.numel())
 
     def propose(self, x, fx, r, best_r):
-        g = fx - x
         if self.kmax >= self.cap:
             self._compress((self.count >= self.cap).nonzero().flatten())
         A = x.shape[0]
         k = self.kmax + 1
+        # g as stored (rounded to float32 for a float64 state), written straight into its slot
         if self.uniform:  # the usual case: one slot for every row
             c0 = k - 1
-            self.B[:, c0] = g
+            g = torch.sub(fx, x, out=self.B[:, c0])
             self.top = max(self.top, k)
         else:
             if k > self.top:
                 self.B[:, self.top:k] = 0
                 self.top = k
             rows = torch.arange(A, device=x.device)
+            g = (fx - x).to(self.B.dtype)
             self.B[rows, self.count] = g
         Bk = self.B[:, :k]
-        p = torch.bmm(g.unsqueeze(1), Bk.transpose(1, 2)).squeeze(1).double()  # p_j = b_j · g (rows past c: 0)
+        # p_j = b_j · g (rows past c: 0), with the stored (rounded) g, so that Γ is the Gram matrix of B as stored
+        p = torch.bmm(g.unsqueeze(1), Bk.transpose(1, 2)).squeeze(1).double()
         if self.uniform:
             self.G[:, c0, :k] = p
             self.G[:, :k, c0] = p
@@ -319,14 +337,13 @@ class _Broyden:
             self.G[rows, :k, self.count] = p
             eg = torch.nn.functional.one_hot(self.count, k).double()
         G, K = self.G[:, :k, :k], self.K[:, :k, :k]
-        h = torch.bmm(K, p.unsqueeze(2)).squeeze(2) - eg  # coefficients of H g
+        h = _mv(K, p) - eg  # coefficients of H g
         if not (self.any_fresh and bool(self.fresh.all())):
             sig = self.sig[:, :k]
             psi = eg - self.gp[:, :k]  # y = g − g_{k−1}
-            nu = torch.baddbmm(sig.unsqueeze(2), K.transpose(1, 2), torch.bmm(G, sig.unsqueeze(2)),
-                               beta=-1.0).squeeze(2)  # v = Hᵀ s
-            Y = torch.stack([nu, psi], 2)
-            M = torch.bmm(Y.transpose(1, 2), torch.bmm(G, Y))  # [v, y]ᵀ [v, y] from Γ
+            nu = _mv(K.transpose(1, 2), _mv(G, sig)) - sig  # v = Hᵀ s
+            Y = torch.stack([nu, psi], 1)
+            M = (Y.unsqueeze(2) * _mv(G.unsqueeze(1), Y).unsqueeze(1)).sum(-1)  # [v, y]ᵀ Γ [v, y]: (A, 2, 2)
             den, vv, dd = M[:, 0, 1], M[:, 0, 0], M[:, 1, 1]
             # |vᵀΔg| not negligible against ‖v‖‖Δg‖ (false for NaN; squares from Γ can round below 0)
             ok = den * den > 1e-60 * (vv * dd).abs()
@@ -335,10 +352,13 @@ class _Broyden:
             mu = (sig * (1 - 1 / self.eta) - h if self.eta != 1.0 else -h) / den[:, None]
             if not bool(ok.all()):
                 mu = torch.where(ok[:, None], mu, torch.zeros_like(mu)).nan_to_num(0.0, 0.0, 0.0)
-            self.K[:, :k, :k] = torch.baddbmm(K, mu.unsqueeze(2), nu.unsqueeze(1))  # K + μ νᵀ
+            K.addcmul_(mu.unsqueeze(2), nu.unsqueeze(1))  # K + μ νᵀ, in place in self.K
             h = torch.addcmul(h, mu, torch.linalg.vecdot(nu, p)[:, None])  # H' g = H g + u (vᵀ g)
         # x − η Bᵀ h (h holds g's own −1: the −g term of H g)
-        nxt = torch.baddbmm(x.unsqueeze(1), h.to(Bk.dtype).unsqueeze(1), Bk, alpha=-self.eta).squeeze(1)
+        if Bk.dtype == x.dtype:
+            nxt = torch.baddbmm(x.unsqueeze(1), h.to(Bk.dtype).unsqueeze(1), Bk, alpha=-self.eta).squeeze(1)
+        else:  # the pass in the basis' dtype, the sum with x in x's
+            nxt = torch.add(x, torch.bmm(h.to(Bk.dtype).unsqueeze(1), Bk).squeeze(1), alpha=-self.eta)
         torch.mul(h, -self.eta, out=self.sig[:, :k])
         self.gp[:, :k] = eg
         self.count += 1
@@ -373,7 +393,7 @@ class _Broyden:
 
     def info(self):
         return {"damping": self.eta, "memory": self.m, "compressions": self.compressions, "rank": self.q,
-                "basis": self.cap}
+                "basis": self.cap, "storage": str(self.B.dtype).replace("torch.", "")}
 
 
 SOLVERS: dict[str, type] = {"picard": _Picard, "damped": _Picard, "anderson": _Anderson, "broyden": _Broyden}
