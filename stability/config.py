@@ -44,6 +44,26 @@ def is_device_name(name: str) -> bool:
     return name in typing.get_args(Device) or (name.startswith("cuda:") and name[5:].isdigit())
 
 
+def resolve_device(name: str):
+    """The ``torch.device`` a device name means: ``auto`` (cuda when available), ``cpu``, ``cuda`` or ``cuda:N``;
+    a CUDA device that is not here is refused with one line naming the ones that are (every command's
+    ``--device``)."""
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not is_device_name(name):
+        raise ConfigError(f"device {name!r}: expected auto, cpu, cuda or cuda:N")
+    device = torch.device(name)
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ConfigError(f"device {name}: no CUDA device is available here; use --device cpu")
+        if device.index is not None and device.index >= count:
+            raise ConfigError(f"device {name}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+    return device
+
+
 def _f(default: Any, help: str, *, metavar: Optional[str] = None, flag: Optional[str] = None, derived: bool = False,
        **bounds: Any) -> Any:
     """A schema field: default, help text, CLI metavar / flag name (default: ``--field-name``), bounds (ge, le).

@@ -165,6 +165,26 @@ def test_bad_flags_and_an_absent_gpu_give_one_line(tiny_checkpoint):
         _assert_one_line_error(proc, "no CUDA device")
 
 
+def test_device_auto_runs_where_it_can_and_names_that_device_in_the_json(tiny_checkpoint, tmp_path):
+    """analyze and halt take the device names train takes: auto (cuda when available) is resolved before the work
+    and recorded as the device used; cuda:N beyond the machine's devices, or a name that is none, is one line."""
+    js = tmp_path / "auto.json"
+    proc = stability("analyze", tiny_checkpoint, "--device", "auto", "--split", "val", "--json", js, *FAST)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(js.read_text())["options"]["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
+    beyond = f"cuda:{torch.cuda.device_count() if torch.cuda.is_available() else 1}"
+    out = tmp_path / "never.json"
+    proc = stability("analyze", tiny_checkpoint, "--device", beyond, "--json", out, *FAST)
+    _assert_one_line_error(proc, f"device {beyond}")
+    assert not out.exists()
+    _assert_one_line_error(stability("analyze", tiny_checkpoint, "--device", "tpu", *FAST),
+                           "expected auto, cpu, cuda or cuda:N")
+    proc = stability("halt", tiny_checkpoint, "--device", "auto", "--samples", "4", "--tol", "0.1")
+    assert proc.returncode == 0, proc.stderr
+    _assert_one_line_error(stability("halt", tiny_checkpoint, "--device", beyond), f"device {beyond}")
+    _assert_one_line_error(stability("halt", tiny_checkpoint, "--device", "gpu"), "expected auto, cpu, cuda")
+
+
 def test_only_runs_the_named_stages_of_a_checkpoint(tiny_checkpoint, tmp_path, capsys):
     """In process (no subprocess): --only rho,a8 gives those blocks (and reachability), the others null, and only
     the plots whose stage ran; a wrong stage name is one line listing the allowed ones, nothing written."""

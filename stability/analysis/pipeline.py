@@ -75,7 +75,8 @@ class AnalysisOptions:
     max_iter: int = field(default=500, metadata={"metavar": "N", "help": "solver iterations"})
     iterations: int = field(default=500, metadata={  # T_max of the accuracy curve
         "metavar": "T", "help": "accuracy is measured at iterations 1..T"})
-    device: str = field(default="cpu", metadata={"choices": ("cpu", "cuda"), "help": "where to compute"})
+    device: str = field(default="cpu", metadata={
+        "metavar": "DEV", "help": "where to compute: cpu, auto (cuda when available), cuda or cuda:N"})
     eig_k: int = 3
     eig_tol: float = 1e-6
     gmres_tol: float = 1e-10
@@ -108,6 +109,10 @@ class AnalysisOptions:
             raise StabilityError(f"noise_std must be a finite number ≥ 0, got {self.noise_std!r}")
         if self.workers is not None and not (isinstance(self.workers, int) and self.workers >= 1):
             raise StabilityError(f"workers must be an integer ≥ 1, got {self.workers!r}")
+        from stability.config import is_device_name
+
+        if not is_device_name(str(self.device)):
+            raise StabilityError(f"device {self.device!r}: expected auto, cpu, cuda or cuda:N")
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -756,8 +761,7 @@ def analyze(model, inputs: torch.Tensor, targets: Optional[torch.Tensor] = None,
 
     if options is None:
         options = AnalysisOptions(samples=int(inputs.shape[0]) if isinstance(inputs, torch.Tensor) else 1)
-    if options.device == "cuda" and not torch.cuda.is_available():
-        raise StabilityError("--device cuda: no CUDA device is available on this machine")
+    options = _on_device(options)
     check_contract(model)
     if not isinstance(model, torch.nn.Module):
         raise StabilityError(f"{type(model).__name__} must be a torch.nn.Module (the analysis runs on a float64 "
@@ -822,6 +826,16 @@ def keep_freed_memory() -> bool:
         return False
 
 
+def _on_device(options: AnalysisOptions) -> AnalysisOptions:
+    """The options with ``device`` resolved (``auto`` → cpu or cuda; a CUDA device that is not here: one line),
+    so that the JSON records where the analysis ran."""
+    import dataclasses
+
+    from stability.config import resolve_device
+
+    return dataclasses.replace(options, device=str(resolve_device(options.device)))
+
+
 def analyze_checkpoint(path, *, splits=("val", "hard"), options: AnalysisOptions = AnalysisOptions(),
                        log=None, release_config=None) -> CheckpointAnalysis:
     """Load a checkpoint of this toolkit and analyse each split (the A.8 noise std defaults to the run's)."""
@@ -830,8 +844,7 @@ def analyze_checkpoint(path, *, splits=("val", "hard"), options: AnalysisOptions
     from stability.checkpoint import load
     from stability.protocols import is_looped
 
-    if options.device == "cuda" and not torch.cuda.is_available():
-        raise StabilityError("--device cuda: no CUDA device is available on this machine")
+    options = _on_device(options)
     loaded = load(path, device=options.device, release_config=release_config)
     if not is_looped(loaded.model):
         raise StabilityError(f"{path}: a fixed-depth baseline has no loop map, so it has no fixed points to analyse")

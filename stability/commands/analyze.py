@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from stability.commands._types import positive_float, positive_int
+from stability.commands._types import device_name, positive_float, positive_int
 
 HELP = "analyse a looped model's fixed points: reachability, spectra (Props. 3-4), input-gradients (Prop. 5), accuracy"
 
@@ -48,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _option(p, "eig_precision")
     p.add_argument("--json", metavar="PATH", help="write the full results as JSON")
     p.add_argument("--plots", metavar="DIR", help="write PNG plots (residuals, eigenvalues, accuracy, Prop. 5)")
-    _option(p, "device")
+    _option(p, "device", type=device_name)
     p.add_argument("--workers", metavar="N", type=positive_int, default=None,
                    help="processes on the CPU, one split each, sharing torch's threads (default: one per split, up "
                         "to the thread count; 1: one split after the other); the numbers do not depend on it")

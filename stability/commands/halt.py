@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from stability.commands._types import positive_float
+from stability.commands._types import device_name, positive_float
 
 HELP = "residual-based halting at inference: accuracy against compute for halting tolerances τ"
 
@@ -18,7 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-iterations", type=int, metavar="T", help="budget per sample (the run's test_iterations)")
     p.add_argument("--samples", type=int, metavar="N", help="use the first N samples of the split (all)")
     p.add_argument("--batch-size", type=int, default=500, metavar="N", help="samples per batch (500)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to run (cpu)")
+    p.add_argument("--device", type=device_name, default="cpu", metavar="DEV",
+                   help="where to run: cpu, auto (cuda when available), cuda or cuda:N (cpu)")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
 
 
@@ -40,10 +41,9 @@ def run(args: argparse.Namespace) -> int:
         v = getattr(args, name)
         if v is not None and v < 1:
             raise ConfigError(f"--{name.replace('_', '-')}: must be at least 1, got {v}")
-    import torch
+    from stability.config import resolve_device
 
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda: no CUDA device is available here; use --device cpu")
+    args.device = str(resolve_device(args.device))
     if args.json:
         check_writable(args.json, "file", "--json")
     run_ = stability.load(args.checkpoint, device=args.device)

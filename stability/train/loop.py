@@ -39,7 +39,7 @@ import torch
 from stability import __version__
 from stability.analysis.accuracy import accuracy_curve
 from stability.atomic import check_writable, write_text
-from stability.config import RunConfig, TrainConfig, flat_train, to_dict
+from stability.config import RunConfig, TrainConfig, flat_train, resolve_device, to_dict
 from stability.errors import CheckpointError, ConfigError, DivergenceError
 from stability.model import build_model
 from stability.protocols import is_looped
@@ -107,26 +107,6 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
     no_decay = [p for n, p in model.named_parameters() if n in exempt]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.adam_eps)
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` (cuda when available), ``cpu``, ``cuda`` or ``cuda:N``; a CUDA device that is not here is refused
-    with one line naming the ones that are."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"device {name!r}: expected auto, cpu, cuda or cuda:N") from None
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise ConfigError(f"device {name}: no CUDA device is available here; use --device cpu")
-        if device.index is not None and device.index >= count:
-            raise ConfigError(f"device {name}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
-    elif device.type != "cpu":
-        raise ConfigError(f"device {name!r}: expected auto, cpu, cuda or cuda:N")
-    return device
 
 
 # ---- losses -------------------------------------------------------------------------------------
