@@ -893,23 +893,12 @@ class limit_threads:
         torch.set_num_threads(self._torch)
 
 
-class _child_thread_env:
-    """``THREAD_ENV`` set to ``threads`` while processes are started, so that a spawned process sizes its thread
-    pools before its libraries load (the variables are restored afterwards)."""
+def _child_thread_env(threads: int):
+    """A context with ``THREAD_ENV`` set to ``threads`` while processes are started, so that a spawned process
+    sizes its thread pools before its libraries load (the variables are restored afterwards)."""
+    from unittest import mock
 
-    def __init__(self, threads: int):
-        self.threads = str(threads)
-
-    def __enter__(self):
-        self.saved = {k: os.environ.get(k) for k in THREAD_ENV}
-        os.environ.update({k: self.threads for k in THREAD_ENV})
-
-    def __exit__(self, *exc):
-        for k, v in self.saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    return mock.patch.dict(os.environ, {k: str(threads) for k in THREAD_ENV})
 
 
 def _split_worker(path, release_config, split: str, options: AnalysisOptions, threads: int, queue) -> None:
