@@ -2,10 +2,17 @@
 
 ``stability.load(path)`` opens a checkpoint written by the trainer and returns its model, config and task;
 ``stability.analyze(model, inputs, targets=None, options=None)`` runs the whole fixed-point analysis on any model
-that satisfies the :class:`stability.protocols.LoopedModel` contract (README, "The model contract").
+that satisfies the :class:`stability.protocols.LoopedModel` contract (docs/python-api.md, "The model contract").
 """
 
 __version__ = "0.1.0"
+
+import os as _os
+
+if _os.environ.get("STABILITY_REPRODUCIBLE") == "1":  # a pinned process (stability.hardware): oneDNN off, 1 thread
+    from stability.hardware import apply_in_process as _pin
+
+    _pin()
 
 
 def load(path, *, device: str = "cpu", release_config=None):

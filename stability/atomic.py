@@ -12,6 +12,7 @@ output paths), so a mistake in a path costs nothing.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import tempfile
@@ -20,11 +21,13 @@ from typing import Iterator, Literal
 
 from stability.errors import OutputError
 
-__all__ = ["OutputError", "atomic_path", "check_writable", "output_dir", "write_bytes", "write_json",
+__all__ = ["OutputError", "atomic_path", "check_writable", "output_dir", "staged_dir", "write_bytes", "write_json",
            "write_text"]
 
 
 def _reason(exc: OSError) -> str:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"{exc.strerror or os.strerror(exc.errno)} (the disk is full)"
     return exc.strerror or str(exc)
 
 
@@ -138,6 +141,39 @@ def atomic_path(path: Path | str) -> Iterator[Path]:
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+        if not ok:
+            _remove_empty(created)
+
+
+@contextlib.contextmanager
+def staged_dir(path: Path | str) -> Iterator[Path]:
+    """A folder of files written all or none: yield a temporary folder beside ``path``; when the body succeeds its
+    files are renamed into ``path`` (created as needed; files of the same name replaced: renames, which a full disk
+    cannot fail), and when it fails the temporary folder goes and ``path`` is left as it was — no half-written
+    set of files (a plot folder with ``residuals.png`` alone) and no empty folder. A failing write becomes one
+    :class:`OutputError` naming ``path``."""
+    import shutil
+
+    path = Path(path)
+    created: list[Path] = []
+    stage = None
+    ok = False
+    try:
+        created = _make_parents(path.parent)
+        stage = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+        yield stage
+        if not path.exists():
+            os.replace(stage, path)  # one rename: the folder appears whole
+        else:
+            for f in sorted(stage.iterdir()):
+                os.replace(f, path / f.name)
+        ok = True
+    except OSError as exc:  # an OutputError of a file inside names the temporary folder: name the target
+        text = str(exc) if isinstance(exc, OutputError) else f"cannot write {path}: {_reason(exc)}"
+        raise OutputError(text.replace(str(stage), str(path)) if stage is not None else text) from exc
+    finally:
+        if stage is not None and stage.exists():
+            shutil.rmtree(stage, ignore_errors=True)
         if not ok:
             _remove_empty(created)
 

@@ -6,6 +6,8 @@ Format (schema 2), a dict that ``torch.load(weights_only=True)`` reads (tensors,
 ``format``         ``"stability-checkpoint"``
 ``schema_version`` 2 (1: the same, but the method options flat in ``train``; still read)
 ``package_version`` the ``stability`` version that wrote it; ``torch_version`` likewise
+``hardware``       what computed the weights (:func:`stability.hardware.signature`: versions, BLAS, CPU,
+                   threads, kernel pins; absent in files written before it existed)
 ``config``         RunConfig as a plain dict: ``model``, ``task``, ``train`` (with its ``method`` block,
                    ``{"name": ..., <that method's options>}``; docs/configuration.md)
 ``model``          the model's state_dict
@@ -69,8 +71,8 @@ def read(path: Path | str, obj: Any = None) -> dict:
 def with_legacy_defaults(config: dict) -> dict:
     """A stored RunConfig dict with the fields it predates filled in with their legacy values.
 
-    The release-semantics fields of ModelConfig (``window_edges``, ``norm_eps``, ``rope_precision``; README
-    "Release checkpoints and semantics") and TrainConfig's ``decay_exempt`` default to the release's behaviour for
+    The release-semantics fields of ModelConfig (``window_edges``, ``norm_eps``, ``rope_precision``;
+    docs/release-differences.md) and TrainConfig's ``decay_exempt`` default to the release's behaviour for
     new runs; a checkpoint written before they existed was trained with this toolkit's earlier behaviour, so it gets
     ``ModelConfig.LEGACY_MODEL_VALUES`` and ``LEGACY_TRAIN_VALUES``: it computes exactly what it computed when it
     was written, and resumes training as it was trained.

@@ -3,6 +3,9 @@
 Every command lives in :mod:`stability.commands` (one module a command, listed in :data:`COMMANDS`), exposing
 ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``.
 Errors the toolkit raises (:class:`~stability.errors.StabilityError`) become one line on stderr and exit 2.
+The commands that compute (:data:`PINNABLE`) take ``--reproducible``: the command reruns itself in a fresh process
+with every CPU kernel choice pinned (:mod:`stability.hardware`), so that its numbers are the same bits on any x86-64
+machine with the same library versions.
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ COMMANDS = {
 }
 
 
+#: the commands whose numbers depend on kernel choices: they take ``--reproducible``
+PINNABLE = ("demo", "train", "analyze", "halt", "sweep")
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors (usage stays available through --help)."""
 
@@ -47,13 +54,20 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         module = importlib.import_module(module_name)
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
+        if name in PINNABLE:
+            p.add_argument("--reproducible", action="store_true",
+                           help="pin every CPU kernel choice (vector width, MKL's code path, oneDNN off, OpenBLAS's "
+                                "kernels, libm's variants, one thread) so the numbers are the same bits on any x86-64 "
+                                "machine with the same library versions; slower (README: Reproducibility)")
         p.set_defaults(_run=module.run)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from stability import hardware
     from stability.errors import StabilityError
 
+    top = argv is None  # the command line itself (re-executed when pinning), not a call from Python
     argv = sys.argv[1:] if argv is None else list(argv)
     first = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(first if first in COMMANDS and "-h" not in argv[:1] else None)
@@ -61,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
+    args._argv, args._top = argv, top
+    if getattr(args, "reproducible", False) and not hardware.env_is_pinned():
+        return hardware.run_pinned(argv, replace=top)
+    hardware.apply_in_process()
     try:
         return int(args._run(args) or 0)
     except StabilityError as exc:

@@ -40,15 +40,22 @@ class Row:
         return self.b - self.a
 
     @property
+    def only(self) -> Optional[str]:
+        """``"A"`` or ``"B"`` when only that side has a value (not a change: the other side did not measure it)."""
+        if (self.a is None) == (self.b is None):
+            return None
+        return "A" if self.b is None else "B"
+
+    @property
     def changed(self) -> bool:
-        """Whether the two sides differ (a value on one side only counts as a change)."""
+        """Whether both sides have a value and the two differ (a value on one side only is :attr:`only`)."""
         if self.a is None or self.b is None:
-            return (self.a is None) != (self.b is None)
+            return False
         return not math.isclose(self.a, self.b, rel_tol=1e-9, abs_tol=1e-12)
 
     def to_dict(self) -> dict:
         return {"split": self.split, "quantity": self.label, "a": self.a, "b": self.b, "delta": self.delta,
-                "changed": self.changed}
+                "changed": self.changed, "only_in": self.only}
 
 
 @dataclass
@@ -58,10 +65,33 @@ class Comparison:
     b: str
     config_changes: list[tuple[str, Any, Any]] = field(default_factory=list)
     rows: list[Row] = field(default_factory=list)
+    #: the options of the two analyses that differ (samples, splits, solver, tolerance, ...): their numbers answer
+    #: different questions where these differ
+    analysis_changes: list[tuple[str, Any, Any]] = field(default_factory=list)
+    #: one line each: what the table cannot show (e.g. a side without a final evaluation)
+    notes: list[str] = field(default_factory=list)
+    #: what computed each side (stability.hardware.signature), shown first: where it differs, numbers may too
+    hardware_a: Optional[dict] = None
+    hardware_b: Optional[dict] = None
+
+    @property
+    def hardware_changes(self) -> list:
+        from stability import hardware
+
+        return hardware.differences(self.hardware_a, self.hardware_b)
+
+    def same_bits_possible(self) -> tuple:
+        from stability import hardware
+
+        return hardware.same_bits_possible(self.hardware_a, self.hardware_b)
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "a": self.a, "b": self.b,
+                "hardware_changes": [{"key": k, "a": va, "b": vb} for k, va, vb in self.hardware_changes],
+                "same_bits_possible": self.same_bits_possible()[0],
                 "config_changes": [{"option": k, "a": va, "b": vb} for k, va, vb in self.config_changes],
+                "analysis_changes": [{"option": k, "a": va, "b": vb} for k, va, vb in self.analysis_changes],
+                "notes": list(self.notes),
                 "rows": [r.to_dict() for r in self.rows]}
 
 
@@ -102,16 +132,26 @@ def load_analysis(path: Path | str) -> dict:
 
 
 def load_checkpoint_final(path: Path | str) -> dict:
-    """A checkpoint's config, epoch and ``final`` accuracy blocks (refused when training never finished)."""
+    """A checkpoint's config, epoch and ``final`` accuracy blocks. An imported release checkpoint (``stability
+    import``) is a finished model without a final evaluation of this toolkit: its ``final`` is empty and
+    ``note`` says so. A toolkit run without one is refused: its training has not finished."""
     from stability import checkpoint as ckpt
 
     path = Path(path)
     obj = ckpt.read(path)
     final = obj.get("final")
+    note = None
     if not isinstance(final, dict) or not final:
-        raise StabilityError(f"{path}: training has not finished (no final evaluation to compare); resume it with "
-                             "`stability train --out PATH --resume`")
-    return {"config": obj.get("config") or {}, "epoch": obj.get("epoch"), "final": final}
+        if (obj.get("source") or {}).get("kind") != "release":
+            done, total = obj.get("epoch"), _get(obj.get("config"), "train", "epochs")
+            where = f" (epoch {done} of {total})" if done is not None and total is not None else ""
+            raise StabilityError(f"{path}: training has not finished{where}: no final evaluation to compare; "
+                                 f"resume it with `stability train --out {path} --resume`")
+        final = {}
+        note = (f"{path} is an imported release checkpoint (finished, but never evaluated here): its accuracy rows "
+                "are blank; to compare the models, `stability analyze` both with --json and compare the analyses")
+    return {"note": note, "config": obj.get("config") or {}, "epoch": obj.get("epoch"), "final": final,
+            "hardware": obj.get("hardware")}
 
 
 # ---- what is compared --------------------------------------------------------------------------------------------
@@ -140,6 +180,7 @@ def _prop5_T(block: dict) -> Optional[int]:
 
 #: (label, getter, percent) of the per-split analysis quantities
 ANALYSIS_QUANTITIES: list[tuple[str, Callable[[dict], Any], bool]] = [
+    ("samples analysed", lambda b: b.get("samples"), False),
     ("converged share", lambda b: _get(b, "fixed_point", "converged_fraction"), True),
     ("distinct fixed points", lambda b: _get(b, "fixed_point", "distinct_fixed_points"), False),
     ("solver f-evaluations (median)", lambda b: _get(b, "fixed_point", "nfe_median"), False),
@@ -181,6 +222,18 @@ def _flat_config(config: dict) -> dict:
         return _flat(config)
 
 
+#: analysis options that do not change the numbers (tests/test_parallel_splits.py): left out of the comparison
+_SAME_NUMBERS = ("workers",)
+
+
+def analysis_changes(a: dict, b: dict) -> list[tuple[str, Any, Any]]:
+    """The options of two analysis JSONs that differ: ``splits`` and each of ``options`` (samples, solver, tol,
+    max_iter, iterations, probes, stages, ...), except those that do not change the numbers."""
+    fa = {"splits": a.get("splits"), **{k: v for k, v in (a.get("options") or {}).items() if k not in _SAME_NUMBERS}}
+    fb = {"splits": b.get("splits"), **{k: v for k, v in (b.get("options") or {}).items() if k not in _SAME_NUMBERS}}
+    return [(k, fa.get(k), fb.get(k)) for k in dict.fromkeys([*fa, *fb]) if fa.get(k) != fb.get(k)]
+
+
 def config_changes(a: dict, b: dict) -> list[tuple[str, Any, Any]]:
     """The options (``section.name``) whose values differ between two stored RunConfig dicts."""
     fa, fb = _flat_config(a), _flat_config(b)
@@ -190,13 +243,15 @@ def config_changes(a: dict, b: dict) -> list[tuple[str, Any, Any]]:
 def compare_analyses(a: dict, b: dict, name_a: str = "A", name_b: str = "B") -> Comparison:
     """Rows for every split either analysis has (a split on one side only shows blanks on the other)."""
     splits = list(dict.fromkeys([*a["splits"], *b["splits"]]))
-    cmp = Comparison("analysis", name_a, name_b, config_changes(a.get("config") or {}, b.get("config") or {}))
+    cmp = Comparison("analysis", name_a, name_b, config_changes(a.get("config") or {}, b.get("config") or {}),
+                     hardware_a=a.get("hardware"), hardware_b=b.get("hardware"))
+    cmp.analysis_changes = analysis_changes(a, b)
     for s in splits:
         ba, bb = a.get(s) or {}, b.get(s) or {}
         for label, get, pct in ANALYSIS_QUANTITIES:
-            if label == "Prop. 5 relative error":  # at the largest T each analysis unrolled
-                ta, tb = _prop5_T(ba), _prop5_T(bb)
-                label += f" (T = {ta})" if ta == tb else f" (T = {ta} vs {tb})"
+            if label == "Prop. 5 relative error":  # at the largest T each analysis unrolled (a side without: none)
+                ts = [t for t in (_prop5_T(ba), _prop5_T(bb)) if t is not None]
+                label += "" if not ts else f" (T = {ts[0]})" if len(set(ts)) == 1 else f" (T = {ts[0]} vs {ts[1]})"
             row = Row(s, label, _num(get(ba)), _num(get(bb)), percent=pct)
             if row.a is not None or row.b is not None:
                 cmp.rows.append(row)
@@ -206,7 +261,9 @@ def compare_analyses(a: dict, b: dict, name_a: str = "A", name_b: str = "B") -> 
 
 def compare_checkpoints(a: dict, b: dict, name_a: str = "A", name_b: str = "B") -> Comparison:
     """Rows of the two final evaluations: whole-answer and per-position accuracy at the tested iterations."""
-    cmp = Comparison("checkpoint", name_a, name_b, config_changes(a["config"], b["config"]))
+    cmp = Comparison("checkpoint", name_a, name_b, config_changes(a["config"], b["config"]),
+                     hardware_a=a.get("hardware"), hardware_b=b.get("hardware"))
+    cmp.notes += [n for n in (a.get("note"), b.get("note")) if n]
     cmp.rows.append(Row("run", "epochs trained", _num(a["epoch"]), _num(b["epoch"])))
     for s in list(dict.fromkeys([*a["final"], *b["final"]])):
         fa, fb = a["final"].get(s) or {}, b["final"].get(s) or {}
@@ -242,7 +299,7 @@ def _fmt(v: Optional[float], percent: bool) -> str:
 def _fmt_delta(row: Row) -> str:
     d = row.delta
     if d is None:
-        return "" if not row.changed else "only one side"
+        return f"only in {row.only}" if row.only else ""
     if not row.changed:
         return "="
     if row.percent:
@@ -251,17 +308,29 @@ def _fmt_delta(row: Row) -> str:
 
 
 def format_comparison(cmp: Comparison, only_changed: bool = False) -> str:
-    """The side-by-side table: the differing options first, then per split one row per quantity."""
+    """The side-by-side table: what computed each side first (stability.hardware), the differing options, then
+    per split one row per quantity."""
+    from stability import hardware
+
     lines = [f"A: {cmp.a}", f"B: {cmp.b}"]
+    possible, why = cmp.same_bits_possible()
+    lines.append(f"hardware: {'the same bits are possible' if possible else 'the bits may differ'} ({why})")
+    lines += [f"  {k}: {va!r} → {vb!r}" for k, va, vb in cmp.hardware_changes if k != "dispatch_env"]
+    lines += [f"  {k}: {v!r} → {w!r}" for k, v, w in hardware.differences(
+        (cmp.hardware_a or {}).get("dispatch_env"), (cmp.hardware_b or {}).get("dispatch_env"))]
     if cmp.config_changes:
         lines.append("options that differ (A → B):")
         lines += [f"  {k}: {va!r} → {vb!r}" for k, va, vb in cmp.config_changes]
-    else:
+    if cmp.analysis_changes:
+        lines.append("analysis options that differ (A → B): the numbers below answer different questions")
+        lines += [f"  {k}: {va!r} → {vb!r}" for k, va, vb in cmp.analysis_changes]
+    if not cmp.config_changes and not cmp.analysis_changes:
         lines.append("options: the same")
+    lines += [f"note: {n}" for n in cmp.notes]
     width = max([len(r.label) for r in cmp.rows] + [10])
     split = None
     for r in cmp.rows:
-        if only_changed and not r.changed:
+        if only_changed and not (r.changed or r.only):
             continue
         if r.split != split:
             split = r.split
@@ -269,6 +338,9 @@ def format_comparison(cmp: Comparison, only_changed: bool = False) -> str:
             lines.append(f"{split:<{width}}  {'A':>12}  {'B':>12}  change (B − A)")
         lines.append(f"{r.label:<{width}}  {_fmt(r.a, r.percent):>12}  {_fmt(r.b, r.percent):>12}  {_fmt_delta(r)}")
     changed = [r for r in cmp.rows if r.changed]
+    both = [r for r in cmp.rows if r.only is None]
+    only = {side: sum(r.only == side for r in cmp.rows) for side in ("A", "B")}
     lines.append("")
-    lines.append(f"{len(changed)} of {len(cmp.rows)} quantities changed")
+    lines.append(f"{len(changed)} of {len(both)} quantities changed"
+                 + "".join(f"; {n} only in {side}" for side, n in only.items() if n))
     return "\n".join(lines) + "\n"

@@ -18,3 +18,65 @@ def demo_config():
 
 #: samples per split the demo analyses
 ANALYSIS_SAMPLES = 32
+
+
+# ---- the README's sample of the demo's output -----------------------------------------------------------------
+#: where the README's sample is rendered from: the demo's final accuracy curves and its analysis, as a run on the
+#: CPU writes them (deterministic: the same numbers with 1 or 2 threads); `python docs/readme_sample.py` reruns
+#: the demo and rewrites it and the README's sample
+SAMPLE_RECORD = "docs/demo-sample.json"
+#: the README's sample sits between these two lines
+SAMPLE_MARKERS = ("<!-- demo-sample: begin (docs/readme_sample.py writes it) -->", "<!-- demo-sample: end -->")
+
+
+def sample_record(final: dict, report: dict) -> dict:
+    """The part of a demo run its printed sample is rendered from: the whole-answer accuracy curves of the final
+    evaluation, and the analysis JSON without what varies from run to run or only feeds the plots (timings, the
+    hardware signature, the checkpoint's path, the per-iteration residual traces)."""
+    import copy
+
+    analysis = copy.deepcopy(report)
+    for key in ("timings", "hardware"):
+        analysis.pop(key, None)
+    analysis["checkpoint"] = "runs/demo/prefix-sums.pt"  # where `stability demo` writes it by default
+    for split in analysis.get("splits", []):
+        block = analysis[split]
+        block.pop("timings", None)
+        (block.get("fixed_point") or {}).pop("residual_trace", None)
+    return {"format": "stability-demo-sample",
+            "final": {s: {"accuracy": list(final[s]["accuracy"])} for s in ("val", "hard") if s in final},
+            "analysis": analysis}
+
+
+def readme_sample(record: dict) -> str:
+    """The README's sample of what ``stability demo`` prints: its accuracy table, the analysis report's head,
+    verdict and the val split's table (the hard split's table, the JSON and plot lines follow in a real run),
+    rendered by the code that prints them."""
+    from stability.analysis.report import text_report
+    from stability.train.report import accuracy_table
+
+    report = text_report(record["analysis"])
+    head, sep, _ = report.partition("\n\nsplit: hard")
+    lines = [f"checkpoint: {record['analysis']['checkpoint']}", accuracy_table(record["final"]), head.rstrip("\n")]
+    if sep:
+        lines += ["", "(then the hard split's table, and the json: and plot: lines)"]
+    return "\n".join(lines) + "\n"
+
+
+def readme_block(text: str) -> str:
+    """The README's sample: the code block between :data:`SAMPLE_MARKERS` (a StabilityError without them)."""
+    from stability.errors import StabilityError
+
+    begin, end = SAMPLE_MARKERS
+    if begin not in text or end not in text:
+        raise StabilityError(f"README.md: the markers {begin!r} … {end!r} are missing")
+    inner = text.split(begin, 1)[1].split(end, 1)[0].strip("\n")
+    return inner.removeprefix("```").removesuffix("```").strip("\n") + "\n"
+
+
+def with_sample(text: str, sample: str) -> str:
+    """``text`` (the README) with ``sample`` as the code block between :data:`SAMPLE_MARKERS`."""
+    begin, end = SAMPLE_MARKERS
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n```\n{sample}```\n{end}{tail}"

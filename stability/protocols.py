@@ -1,4 +1,4 @@
-"""The model contract: what the analysis needs from a looped model, and nothing more (README, "The model contract").
+"""The model contract: what the analysis needs from a looped model, and nothing more (docs/python-api.md, "The model contract").
 
 :class:`LoopedModel` is the whole contract of ``stability analyze`` (Defs. 3.1–3.3):
 

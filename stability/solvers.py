@@ -397,7 +397,7 @@ class _Broyden:
 
 
 SOLVERS: dict[str, type] = {"picard": _Picard, "damped": _Picard, "anderson": _Anderson, "broyden": _Broyden}
-#: what ``method="auto"`` runs (chosen by benchmarks/solver_benchmarks.py; the README states the measurement)
+#: what ``method="auto"`` runs (chosen by benchmarks/solver_benchmarks.py; benchmarks/RESULTS.md states the measurement)
 AUTO = "broyden"
 METHODS = (*SOLVERS, "auto")
 ROOT_FINDERS = ("anderson", "broyden")

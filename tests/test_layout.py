@@ -1,4 +1,4 @@
-"""The package's layout (README, "Design"): commands in one room, libraries without argparse, no import cycle
+"""The package's layout (docs/design.md, "Design"): commands in one room, libraries without argparse, no import cycle
 between rooms.
 
 The import graph is read from the source with :mod:`ast` (every ``import``, the function-local ones included), so
@@ -158,3 +158,32 @@ def test_every_command_is_a_module_of_commands_with_help_arguments_and_run():
         assert callable(module.add_arguments) and callable(module.run), name
     files = {p.stem for p in (ROOT / "commands").glob("*.py")} - {"__init__", "_types"}
     assert files == {m.rpartition(".")[2] for m in COMMANDS.values()}
+
+
+def module_edges() -> dict:
+    """{(module, module it imports): [line, ...]} between the package's files, function-local imports included."""
+    edges = {}
+    for module, path in MODULES.items():
+        for name, attr, line in _imports(module, path):
+            target = _owner(name) if name.startswith("stability") else None
+            if target is None or target == module or (target == "stability" and attr == "__version__"):
+                continue
+            if module.startswith(target + ".") and path.name != "__init__.py":
+                continue  # a module importing its own package's __init__ (``from stability import x``)
+            edges.setdefault((module, target), []).append(line)
+    return edges
+
+
+def test_the_file_level_cycle_check_finds_a_cycle_between_two_files_of_one_room():
+    edges = dict(module_edges())
+    assert ("stability.sweep.figures", "stability.sweep.correlations") in edges
+    edges[("stability.sweep.correlations", "stability.sweep.figures")] = [1]
+    cycle = _cycle(edges)
+    assert "stability.sweep.figures" in cycle and "stability.sweep.correlations" in cycle
+
+
+def test_no_import_cycle_between_files_inside_a_room():
+    inside = {(a, b): lines for (a, b), lines in module_edges().items()
+              if room(a) == room(b) and room(a) != "stability"}
+    cycle = _cycle(inside)
+    assert cycle == [], cycle

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from stability.errors import StabilityError
 
@@ -72,11 +72,12 @@ def _halt(model, inputs, tol, max_iter, eps) -> HaltResult:
 
 def halting_report(model, task, split: str = "val", taus: Sequence[float] = (0.1, 0.01, 0.001), *,
                    max_iter: int = 100, limit: Optional[int] = None, batch_size: int = 500,
-                   device: str | torch.device = "cpu") -> dict:
+                   device: str | torch.device = "cpu", on_batch: Optional[Callable[[int], None]] = None) -> dict:
     """Accuracy against compute on ``split``: one row for the fixed budget (every sample runs ``max_iter``
     iterations) and one per τ. Each row: halted fraction, mean / median / max iterations, compute (the share
     of the fixed budget's evaluations of f), whole-answer and per-position accuracy, and the accuracy of the
-    halted and of the unhalted samples. JSON-ready."""
+    halted and of the unhalted samples. JSON-ready. ``on_batch(n)`` hears each batch of n samples done (of
+    ``len(taus) + 1`` passes over the samples: a progress bar)."""
     import torch
 
     inputs, targets = task.dataset(split)
@@ -99,6 +100,8 @@ def halting_report(model, task, split: str = "val", taus: Sequence[float] = (0.1
                 hal.append(res.halted)
                 cor.append(c.cpu())
                 pos.append(p.cpu())
+                if on_batch is not None:
+                    on_batch(int(xb.shape[0]))
             its_t, hal_t, cor_t = torch.cat(its).double(), torch.cat(hal), torch.cat(cor).double()
             rows.append({
                 "tau": tau,

@@ -13,9 +13,13 @@ stage               what                                                  result
 ``input``           ‖dx*/dx0‖_F (Prop. 5)                                 :class:`InputDependence`
 ``a8``              x* from e ∈ {x0, zeros, noise}, ‖dx_T/de‖ (App. A.8)  :class:`InitialIterate`
 ``accuracy``        accuracy against iteration and at x* (Fig. 3)         :class:`AccuracyCurve`
+``geometry``        radii of stability in parameter space, anisotropy     :class:`~stability.analysis.geometry.Geometry`
+                    (Section 3.2, App. B.2; opt-in in the library)        (geometry)
 ==================  ====================================================  =====================================
 
-``reachability`` always runs (every other stage reads x*). Prop. 4 and ρ(W_x) need a model with
+``reachability`` always runs (every other stage reads x*). ``geometry`` perturbs the parameters and re-solves, so
+it is not among the library's and the sweep's default stages (:data:`DEFAULT_STAGES`); ``stability analyze`` runs
+every stage (:data:`STAGES`) unless ``--only`` says otherwise. Prop. 4 and ρ(W_x) need a model with
 :class:`~stability.protocols.RecallParts` and are :class:`NotApplicable` otherwise; accuracy needs targets.
 The stages use the :class:`~stability.protocols.LoopedModel` contract only. ``SplitAnalysis.to_json()`` is the
 JSON block ``stability analyze`` writes per split; the text report, the plots and the sweep summary read it.
@@ -38,12 +42,18 @@ from stability.errors import StabilityError
 from stability.stats import median
 
 #: stage names, in the order they run
-STAGES = ("reachability", "rho", "prop4", "rho_wx", "prop5", "input", "a8", "accuracy")
+STAGES = ("reachability", "rho", "prop4", "rho_wx", "prop5", "input", "a8", "accuracy", "geometry")
+#: the stages of ``AnalysisOptions()`` (the library's and the sweep's default): all but geometry, which a grid or
+#: a caller asks for (``stability analyze`` runs :data:`STAGES`)
+DEFAULT_STAGES = tuple(s for s in STAGES if s != "geometry")
 #: the JSON block of each stage
 STAGE_KEYS = {"reachability": "fixed_point", "rho": "jacobian", "prop4": "prop4", "rho_wx": "recall",
-              "prop5": "prop5", "input": "input_dependence", "a8": "initial_iterate", "accuracy": "accuracy"}
+              "prop5": "prop5", "input": "input_dependence", "a8": "initial_iterate", "accuracy": "accuracy",
+              "geometry": "geometry"}
 FORMAT = "stability-analysis"
-SCHEMA_VERSION = 2
+#: 3: the geometry stage and the verdict on the paper's three axes (reachable, input-dependent, geometry); A.8's
+#: independence of e is a fact of the reachable line. 2 (and files without a version) are still read by compare.
+SCHEMA_VERSION = 3
 
 
 def parse_stages(text) -> tuple:
@@ -97,7 +107,24 @@ class AnalysisOptions:
     # the thread count; ``stability analyze`` and ``demo`` use None). 1 in the library: a spawned process re-imports
     # the caller's main module, which a script without ``if __name__ == "__main__":`` cannot survive
     workers: Optional[int] = 1
-    stages: tuple = STAGES
+    stages: tuple = DEFAULT_STAGES
+    # the geometry stage (stability/analysis/geometry.py): radii along K directions (both signs) on the first
+    # geometry_samples samples, to a relative bracket width geometry_accuracy
+    geometry_directions: int = field(default=8, metadata={
+        "metavar": "K", "help": "geometry: random directions in all loop parameters, each measured with both signs"})
+    geometry_samples: int = field(default=1, metadata={
+        "metavar": "N", "help": "geometry: radii are measured for the first N samples of each split"})
+    geometry_accuracy: float = field(default=0.1, metadata={
+        "metavar": "F", "help": "geometry: bisect each radius until its bracket [lo, hi] has hi/lo ≤ 1 + F"})
+    geometry_group_directions: int = field(default=1, metadata={
+        "metavar": "K", "help": "geometry: directions within each parameter group (W_x, attention, MLP, norms, "
+        "embedding, ...), both signs; 0: no per-group radii"})
+    geometry_certify: int = field(default=4, metadata={
+        "metavar": "N", "help": "geometry: radii whose ρ(J*) is certified at both ends of the final bracket "
+        "(the first N that ρ decided)"})
+    geometry_plane: int = field(default=0, metadata={
+        "metavar": "N", "help": "geometry: the ρ(J*) picture over the plane of two directions, N × N cells (0: "
+        "none; with --plots the default is 21)"})
 
     def __post_init__(self):
         for name, allowed in (("eig_route", ("arnoldi", "arpack")), ("eig_precision", ("mixed", "float64")),
@@ -107,6 +134,14 @@ class AnalysisOptions:
         object.__setattr__(self, "stages", parse_stages(self.stages))
         if self.noise_std is not None and not (np.isfinite(self.noise_std) and self.noise_std >= 0):
             raise StabilityError(f"noise_std must be a finite number ≥ 0, got {self.noise_std!r}")
+        for name in ("geometry_directions", "geometry_samples"):
+            if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
+                raise StabilityError(f"{name} must be an integer ≥ 1, got {getattr(self, name)!r}")
+        for name in ("geometry_group_directions", "geometry_certify", "geometry_plane"):
+            if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 0):
+                raise StabilityError(f"{name} must be an integer ≥ 0, got {getattr(self, name)!r}")
+        if not (np.isfinite(self.geometry_accuracy) and 0 < self.geometry_accuracy < 1):
+            raise StabilityError(f"geometry_accuracy must be in (0, 1), got {self.geometry_accuracy!r}")
         if self.workers is not None and not (isinstance(self.workers, int) and self.workers >= 1):
             raise StabilityError(f"workers must be an integer ≥ 1, got {self.workers!r}")
         from stability.config import is_device_name
@@ -245,34 +280,77 @@ class InitialIterate:
 
 # ---- the verdict ------------------------------------------------------------------------------------------
 
-#: thresholds of the verdict (stated in the report and in the JSON)
+#: thresholds of the verdict (stated in the report and in the JSON). The geometry ones are set between measured
+#: references (benchmarks/RESULTS.md, "Geometry stage"): the toy regions of Figure 5 (internal recall's band, the
+#: narrow one of Table 3, against external's) and the demo-sized prefix-sums checkpoints of both recall placements
+#: with pre- and post-norm.
 THRESHOLDS = {
     "reachable_share": 0.9,  # share of samples whose plain iteration converges
     "rho_margin": 0.0,  # median ρ(J*) over converged samples must be below 1 − margin
     "input_grad_min": 1e-3,  # median ‖dx*/dx0‖_F at least this
     "prop5_rel_error_max": 1e-4,  # the unrolled gradient at T_max within this of the implicit one
     "e_distance_max": 1e-3,  # largest relative distance between the x* from different e (or 100·τ if larger)
+    "geometry_radius_min": 0.1,  # median radius of stability (relative step in parameter space) at least this
+    "geometry_log_iqr_max": 1.0,  # anisotropy: interquartile range of log r over the directions at most this
 }
+
+#: the verdict's axes, in the paper's order (Section 3.2)
+AXES = ("reachable", "input_dependent", "geometry")
 
 
 @dataclass
 class Verdict:
-    """The paper's three axes (Section 3.2) in words and numbers: reachable, input-dependent, independent of e.
+    """The paper's three axes (Section 3.2) in words and numbers: reachable, input-dependent, geometry.
 
     Each axis is "yes", "no", "partly" or "not measured", with the numbers it was decided on and the thresholds
-    (:data:`THRESHOLDS`)."""
+    (:data:`THRESHOLDS`). Independence of the initial iterate (App. A.8) is a consequence of attraction, not an
+    axis: it is a fact of the reachable line (``from_every_start``: yes, partly, no or None when not measured)."""
 
     reachable: str
     input_dependent: str
-    independent_of_e: str
+    geometry: str
     numbers: dict
     thresholds: dict
     reasons: dict
+    from_every_start: Optional[str] = None
 
     def to_dict(self) -> dict:
-        return {"reachable": self.reachable, "input_dependent": self.input_dependent,
-                "independent_of_e": self.independent_of_e, "numbers": self.numbers, "thresholds": self.thresholds,
+        return {"reachable": self.reachable, "input_dependent": self.input_dependent, "geometry": self.geometry,
+                "from_every_start": self.from_every_start, "numbers": self.numbers, "thresholds": self.thresholds,
                 "reasons": self.reasons}
+
+
+def _geometry_axis(geo: Optional[dict], th: dict) -> tuple:
+    """(decision, reason, numbers) of the geometry axis from the stage's JSON block."""
+    if geo is None:
+        return "not measured", "stage not run (stability analyze runs it by default; --only geometry alone)", {}
+    summ = geo.get("summary") or {}
+    r, iqr, lr = summ.get("median_radius"), summ.get("log_iqr"), summ.get("log_range")
+    bal, t0 = summ.get("balance"), summ.get("unstable_t0")
+    n_att, n = summ.get("attracting_samples", 0), summ.get("samples", len(geo.get("samples", [])))
+    nums = {"geometry_median_radius": r, "geometry_log_iqr": iqr, "geometry_log_range": lr,
+            "geometry_balance": bal, "geometry_unstable_t0": t0}
+    groups = [g for g in geo.get("groups") or [] if g.get("median_radius") is not None]
+    narrow = min(groups, key=lambda g: g["median_radius"]) if groups else None
+    if narrow is not None:
+        nums["geometry_narrowest_group"] = narrow["name"]
+        nums["geometry_narrowest_group_radius"] = narrow["median_radius"]
+    K = geo.get("directions")
+    where = f"{n} sample(s) × {K} directions × ±"
+    if not n_att:
+        return "no", f"x* does not attract at θ* on the {n} geometry sample(s): every radius is 0", nums
+    wide, round_ = r >= th["geometry_radius_min"], iqr is not None and iqr <= th["geometry_log_iqr_max"]
+    dec = "yes" if wide and round_ else ("partly" if wide or round_ else "no")
+    if n_att < n and dec == "yes":
+        dec = "partly"
+    text = (f"median radius {r:.3g} {'≥' if wide else '<'} {th['geometry_radius_min']:g}, anisotropy: IQR of log r "
+            f"{iqr:.2g} {'≤' if round_ else '>'} {th['geometry_log_iqr_max']:g} (log max/min {lr:.2g}, balance "
+            f"{bal:.2g}); {t0:.0%} unstable at t → 0 ({where})")
+    if n_att < n:
+        text += f"; x* attracts at θ* on {n_att} of {n} samples"
+    if narrow is not None:
+        text += f"; narrowest part: {narrow['name']} ({narrow['median_radius']:.3g})"
+    return dec, text, nums
 
 
 def verdict(results: dict, *, tol: float) -> Verdict:
@@ -304,6 +382,20 @@ def verdict(results: dict, *, tol: float) -> Verdict:
         reach = "yes" if share >= th["reachable_share"] else "partly"
         reasons["reachable"] = (f"{share:.0%} converged (threshold {th['reachable_share']:.0%}), median ρ(J*) = "
                                 f"{rho:.4g}, margin {1 - rho:.3g} to 1")
+    # from every start (A.8): a fact of the reachable line, not an axis
+    d = nums["e_distance_max"]
+    every = None
+    if a8 is not None and d is not None:
+        fr = a8.get("converged_fraction", {})
+        all_conv = all(v == 1.0 for v in fr.values())
+        every = "no" if d > th["e_distance_max"] else ("yes" if all_conv else "partly")
+        reasons["from_every_start"] = (f"x* from e ∈ {{{', '.join(fr)}}} within {d:.3g} "
+                                       f"{'≤' if d <= th['e_distance_max'] else '>'} {th['e_distance_max']:g}"
+                                       + ("" if all_conv else ", not every start converged"))
+    elif a8 is not None:
+        reasons["from_every_start"] = "no sample converged from every start"
+    if "from_every_start" in reasons:
+        reasons["reachable"] += f"; from every start (A.8): {every or 'not measured'}, {reasons['from_every_start']}"
     # input-dependent: ‖dx*/dx0‖_F, distinct fixed points, Prop. 5 agreement
     g = nums["input_grad_median"]
     distinct, conv_n = nums["distinct_fixed_points"], nums["converged"] or 0
@@ -329,25 +421,11 @@ def verdict(results: dict, *, tol: float) -> Verdict:
             ok = e5 <= th["prop5_rel_error_max"]
             reasons["input_dependent"] += (f"; Prop. 5 {'agrees' if ok else 'does not agree'} (unrolled vs implicit "
                                            f"gradient {e5:.2g} {'≤' if ok else '>'} {th['prop5_rel_error_max']:g})")
-    # independent of e (A.8)
-    d = nums["e_distance_max"]
-    if a8 is None:
-        ind_e, reasons["independent_of_e"] = "not measured", "stage not run"
-    elif d is None:
-        ind_e, reasons["independent_of_e"] = "not measured", "no sample converged from every start"
-    else:
-        fr = a8.get("converged_fraction", {})
-        all_conv = all(v == 1.0 for v in fr.values())
-        if d > th["e_distance_max"]:
-            ind_e = "no"
-        else:
-            ind_e = "yes" if all_conv else "partly"
-        reasons["independent_of_e"] = (f"largest relative distance between x* from e ∈ {{{', '.join(fr)}}} = "
-                                       f"{d:.3g} {'≤' if d <= th['e_distance_max'] else '>'} "
-                                       f"{th['e_distance_max']:g}"
-                                       + ("" if all_conv else "; not every start converged"))
-    return Verdict(reachable=reach, input_dependent=dep, independent_of_e=ind_e, numbers=nums, thresholds=th,
-                   reasons=reasons)
+    # geometry: the radii of stability and their anisotropy (stage geometry)
+    geo_dec, reasons["geometry"], geo_nums = _geometry_axis(results.get("geometry"), th)
+    nums.update(geo_nums)
+    return Verdict(reachable=reach, input_dependent=dep, geometry=geo_dec, numbers=nums, thresholds=th,
+                   reasons=reasons, from_every_start=every)
 
 
 # ---- the split analysis --------------------------------------------------------------------------------------
@@ -384,6 +462,7 @@ class SplitAnalysis(_JSONView):
     input_dependence: Any = None
     initial_iterate: Any = None
     accuracy: Any = None
+    geometry: Any = None
     timings: dict = field(default_factory=dict)
     model: Optional[str] = None  # the model's class name
     x0: Optional[torch.Tensor] = field(default=None, repr=False)  # (B, *S0) the analysed inputs' x0 (not in JSON)
@@ -393,7 +472,7 @@ class SplitAnalysis(_JSONView):
         """The stage key → JSON block (None for a stage that did not run)."""
         objs = {"fixed_point": self.reachability, "jacobian": self.spectra, "prop4": self.prop4,
                 "recall": self.recall, "prop5": self.prop5, "input_dependence": self.input_dependence,
-                "initial_iterate": self.initial_iterate, "accuracy": self.accuracy}
+                "initial_iterate": self.initial_iterate, "accuracy": self.accuracy, "geometry": self.geometry}
         return {k: None if v is None else _to_dict(v) for k, v in objs.items()}
 
     def to_dict(self) -> dict:
@@ -457,6 +536,7 @@ class _Run:
     split: str
     result: Any = None  # SolveResult
     shared: dict = field(default_factory=dict)  # what one stage computes for a later one
+    inputs: Optional[torch.Tensor] = None  # the analysed inputs (stage geometry re-embeds them under perturbed θ)
 
     @property
     def f(self):
@@ -567,6 +647,7 @@ def stage_rho(run: _Run) -> JacobianSpectra:
             flags.append(s.converged)
             sigmas.append(sigma_max(op, tol=o.eig_tol))
         method = "ARPACK (scipy eigs on Jᵀ, reused vjp)"
+    run.shared["rho_J"] = list(rhos)  # for stage geometry: which samples attract at θ*
     return JacobianSpectra(method=method, spectral_radius=rhos, sigma_max=sigmas, eigenvalues=eigs,
                            eigen_converged=flags, converged=run.conv.tolist())
 
@@ -704,11 +785,41 @@ def stage_accuracy(run: _Run):
     return acc
 
 
+def stage_geometry(run: _Run):
+    """Section 3.2's third axis: radii of stability along random directions in parameter space, their anisotropy
+    (App. B.2), per parameter group, and (``geometry_plane``) the ρ(J*) picture over a plane, on the first
+    ``geometry_samples`` samples (:mod:`stability.analysis.geometry`)."""
+    from stability.analysis.geometry import measure
+
+    o = run.options
+    N = run.x_star.shape[0]
+    samples = list(range(min(o.geometry_samples, N)))
+    rho = run.shared.get("rho_J")
+    if rho is None:  # stage rho did not run: ρ(J*) at θ* of the geometry samples by its routine
+        from stability.analysis.spectra import jacobian_spectral_radius
+
+        sel = torch.tensor(samples, device=run.x_star.device)
+        got = jacobian_spectral_radius(run.f, run.x_star[sel], run.x0[sel], tol=o.eig_tol, k=o.eig_k, seed=o.seed)
+        rho = [None] * N
+        for b, v in zip(samples, got.rho.tolist()):
+            rho[b] = float(v)
+    status = run.result.status
+    attracting = [status[b] == "converged" and rho[b] is not None and np.isfinite(rho[b]) and rho[b] < 1.0
+                  for b in range(N)]
+    return measure(run.model, run.inputs, run.x_star, run.x0, attracting, rho, samples=samples,
+                   directions=o.geometry_directions, accuracy=o.geometry_accuracy,
+                   group_directions=o.geometry_group_directions, certify=o.geometry_certify,
+                   plane=o.geometry_plane if o.geometry_directions >= 2 else 0, tol=o.tol, max_iter=o.max_iter,
+                   eig_tol=o.eig_tol, eig_k=o.eig_k, seed=o.seed,
+                   log=lambda m: run.log(f"{run.split}: {m}"))
+
+
 STAGE_FUNCTIONS = {"reachability": stage_reachability, "rho": stage_rho, "prop4": stage_prop4,
                    "rho_wx": stage_rho_wx, "prop5": stage_prop5, "input": stage_input, "a8": stage_a8,
-                   "accuracy": stage_accuracy}
+                   "accuracy": stage_accuracy, "geometry": stage_geometry}
 _FIELDS = {"reachability": "reachability", "rho": "spectra", "prop4": "prop4", "rho_wx": "recall",
-           "prop5": "prop5", "input": "input_dependence", "a8": "initial_iterate", "accuracy": "accuracy"}
+           "prop5": "prop5", "input": "input_dependence", "a8": "initial_iterate", "accuracy": "accuracy",
+           "geometry": "geometry"}
 
 
 def run_stages(model, inputs: torch.Tensor, targets: Optional[torch.Tensor], options: AnalysisOptions, *,
@@ -727,7 +838,7 @@ def run_stages(model, inputs: torch.Tensor, targets: Optional[torch.Tensor], opt
         x0 = model.embed(inputs)
         e = model.initial_state(x0, generator=torch.Generator(device=dev).manual_seed(options.seed))
     run = _Run(model=model, options=options, x0=x0, e=e, targets=targets, score=score, log=say,
-               split=split)
+               split=split, inputs=inputs)
     out = SplitAnalysis(split=split, samples=int(x0.shape[0]), state_shape=list(e.shape[1:]), stages=options.stages,
                         options=options, model=type(model).__name__)
     for name in options.stages:
@@ -789,8 +900,11 @@ class CheckpointAnalysis(_JSONView):
         block per split under its name, and the verdict of each split."""
         from stability.analysis.report import clean
 
+        from stability import hardware
+
         out = {"format": FORMAT, "schema_version": SCHEMA_VERSION, **self.source, "config": self.config,
-               "options": self.options.to_dict(), "epoch": self.epoch, "splits": list(self.splits)}
+               "options": self.options.to_dict(), "epoch": self.epoch, "splits": list(self.splits),
+               "hardware": hardware.signature()}
         for name, split in self.splits.items():
             out[name] = split.to_dict()
         out["verdict"] = {name: out[name]["verdict"] for name in self.splits}
@@ -904,8 +1018,13 @@ def _child_thread_env(threads: int):
 def _split_worker(path, release_config, split: str, options: AnalysisOptions, threads: int, queue) -> None:
     """A spawned process: load the checkpoint, analyse one split with ``threads`` torch threads, and put
     ("log", text) lines and then ("done", split, pickled SplitAnalysis) or ("error", split, message) on ``queue``."""
+    import multiprocessing
     import pickle
 
+    from stability.processes import die_with_parent
+
+    parent = multiprocessing.parent_process()
+    die_with_parent(parent.pid if parent is not None else None)  # no orphan when `analyze` is killed
     limit_threads(threads)
     keep_freed_memory()
     try:

@@ -127,6 +127,9 @@ def split_table(block: dict) -> str:
                      f"converged only: {_fmt(acc.get('at_fixed_point_converged'), '.1%') if acc.get('at_fixed_point_converged') is not None else '—'}"))
     elif acc is not None:
         rows.append(("accuracy", "not applicable", acc.get("reason", "")))
+    geo = block.get("geometry")
+    if geo is not None:
+        rows += geometry_rows(geo)
     if block.get("timings"):
         inside = (block.get("accuracy") or {}).get("scored_in")  # the curve came from that stage's solve
         rows.append(("time", f"{sum(block['timings'].values()):.1f} s",
@@ -139,11 +142,44 @@ def split_table(block: dict) -> str:
     return "\n".join([f"split: {block['split']}", line, *body, line])
 
 
-_AXES = (("reachable", "reachable"), ("input_dependent", "input-dependent"), ("independent_of_e", "independent of e"))
+def geometry_rows(geo: dict) -> list:
+    """The geometry stage's rows of a split's table."""
+    summ = geo.get("summary") or {}
+    K, n = geo.get("directions"), len(geo.get("samples", []))
+    att = summ.get("attracting_samples", 0)
+    rows = [("radius of stability", _fmt(summ.get("median_radius"), ".3g") + " (median)",
+             f"relative step along ±{K} random directions, {n} sample(s) ({att} attracting at θ*), bracket "
+             f"hi/lo ≤ {1 + geo.get('accuracy', 0):g}; all: {_spread([r for rs in geo.get('radii', []) for r in rs])}")]
+    rows.append(("anisotropy", f"IQR log r {_fmt(summ.get('log_iqr'), '.2g')} · log max/min "
+                 f"{_fmt(summ.get('log_range'), '.2g')} · balance {_fmt(summ.get('balance'), '.2g')}",
+                 f"App. B.2's measures on the radii; {_fmt(summ.get('unstable_t0'), '.0%') if summ.get('unstable_t0') is not None else '—'} "
+                 f"unstable at t → 0, {_fmt(summ.get('censored'), '.0%') if summ.get('censored') is not None else '—'} "
+                 f"censored at {geo.get('t_max', 0):g}"))
+    groups = [g for g in geo.get("groups") or [] if g.get("median_radius") is not None]
+    if groups:
+        t_max = geo.get("t_max", 0)
+        parts = [f"{g['name'].split(' (')[0]} {'≥' if g['median_radius'] >= t_max else ''}{g['median_radius']:.2g}"
+                 for g in sorted(groups, key=lambda g: g["median_radius"])]
+        rows.append(("radius by part", " · ".join(parts), "directions within one parameter group (median)"))
+    reasons = [x for rs in geo.get("reasons", []) for x in rs if x]
+    if reasons:
+        counts = {}
+        for x in reasons:
+            counts[x] = counts.get(x, 0) + 1
+        gap = geo.get("estimate_gap_max")
+        rows.append(("radius set by", ", ".join(f"{k} {v}" for k, v in counts.items()),
+                     "what failed at the outer end (rho: ρ(J*) ≥ 1; a status: the continued solve)"
+                     + (f"; certified ρ within {gap:.2g} of the estimate" if gap is not None else "")))
+    return rows
+
+
+_AXES = (("reachable", "reachable"), ("input_dependent", "input-dependent"), ("geometry", "geometry"))
 
 
 def verdict_text(report: dict) -> str:
-    """The VERDICT: for each split, the paper's three axes in words and numbers, and the thresholds used."""
+    """The VERDICT: for each split, the paper's three axes (reachable, input-dependent, geometry) in words and
+    numbers, and the thresholds used. A.8's "from every start" is a fact of the reachable line, not an axis. A
+    report written before the geometry stage (schema 2) shows its axes as they were."""
     lines = ["VERDICT (the paper's three axes, Section 3.2)"]
     th = None
     for split in report["splits"]:
@@ -151,14 +187,19 @@ def verdict_text(report: dict) -> str:
         if not v:
             continue
         th = v["thresholds"]
-        for key, label in _AXES:
+        axes = _AXES if "geometry" in v else (*_AXES[:2], ("independent_of_e", "independent of e"))
+        for key, label in axes:
             lines.append(f"  {split:<6} {label + ':':<19} {v[key].upper():<12} {v['reasons'].get(key, '')}")
     if th:
         lines.append(f"  thresholds: reachable if ≥ {th['reachable_share']:.0%} of samples converge under plain "
-                     f"iteration and median ρ(J*) < {1 - th['rho_margin']:g}; input-dependent if median "
-                     f"‖dx*/dx0‖_F ≥ {th['input_grad_min']:g} and the converged samples reach more than one fixed "
-                     f"point (Prop. 5 agrees if the unrolled gradient is within {th['prop5_rel_error_max']:g}); "
-                     f"independent of e if x* from every start lie within {th['e_distance_max']:g} (relative L∞)")
+                     f"iteration and median ρ(J*) < {1 - th['rho_margin']:g} (from every start: x* from each e within "
+                     f"{th['e_distance_max']:g}, relative L∞); input-dependent if median ‖dx*/dx0‖_F ≥ "
+                     f"{th['input_grad_min']:g} and the converged samples reach more than one fixed point (Prop. 5 "
+                     f"agrees if the unrolled gradient is within {th['prop5_rel_error_max']:g})"
+                     + (f"; geometry: yes if the median radius of stability (relative step in parameter space at "
+                        f"which x* stops attracting) is ≥ {th['geometry_radius_min']:g} and the IQR of log r over the "
+                        f"directions ≤ {th['geometry_log_iqr_max']:g} (partly if one holds; references in "
+                        f"benchmarks/RESULTS.md, \"Geometry stage\")" if "geometry_radius_min" in th else ""))
     return "\n".join(lines)
 
 
@@ -180,10 +221,15 @@ def _head(report: dict) -> str:
     return "; ".join(parts)
 
 
+#: where the report's rows are explained in plain words, one line each (printed between the verdict and the tables)
+GUIDE = "what each row below means, in plain words: docs/analysis.md#reading-the-report-in-plain-words"
+
+
 def text_report(report) -> str:
-    """The verdict, then one table per split."""
+    """The verdict, the pointer to the rows' plain-words explanations, then one table per split."""
     report = as_report(report)
-    return "\n\n".join([_head(report), verdict_text(report)] + [split_table(report[s]) for s in report["splits"]]) + "\n"
+    return "\n\n".join([_head(report), verdict_text(report), GUIDE]
+                       + [split_table(report[s]) for s in report["splits"]]) + "\n"
 
 
 # ---- plots ---------------------------------------------------------------------------------------------
@@ -204,10 +250,15 @@ def _figure(n: int, width: float = 5.0, height: float = 4.0):
 
 def write_plots(report, directory: Path) -> list[Path]:
     """residuals.png, eigenvalues.png, accuracy.png, prop5.png (one panel per split; a plot whose stage did not
-    run, or does not apply, is left out). Returns their paths."""
-    report = as_report(report)
+    run, or does not apply, is left out). Returns their paths. The folder gets all of them or none
+    (:func:`stability.atomic.staged_dir`): a write that fails (a full disk) leaves it as it was."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    with atomic.staged_dir(directory) as stage:
+        written = _write_plots(as_report(report), stage)
+    return [directory / p.name for p in written]
+
+
+def _write_plots(report: dict, directory: Path) -> list[Path]:
     splits = report["splits"]
     paths = []
 
@@ -245,6 +296,9 @@ def write_plots(report, directory: Path) -> list[Path]:
         _accuracy_plot(report, ran("accuracy"), save)
     if ran("prop5"):
         _prop5_plot(report, ran("prop5"), save)
+    planes = [sp for sp in splits if (report[sp].get("geometry") or {}).get("plane")]
+    if planes:
+        _region_plot(report, planes, save)
     return paths
 
 
@@ -301,3 +355,46 @@ def _prop5_plot(report, splits, save):
                     transform=ax.transAxes, fontsize=8)
         ax.set(title=f"{s}: Prop. 5 check", xlabel="T", ylabel="relative error")
     save(fig, plt, "prop5.png")
+
+
+def region_axes(ax, geo: dict, title: str) -> None:
+    """The stability region of a checkpoint on one axes: ρ(J*) over the plane θ* + a·D1 + b·D2 of the geometry
+    stage (colour), the ρ = 1 contour, cells whose continued solve failed hatched, θ* at the origin, and the
+    bisected radii along ±D1, ±D2 (which should lie on the contour)."""
+    import numpy as np
+    from matplotlib.colors import TwoSlopeNorm
+
+    pl = geo["plane"]
+    a, b = np.asarray(pl["a"]), np.asarray(pl["b"])
+    rho = np.array([[np.nan if v is None else v for v in row] for row in pl["rho"]], dtype=float)
+    failed = np.array([[st != "converged" for st in row] for row in pl["status"]])
+    hi = max(1.5, float(np.nanmax(rho)) if np.isfinite(rho).any() else 1.5)
+    lo = min(0.5, float(np.nanmin(rho)) if np.isfinite(rho).any() else 0.5)
+    mesh = ax.pcolormesh(a, b, np.ma.masked_invalid(rho), cmap="RdBu_r", shading="nearest",
+                         norm=TwoSlopeNorm(vmin=lo, vcenter=1.0, vmax=hi))
+    cb = ax.figure.colorbar(mesh, ax=ax, shrink=0.85)
+    cb.set_label("ρ(J*)  (estimate)")
+    if np.isfinite(rho).sum() >= 4 and np.nanmin(rho) < 1 < np.nanmax(rho):
+        ax.contour(a, b, np.where(np.isfinite(rho), rho, hi), levels=[1.0], colors="k", linewidths=1.4)
+    if failed.any():
+        A, B = np.meshgrid(a, b)
+        ax.scatter(A[failed], B[failed], marker="x", s=14, color="0.25", lw=0.8,
+                   label="continued solve failed (no x*)")
+    ax.plot([0], [0], marker="*", ms=13, color="gold", mec="k", ls="none", label="θ* (the checkpoint)")
+    r1, r2 = pl.get("radii_D1") or [None, None], pl.get("radii_D2") or [None, None]
+    pts = [(r1[0], 0), (-r1[1], 0), (0, r2[0]), (0, -r2[1])] if None not in (*r1, *r2) else []
+    if pts:
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", mfc="none", mec="k", ms=7,
+                label="bisected radii along ±D1, ±D2")
+    ax.plot([], [], color="k", lw=1.4, label="ρ(J*) = 1")
+    ax.set(xlabel="a  (relative step along D1)", ylabel="b  (relative step along D2)", aspect="equal",
+           title=title)
+    ax.legend(fontsize=7, loc="lower left", framealpha=0.85)
+
+
+def _region_plot(report, splits, save):
+    fig, axes, plt = _figure(len(splits), 5.6, 5.0)
+    for ax, s in zip(axes, splits):
+        geo = report[s]["geometry"]
+        region_axes(ax, geo, f"{s}: stability region around θ* (sample {geo['plane'].get('sample')})")
+    save(fig, plt, "geometry_region.png")

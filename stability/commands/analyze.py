@@ -1,11 +1,14 @@
-"""``stability analyze``: are a looped model's fixed points reachable, input-dependent, independent of e?
+"""``stability analyze``: are a looped model's fixed points reachable, input-dependent, and is their stable region
+in parameter space broad (geometry)?
 
 Two ways in: a checkpoint of this toolkit (``stability analyze CKPT``), or a model of one's own
 (``stability analyze --model PACKAGE.MODULE:FACTORY [--weights FILE] --inputs FILE.pt [--targets FILE.pt]``), checked
 against the :class:`~stability.protocols.LoopedModel` contract first. Finds x* per sample (Picard by default:
 reachability is about plain iteration), then reports ρ(J*), σ_max, Prop. 4's ρ(M) checked against autograd, ρ(W_x),
-the Prop. 5 check, ‖dx*/dx0‖_F, the A.8 independence of e, and accuracy against iteration (Sections 4–5, App. A),
-headed by a verdict on the paper's three axes. ``--only`` selects stages. See docs/analysis.md and the README.
+the Prop. 5 check, ‖dx*/dx0‖_F, the A.8 check from every start, accuracy against iteration (Sections 4–5, App. A)
+and the radii of stability in parameter space with their anisotropy (geometry, Section 3.2, App. B.2), headed by a
+verdict on the paper's three axes: reachable, input-dependent, geometry. ``--only`` selects stages. See
+docs/analysis.md and docs/python-api.md.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ import sys
 
 from stability.commands._types import device_name, positive_float, positive_int
 
-HELP = "analyse a looped model's fixed points: reachability, spectra (Props. 3-4), input-gradients (Prop. 5), accuracy"
+HELP = ("analyse a looped model's fixed points on the paper's three axes: reachability (spectra, Props. 3-4), "
+        "input-dependence (Prop. 5) and geometry (radii of stability in parameter space), and accuracy")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,11 +28,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", metavar="CKPT", nargs="?", help="a checkpoint written by `stability train`, or "
                    "one of the paper's release checkpoints (RUN_DIR/model_best.pth)")
     p.add_argument("--release-config", metavar="PATH", help="a release checkpoint's Hydra config, where it is not "
-                   "RUN_DIR/.hydra/config.yaml (README: Release checkpoints and semantics)")
+                   "RUN_DIR/.hydra/config.yaml (docs/release-differences.md)")
     own = p.add_argument_group("a model of one's own (instead of CKPT)")
     own.add_argument("--model", metavar="PACKAGE.MODULE:FACTORY",
                      help="build the model by calling FACTORY() from an importable module (the current directory "
-                          "is on the path); it must satisfy the LoopedModel contract (README)")
+                          "is on the path); it must satisfy the LoopedModel contract (docs/python-api.md)")
     own.add_argument("--weights", metavar="FILE", help="a state dict to load into the model (torch.save)")
     own.add_argument("--inputs", metavar="FILE.pt", help="a tensor of inputs (B, ...) saved with torch.save")
     own.add_argument("--targets", metavar="FILE.pt",
@@ -46,13 +50,48 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _option(p, "noise_std", type=positive_float)
     _option(p, "eig_route")
     _option(p, "eig_precision")
+    geo = p.add_argument_group("geometry (the third axis: radii of stability along random directions in "
+                               "parameter space, docs/analysis.md)")
+    _option(geo, "geometry_directions", type=positive_int)
+    _option(geo, "geometry_samples", type=positive_int)
+    _option(geo, "geometry_accuracy", type=_fraction)
+    _option(geo, "geometry_group_directions", type=_non_negative_int)
+    _option(geo, "geometry_certify", type=_non_negative_int)
+    geo.add_argument("--geometry-plane", metavar="N", type=_non_negative_int, default=None,
+                     help="the ρ(J*) picture over the plane of two directions, N × N cells (default: 21 with "
+                          "--plots, otherwise none; 0: none)")
     p.add_argument("--json", metavar="PATH", help="write the full results as JSON")
-    p.add_argument("--plots", metavar="DIR", help="write PNG plots (residuals, eigenvalues, accuracy, Prop. 5)")
+    p.add_argument("--plots", metavar="DIR", help="write PNG plots (residuals, eigenvalues, accuracy, Prop. 5, "
+                   "and the geometry stage's stability region)")
     _option(p, "device", type=device_name)
     p.add_argument("--workers", metavar="N", type=positive_int, default=None,
                    help="processes on the CPU, one split each, sharing torch's threads (default: one per split, up "
                         "to the thread count; 1: one split after the other); the numbers do not depend on it")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer ≥ 0, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer ≥ 0, got {text!r}")
+    return v
+
+
+def _fraction(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}") from None
+    if not 0 < v < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}")
+    return v
+
+
+#: the cells per side of the geometry stage's region picture when --plots is given and --geometry-plane is not
+PLOT_PLANE = 21
 
 
 def _option(p: argparse.ArgumentParser, name: str, **kw) -> None:
@@ -69,6 +108,37 @@ def _option(p: argparse.ArgumentParser, name: str, **kw) -> None:
     if "metavar" in meta:
         kw["metavar"] = meta["metavar"]
     p.add_argument(f"--{name.replace('_', '-')}", default=f.default, help=meta["help"] + shown, **kw)
+
+
+#: the largest counts ``analyze`` accepts: beyond them the analysis cannot finish (memory or time), and fails late
+LIMITS = {
+    # the solver keeps one residual per sample and iteration (a samples × max_iter float64 trace), and plain
+    # iteration that has not converged in a million steps will not
+    "max_iter": (10**6, "the solver keeps a residual per sample and iteration"),
+    # the accuracy curve and the Prop. 5 / A.8 grids run the loop map up to T times per sample
+    "iterations": (10**6, "the accuracy curve runs the loop map T times per sample"),
+    # every probe is one more linear solve per sample, all held at once; Hutchinson's error falls as 1/√K, about
+    # 3 % of ‖dx*/dx0‖_F at 1024 probes
+    "probes": (1024, "each probe is one more linear solve per sample, all held in memory at once"),
+}
+
+
+def check_feasible(args) -> None:
+    """Refuse, before any work, a count the analysis cannot finish (:data:`LIMITS`), in one line."""
+    from stability.errors import ConfigError
+
+    from stability.analysis.pipeline import parse_stages
+    from stability.errors import StabilityError
+
+    for name, (limit, why) in LIMITS.items():
+        value = getattr(args, name, None)
+        if value is not None and value > limit:
+            raise ConfigError(f"--{name.replace('_', '-')} {value}: at most {limit} ({why})")
+    if getattr(args, "only", None) is not None:
+        try:
+            parse_stages(args.only)
+        except StabilityError as exc:  # e.g. --only "" is not "every stage"
+            raise ConfigError(f"--only {args.only!r}: {exc}") from None
 
 
 # ---- a model of one's own ------------------------------------------------------------------------------------
@@ -114,20 +184,18 @@ def build_from_spec(spec: str):
 def _torch_load(path: str, what: str):
     from pathlib import Path
 
-    import torch
-
     from stability.errors import StabilityError
+    from stability.stored import load_plain
 
     p = Path(path)
     if not p.exists():
         raise StabilityError(f"{what} {path}: no such file")
     if not p.is_file():
         raise StabilityError(f"{what} {path}: not a file")
-    try:
-        return torch.load(p, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - truncated, not a torch file, or unsafe pickle
-        raise StabilityError(f"{what} {path}: corrupt or not a tensor file saved with torch.save "
-                             f"({_one_line(exc)})") from None
+
+    # refused in one line as the checkpoint path refuses: code-executing ("loading it would execute code"; torch's
+    # advice to pass weights_only=False is never passed on), truncated, or not written by torch.save
+    return load_plain(p, f"{what} {path}", "tensor file", "not a tensor file saved with torch.save")
 
 
 def load_tensor(path: str, what: str, key: str):
@@ -208,10 +276,18 @@ def run(args: argparse.Namespace) -> int:
                              "--inputs FILE.pt)")
     if not args.model and (args.inputs or args.targets or args.weights):
         raise StabilityError("--inputs, --targets and --weights go with --model")
+    check_feasible(args)
     options = AnalysisOptions(samples=args.samples, solver=args.solver, tol=args.tol, max_iter=args.max_iter,
                               iterations=args.iterations, device=args.device, probes=args.probes,
                               eig_route=args.eig_route, eig_precision=args.eig_precision,
-                              noise_std=args.noise_std, workers=args.workers, stages=args.only or STAGES)
+                              noise_std=args.noise_std, workers=args.workers,
+                              stages=STAGES if args.only is None else args.only,  # --only "": refused
+                              geometry_directions=args.geometry_directions, geometry_samples=args.geometry_samples,
+                              geometry_accuracy=args.geometry_accuracy,
+                              geometry_group_directions=args.geometry_group_directions,
+                              geometry_certify=args.geometry_certify,
+                              geometry_plane=(args.geometry_plane if args.geometry_plane is not None
+                                              else PLOT_PLANE if args.plots else 0))
     if args.json:
         check_writable(args.json, "file", "--json")
     if args.plots:

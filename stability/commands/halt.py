@@ -7,6 +7,9 @@ import argparse
 
 from stability.commands._types import device_name, positive_float
 
+#: the largest --max-iterations: the solver keeps a residual per sample and iteration (as `analyze --max-iter`)
+MAX_ITERATIONS = 10**6
+
 HELP = "residual-based halting at inference: accuracy against compute for halting tolerances τ"
 
 
@@ -21,6 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", type=device_name, default="cpu", metavar="DEV",
                    help="where to run: cpu, auto (cuda when available), cuda or cuda:N (cpu)")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,6 +45,9 @@ def run(args: argparse.Namespace) -> int:
         v = getattr(args, name)
         if v is not None and v < 1:
             raise ConfigError(f"--{name.replace('_', '-')}: must be at least 1, got {v}")
+    if args.max_iterations is not None and args.max_iterations > MAX_ITERATIONS:
+        raise ConfigError(f"--max-iterations {args.max_iterations}: at most {MAX_ITERATIONS} (the solver keeps a "
+                          "residual per sample and iteration)")
     from stability.config import resolve_device
 
     args.device = str(resolve_device(args.device))
@@ -57,8 +64,13 @@ def run(args: argparse.Namespace) -> int:
     if args.samples is not None and args.samples > rows:
         print(f"stability halt: note: --samples {args.samples}: the {args.split} split has {rows} samples; "
               f"using all {rows}", file=sys.stderr)
-    report = halting_report(run_.model, run_.task, args.split, taus, max_iter=T, limit=args.samples,
-                            batch_size=args.batch_size, device=args.device)
+    from tqdm.auto import tqdm
+
+    n = min(rows, args.samples or rows)
+    with tqdm(total=n * (len(taus) + 1), desc=f"halt {args.split}", unit="sample", file=sys.stderr,
+              disable=args.quiet, leave=False, dynamic_ncols=True) as bar:  # the fixed budget, then each τ
+        report = halting_report(run_.model, run_.task, args.split, taus, max_iter=T, limit=args.samples,
+                                batch_size=args.batch_size, device=args.device, on_batch=bar.update)
     report["checkpoint"] = str(run_.path)
     print(format_report(report))
     if args.json:

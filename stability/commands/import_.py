@@ -15,9 +15,39 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the run's Hydra config (default: RUN_DIR/.hydra/config.yaml beside CKPT)")
 
 
+def summary(path) -> str:
+    """What an imported checkpoint holds, in a few lines: where it came from, the task, the model, the epochs
+    trained, and the semantics (the ModelConfig / TrainConfig values where the toolkit and the release differ)."""
+    from stability import checkpoint as ckpt
+    from stability.config import ModelConfig, TrainConfig
+
+    obj = ckpt.read(path)
+    cfg = ckpt.run_config(obj, path)
+    m, t, tr = cfg.model, cfg.task, cfg.train
+    source = obj.get("source") or {}
+    task = f"{t.name}"
+    if t.name == "prefix-sums":
+        task += f" ({t.train_length}-bit strings to train on, {t.hard_length}-bit hard split)"
+    eps = "the dtype's machine epsilon" if m.norm_eps is None else f"{m.norm_eps:g}"
+    release = ModelConfig(), TrainConfig()  # a new run's values are the release's
+    same = all(getattr(m, k) == getattr(release[0], k) for k in ("window_edges", "norm_eps", "rope_precision")) \
+        and tr.decay_exempt == release[1].decay_exempt
+    whose = "the release's" if same else "mixed"
+    lines = [f"imported {source.get('checkpoint', '?')}",
+             f"  release config: {source.get('config', '?')}",
+             f"  task:           {task}",
+             f"  model:          recall {m.recall}, norm {m.norm}, width {m.width}, {m.heads} heads",
+             f"  trained:        {obj.get('epoch')} epoch(s) by the release (its config: {tr.epochs}); imported as "
+             "a finished model, ready to analyse",
+             f"  semantics:      {whose}: window_edges {m.window_edges}, norm_eps {eps}, rope_precision "
+             f"{m.rope_precision}, decay_exempt {tr.decay_exempt} (docs/release-differences.md)"]
+    return "\n".join(lines)
+
+
 def run(args: argparse.Namespace) -> int:
     from stability.train.release_import import import_checkpoint
 
     out = import_checkpoint(args.checkpoint, args.out, release_config=args.release_config)
+    print(summary(out))
     print(f"checkpoint: {out}")
     return 0

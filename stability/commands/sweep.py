@@ -122,9 +122,37 @@ def _export(results) -> None:
     print(f"{len(records)} records → " + ", ".join(str(p) for p in paths))
 
 
+def resume_command(args: argparse.Namespace, results, left: list) -> str:
+    """The exact command that resumes an interrupted sweep: the grid, ``--results`` (given or default) and every
+    other option given that selects or runs cells. A ``--only`` sweep resumes with ``--only`` of the cells still
+    without a record (``--only`` reruns them from scratch, so the finished ones are left out)."""
+    import shlex
+
+    cmd = ["stability", "sweep", str(args.grid), "--results", str(results)]
+    if args.executor != "local":
+        cmd += ["--executor", args.executor]
+    if args.cluster != "slurm":
+        cmd += ["--cluster", args.cluster]
+    if args.gpus:
+        cmd += ["--gpus", str(args.gpus)]
+    if args.workers is not None:
+        cmd += ["--workers", str(args.workers)]
+    for where in args.where:
+        cmd += ["--where", where]
+    if args.only is not None:
+        cmd += ["--only", ",".join(c.cell_id or c.id for c in left)]
+    for name in ("summary", "analyze_samples", "analyze_splits", "analyze_max_iter"):
+        if getattr(args, name) is not None:
+            cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    if getattr(args, "reproducible", False):
+        cmd.append("--reproducible")
+    return shlex.join(cmd)
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from stability import hardware
     from stability.errors import ConfigError
     from stability.sweep import grid as gridlib
     from stability.sweep.runner import RunOptions, checkpoint_path, outcome_line, record_path
@@ -152,7 +180,11 @@ def run(args: argparse.Namespace) -> int:
               for k, v in builtin.items()}
     splits = ("val", "hard") if chosen["analyze_splits"] == "both" else (chosen["analyze_splits"],)
     options = RunOptions(summary=chosen["summary"], analyze_samples=chosen["analyze_samples"], analyze_splits=splits,
-                         analyze_max_iter=chosen["analyze_max_iter"])
+                         analyze_max_iter=chosen["analyze_max_iter"],
+                         reproducible=bool(args.reproducible or grid.summary.get("reproducible", False)))
+    if options.reproducible and not hardware.env_is_pinned():
+        # the grid asks for pinned kernels: this sweep reruns itself pinned, and its workers inherit the settings
+        return hardware.run_pinned(args._argv, replace=getattr(args, "_top", False))
 
     done = [c for c in cells if record_path(results, c.id).exists()]
     todo = [c for c in cells if not record_path(results, c.id).exists()]
@@ -181,6 +213,7 @@ def run(args: argparse.Namespace) -> int:
         done, todo, partial = [], list(cells), []
     if not todo:
         print("nothing to run: every selected cell has its record")
+        _export(results)  # every finishing sweep writes them (a killed one may have left them behind)
         return 0
     if args.executor == "local" and args.gpus:
         import torch
@@ -223,8 +256,10 @@ def run(args: argparse.Namespace) -> int:
                                     name=f"stability-{grid.name}", wait=not args.no_wait,
                                     report=None if args.no_wait else report)
     except KeyboardInterrupt:
-        print("interrupted: finished cells keep their records; the rest resume on the next "
-              f"`stability sweep {args.grid}`", file=sys.stderr)
+        left = [c for c in todo if not record_path(results, c.id).exists()]
+        print("interrupted: finished cells keep their records; " + (
+            f"the rest resume with `{resume_command(args, results, left)}`" if left else
+            "every selected cell has its record"), file=sys.stderr)
         return 130
     if args.no_wait:
         for o in outcomes:

@@ -131,6 +131,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensorboard", metavar="DIR",
                    help="also log the per-epoch scalars to TensorBoard in DIR (needs the tensorboard package)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.epilog = ("exit status: 0 trained; 2 bad usage or input (one line on stderr, nothing written), or --out is "
+                "being written by another run; 3 the run diverged (a non-finite loss or gradient: training stopped, "
+                "the last good checkpoint is kept); 130 interrupted")
+
+
+#: the largest finite float32: the model and AdamW compute in float32, so a larger option overflows there
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def check_float32(config) -> None:
+    """Refuse (one line) an option too large for the float32 arithmetic of training: ``--lr 1e300`` would
+    otherwise end in a traceback from inside AdamW."""
+    from stability.config import flat_options
+    from stability.errors import ConfigError
+
+    values = flat_options(config)
+    for f in flags():
+        v = values.get(f"{f.section}.{f.name}")
+        if isinstance(v, float) and abs(v) > _FLOAT32_MAX:
+            raise ConfigError(f"--{f.flag} {v:g}: too large: training computes in float32, whose largest number is "
+                              f"{_FLOAT32_MAX:.3g}")
+    lr, decay = values.get("train.lr"), values.get("train.weight_decay")
+    if isinstance(lr, float) and isinstance(decay, float) and lr * decay > _FLOAT32_MAX:
+        raise ConfigError(f"--lr {lr:g} with --weight-decay {decay:g}: their product, AdamW's decay step, is "
+                          f"larger than float32's largest number {_FLOAT32_MAX:.3g}")
 
 
 def _given(args: argparse.Namespace) -> list[tuple[Flag, typing.Any]]:
@@ -185,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
     from stability.atomic import check_writable
 
     config = config_from_args(args)  # validated before anything heavy is imported
+    check_float32(config)
     out = check_writable(args.out, "file", "--out")
     tensorboard = check_writable(args.tensorboard, "dir", "--tensorboard") if args.tensorboard else None
     if tensorboard is not None:
@@ -196,7 +222,8 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--tensorboard: the tensorboard package is not installed (pip install tensorboard), "
                               "or leave --tensorboard out")
 
-    from stability.train.loop import check_resumable, schedule_warning, train
+    from stability.errors import DivergenceError
+    from stability.train.loop import EXIT_DIVERGED, check_resumable, schedule_warning, train
     from stability.train.report import accuracy_table
 
     if args.resume and out.exists():
@@ -206,11 +233,16 @@ def run(args: argparse.Namespace) -> int:
         obj = ckpt.read(out)
         stored = ckpt.run_config(obj, out)
         config = config_from_args(args, base=stored)
+        check_float32(config)
         check_resumable(stored, config, int(obj["epoch"]), out)
     warning = schedule_warning(config.train)
     if warning:
         print(f"stability train: warning: {warning}", file=sys.stderr, flush=True)
-    result = train(config, out, resume=args.resume, progress=not args.quiet, tensorboard=tensorboard)
+    try:
+        result = train(config, out, resume=args.resume, progress=not args.quiet, tensorboard=tensorboard)
+    except DivergenceError as exc:  # a result of the run, not bad usage: its own exit status
+        print(f"stability train: diverged: {exc}", file=sys.stderr, flush=True)
+        return EXIT_DIVERGED
     print(f"checkpoint: {result.path}")
     if result.final:
         print(accuracy_table(result.final))

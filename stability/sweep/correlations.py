@@ -23,7 +23,7 @@ import math
 from pathlib import Path
 from typing import Optional
 
-from stability.sweep.figures import _acc, _looped, split_quantity
+from stability.sweep.quantities import accuracy as _acc, is_looped as _looped, split_quantity
 
 #: predictor -> (record key in the analysis summary, label, what an undefined value becomes)
 PREDICTORS = {

@@ -45,7 +45,9 @@ def write_cell_files(cells: list, results: Path, options: RunOptions, grid_name:
 # ---- local pool -------------------------------------------------------------------------------------
 def _worker_env(slot: dict, threads: int) -> dict:
     """The worker's environment: its GPU, and ``threads`` CPU threads unless OMP_NUM_THREADS is set already."""
-    env = dict(os.environ)
+    from stability.processes import PARENT_ENV
+
+    env = {**os.environ, PARENT_ENV: str(os.getpid())}  # the worker ends when this process does
     if "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
     if slot["gpu"] is not None:

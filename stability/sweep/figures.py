@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from stability.errors import StabilityError
+from stability.sweep.quantities import accuracy as _acc, is_looped as _looped, split_quantity  # noqa: F401
 from stability.sweep.tables import RECALL_ORDER, TASK_ORDER, TASK_TITLE
 
 NO_OUTER_NORM = ("none", "pre", "peri")
@@ -53,13 +54,6 @@ def _tasks(records: list[dict]) -> list[str]:
     return [t for t in TASK_ORDER if t in present] + sorted(present - set(TASK_ORDER))
 
 
-def _acc(rec: dict, split: str) -> Optional[float]:
-    """Percent accuracy at the test iteration; 0 for a diverged run (as in the tables)."""
-    if rec.get("status") == "diverged" or not rec.get("final"):
-        return 0.0
-    return 100.0 * float(rec["final"][split]["accuracy"])
-
-
 def _stab(rec: dict, key: str) -> Optional[float]:
     v = (rec.get("stability") or {}).get(key)
     return float(v) if v is not None and math.isfinite(float(v)) else None
@@ -72,10 +66,6 @@ def _mean(vals: list) -> Optional[float]:
 
 def _unity(ax, axis: str = "y") -> None:
     (ax.axhline if axis == "y" else ax.axvline)(1.0, color="k", lw=0.8, ls="--", zorder=0)
-
-
-def _looped(rec: dict) -> bool:
-    return rec["config"]["model"]["recall"] in RECALL_ORDER[:3]
 
 
 def missing_reason(rec: dict, key: str) -> Optional[str]:
@@ -473,20 +463,6 @@ def figure7_rho_J(records: list[dict]):
 
 
 # ---- the figure the paper could not draw ------------------------------------------------------------------
-def split_quantity(rec: dict, key: str, split: str = "hard") -> Optional[float]:
-    """A stability quantity of a run measured on ``split`` (its analysis summary), else on the record's summary
-    split (``stability``); None where it is undefined (e.g. ρ(J*) with no converged sample)."""
-    block = (rec.get("analysis") or {}).get(split)
-    if block is not None:
-        v = block.get(key)
-    else:
-        v = (rec.get("stability") or {}).get(key)
-    try:
-        return float(v) if v is not None and math.isfinite(float(v)) else None
-    except (TypeError, ValueError):
-        return None
-
-
 def hard_vs_fixed_point_data(records: list[dict], split: str = "hard") -> dict:
     """What :func:`figure_hard_vs_fixed_point` draws: per looped, analysed run its cell id, norm, recall, hard
     accuracy (percent), median ρ(J*) (None: no converged sample) and converged share, measured on ``split``."""

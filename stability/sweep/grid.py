@@ -27,6 +27,7 @@ Both are tables of the RunConfig sections ``model``, ``task`` and ``train`` (``s
     analyze_samples = 4                       # per split
     analyze_splits = "both"                   # val, hard or both
     analyze_max_iter = 500
+    reproducible = true                       # every cell with pinned CPU kernels (README: Reproducibility)
 
 The keys of ``model``, ``task`` and ``train`` are the fields of the one configuration schema
 (``stability/config.py``, docs/configuration.md). A training method's options may be written in ``[*.train]``
@@ -84,7 +85,7 @@ TOP_KEYS = ("name", "description", "include", "fixed", "axes", "slurm", "summary
 #: the ``[summary]`` table: how each cell is summarised after training (defaults of the sweep's --summary,
 #: --analyze-samples, --analyze-splits, --analyze-max-iter; the command line overrides them)
 SUMMARY_KEYS = {"summary": ("analyze", "monitor"), "analyze_samples": int, "analyze_splits": ("val", "hard", "both"),
-                "analyze_max_iter": int}
+                "analyze_max_iter": int, "reproducible": bool}
 #: resources of one SLURM job (submitit's AutoExecutor parameters, without the ``slurm_`` prefix where it has one)
 SLURM_KEYS = ("partition", "timeout_min", "gpus_per_node", "cpus_per_task", "mem_gb", "account", "qos",
               "constraint", "array_parallelism", "additional_parameters", "setup")
@@ -281,6 +282,10 @@ def parse(data: dict, *, path: Optional[Path] = None, extra_fixed: Optional[dict
         if key not in summary:
             continue
         v = summary[key]
+        if allowed is bool:
+            if not isinstance(v, bool):
+                raise ConfigError(f"{_where(path)}summary.{key}: expected true or false, got {v!r}")
+            continue
         if allowed is int and (isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "analyze_samples" else 1)):
             raise ConfigError(f"{_where(path)}summary.{key}: expected a {'non-negative' if key == 'analyze_samples' else 'positive'} integer, got {v!r}")
         if allowed is not int and v not in allowed:

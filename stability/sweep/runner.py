@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from stability import atomic
+from stability import atomic, hardware
 from stability.stats import median
 from stability.errors import DivergenceError, StabilityError
 
@@ -46,21 +46,28 @@ class RunOptions:
     ``summary``: ``analyze`` runs the analysis pipeline of ``stability analyze`` on the first ``analyze_samples``
     samples of each of ``analyze_splits`` (its full report goes to DIR/analysis/), ``monitor`` only measures the
     stability monitor's four quantities on the val probe (cheaper). ``analyze_max_iter``: the solver's budget.
+    ``reproducible``: the cells run with pinned CPU kernels (:mod:`stability.hardware`); written into the options
+    only when set, so the records of grids that never asked for it keep their shape.
     """
 
     summary: str = "analyze"
     analyze_samples: int = 8
     analyze_splits: tuple = ("val",)
     analyze_max_iter: int = 500
+    reproducible: bool = False
 
     def to_dict(self) -> dict:
-        return {"summary": self.summary, "analyze_samples": self.analyze_samples,
-                "analyze_splits": list(self.analyze_splits), "analyze_max_iter": self.analyze_max_iter}
+        out = {"summary": self.summary, "analyze_samples": self.analyze_samples,
+               "analyze_splits": list(self.analyze_splits), "analyze_max_iter": self.analyze_max_iter}
+        if self.reproducible:
+            out["reproducible"] = True
+        return out
 
     @staticmethod
     def from_dict(d: dict) -> "RunOptions":
         return RunOptions(summary=d["summary"], analyze_samples=int(d["analyze_samples"]),
-                          analyze_splits=tuple(d["analyze_splits"]), analyze_max_iter=int(d["analyze_max_iter"]))
+                          analyze_splits=tuple(d["analyze_splits"]), analyze_max_iter=int(d["analyze_max_iter"]),
+                          reproducible=bool(d.get("reproducible", False)))
 
 
 # ---- paths and files ---------------------------------------------------------------------------------
@@ -211,7 +218,8 @@ def _environment(device) -> dict:
     if device.type == "cuda":
         name = f"cuda:{torch.cuda.current_device()} {torch.cuda.get_device_name()}"
     return {"device": name, "host": platform.node(), "torch": str(torch.__version__),
-            "package": stability.__version__, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+            "package": stability.__version__, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "hardware": hardware.signature()}
 
 
 def _clean(obj):
@@ -236,6 +244,9 @@ def run_cell(cell, results: Path, options: RunOptions = RunOptions(), *, grid_na
     rpath = record_path(results, cell.id)
     if rpath.exists():
         return {"id": cell.id, "status": "skipped", "seconds": 0.0, "message": "record exists"}
+    if options.reproducible and not hardware.pinned():
+        raise StabilityError(f"{cell.cell_id}: the grid asks for reproducible mode, but this process's CPU kernels "
+                             "are not pinned (start it with stability.hardware.pinned_env(); `stability sweep` does)")
     with cell_lock(results, cell.id) as mine:
         if not mine:
             return {"id": cell.id, "status": "busy", "seconds": 0.0, "message": "another process runs this cell"}
@@ -396,6 +407,9 @@ def main(argv: Optional[list] = None) -> int:
     if len(argv) != 2:
         print("usage: python -m stability.sweep.runner RESULTS CELL_ID", file=sys.stderr)
         return 2
+    from stability.processes import die_with_parent
+
+    die_with_parent()  # a sweep killed with SIGKILL takes its workers with it: no orphan finishes a cell
     try:
         import torch
 

@@ -14,7 +14,7 @@ new length in one go exactly when the two schedules agree on the epochs already 
 ``cooldown_at = 1``) and no evaluation drew random numbers (initial state ``x0`` or ``zeros``). Otherwise the
 first epochs keep the old run's learning rates (a run that had entered its cooldown goes back up to the peak
 until the new cooldown point) and only the epochs from the old end on follow the new schedule. The final
-evaluation is redone at the new end (README, section `stability train`); the old last epoch's record has no
+evaluation is redone at the new end (docs/training.md); the old last epoch's record has no
 periodic evaluation (``eval_every``), since that epoch had the final one instead.
 
 Besides the JSONL metrics (``run.metrics.jsonl``), every checkpoint gets ``run.metrics.csv`` (one row per epoch,
@@ -28,15 +28,17 @@ import csv
 import io
 import json
 import math
+import os
 import sys
 import time
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
 import torch
 
-from stability import __version__
+from stability import __version__, hardware
 from stability.analysis.accuracy import accuracy_curve
 from stability.atomic import check_writable, write_text
 from stability.config import RunConfig, TrainConfig, flat_train, resolve_device, to_dict
@@ -414,6 +416,71 @@ def _say(progress: bool, msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
+#: the exit status of ``stability train`` when the run diverged (a non-finite loss or gradient): a result of the
+#: run, not a usage error (2) — the last good checkpoint is kept
+EXIT_DIVERGED = 3
+
+
+def lock_path(out: Path | str) -> Path:
+    """The lock file a run holds while it writes ``out``: run.pt -> .run.pt.lock beside it."""
+    out = Path(out)
+    return out.with_name(f".{out.name}.lock")
+
+
+def _lock_holder(fh) -> str:
+    """The pid written in a lock file another process holds (it writes it just after locking)."""
+    for _ in range(20):
+        fh.seek(0)
+        text = fh.read().strip()
+        if text.isdigit():
+            return text
+        time.sleep(0.05)
+    return "unknown"
+
+
+@contextmanager
+def run_lock(out: Path | str):
+    """Hold an exclusive lock on the run writing ``out`` (``fcntl.flock`` on :func:`lock_path`, as the sweep locks
+    its cells), with this process's pid in the lock file; a second run on the same ``out`` is refused with one line
+    naming the first's pid. The lock file is removed when the run ends (a run killed with SIGKILL leaves it, and
+    the kernel has released its lock: the next run takes it over)."""
+    import fcntl
+
+    from stability.atomic import _make_parents, _remove_empty
+
+    path = lock_path(out)
+    created = _make_parents(path.parent)
+    try:
+        while True:
+            fh = open(path, "a+")
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pid = _lock_holder(fh)
+                fh.close()
+                raise CheckpointError(f"--out {out}: another training run (pid {pid}) is writing it; wait for it "
+                                      "to end, or choose another --out") from None
+            try:
+                same = os.stat(path).st_ino == os.fstat(fh.fileno()).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            fh.close()  # its holder removed the file as we opened it: lock the file that is there now
+        try:
+            fh.seek(0)
+            fh.truncate()
+            fh.write(f"{os.getpid()}\n")
+            fh.flush()
+            yield path
+        finally:
+            with suppress(OSError):
+                os.unlink(path)  # while still holding the lock
+            fh.close()
+    finally:
+        _remove_empty(created)
+
+
 def train(config: RunConfig, out: Path | str, *, resume: bool = False, progress: bool = True,
           callbacks: tuple[EpochCallback, ...] = (), tensorboard: Path | str | None = None) -> TrainResult:
     """Train ``config`` and write the checkpoint ``out`` after every epoch (atomically).
@@ -424,17 +491,27 @@ def train(config: RunConfig, out: Path | str, *, resume: bool = False, progress:
     ``callbacks`` are called after each epoch with (model, task, record) and may add entries to the epoch's
     record. ``progress`` shows bars on stderr (batches of the run, each evaluation's batches × iterations).
     ``tensorboard``: a directory to log the per-epoch scalars to (needs the ``tensorboard`` package).
-    The output locations are checked before anything is built: a mistake costs nothing.
+    The output locations are checked before anything is built: a mistake costs nothing. The run holds
+    :func:`run_lock` on ``out`` throughout: a second run on the same ``out`` is refused while the first is alive.
     """
     out = Path(out)
     for path in (out, metrics_path(out), csv_path(out), accuracy_csv_path(out)):
         check_writable(path, "file", "checkpoint" if path == out else "metrics file")
     if tensorboard is not None:
         check_writable(tensorboard, "dir", "--tensorboard")
+    with run_lock(out):
+        return _train(config, out, resume=resume, progress=progress, callbacks=callbacks, tensorboard=tensorboard)
+
+
+def _train(config: RunConfig, out: Path, *, resume: bool, progress: bool, callbacks: tuple[EpochCallback, ...],
+           tensorboard: Path | str | None) -> TrainResult:
     if out.exists() and not resume:
         raise CheckpointError(f"{out} exists; pass --resume to continue it or choose another --out")
     cfg = config.train
     device = resolve_device(cfg.device)
+    if hardware.pinned() and (device.type != "cpu" or cfg.compile):
+        raise ConfigError("--reproducible pins the CPU's kernels only: it covers neither CUDA nor --compile "
+                          "(which generates code for this CPU); use --device cpu without --compile")
     use_bf16 = cfg.bf16 and device.type == "cuda"
     task = make_task(config.task)
     model_cfg = config.model.replace(**task.model_options())
@@ -477,12 +554,15 @@ def train(config: RunConfig, out: Path | str, *, resume: bool = False, progress:
         step_model = _compiled(model)
     board = _TensorBoard(Path(tensorboard)) if tensorboard is not None else None
 
+    signature = hardware.signature()  # what computed these weights (stability.hardware)
+
     def save(epoch: int) -> None:
         ckpt.atomic_save({
             "format": ckpt.FORMAT,
             "schema_version": ckpt.SCHEMA_VERSION,
             "package_version": __version__,
             "torch_version": str(torch.__version__),
+            "hardware": signature,
             "config": to_dict(config),
             "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
             "optimizer": optimizer.state_dict(),
