@@ -40,6 +40,8 @@ from typing import Callable, NamedTuple, Optional
 import numpy as np
 import torch
 
+from stability.errors import ConfigError
+
 METHODS = ("gmres", "neumann")
 
 
@@ -63,9 +65,9 @@ def solve_I_minus_J(apply_J: Callable[[torch.Tensor], torch.Tensor], b: torch.Te
     guess (default 0). Returns :class:`IJSolve`; residuals above ``tol`` mark samples that did not converge.
     """
     if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
+        raise ConfigError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
     if not (tol > 0 and math.isfinite(tol)):
-        raise ValueError(f"tol must be a positive finite number, got {tol!r}")
+        raise ConfigError(f"tol must be a positive finite number, got {tol!r}")
     shape = b.shape
     B, n = shape[0], math.prod(shape[1:])
     bf = b.reshape(B, n)
@@ -298,7 +300,7 @@ def batched_spectral_radius(apply: Callable[[torch.Tensor], torch.Tensor], shape
     nev = min(nev if nev is not None else NEV, max(1, m - 3))
     gen = torch.Generator(device="cpu").manual_seed(seed)
     if reorth not in ("always", "adaptive"):
-        raise ValueError(f"reorth must be 'always' or 'adaptive', got {reorth!r}")
+        raise ConfigError(f"reorth must be 'always' or 'adaptive', got {reorth!r}")
     V = torch.zeros(B, m + 1, n, dtype=dtype, device=device)
     H = torch.zeros(B, m + 1, m, dtype=dtype, device=device)
     v = start.reshape(B, n).to(device=device, dtype=dtype) if start is not None else \

@@ -57,8 +57,9 @@ from typing import Callable, Optional
 
 import torch
 
+from stability.errors import ConfigError
 from stability.linalg import jacobian_rho
-from stability.stats import median
+from stability.stats import FIXED_POINT_STATUSES, median
 
 STATUSES = ("converged", "max-iterations", "stalled", "diverged", "non-finite", "repelling")
 _CONV, _MAXIT, _STALL, _DIV, _NONFIN, _REPEL = range(6)
@@ -82,8 +83,8 @@ class SolveResult:
 
     @property
     def converged(self) -> torch.Tensor:
-        """(B,) bool: a fixed point was found and certified (status converged or repelling)."""
-        return torch.tensor([s in ("converged", "repelling") for s in self.status], dtype=torch.bool)
+        """(B,) bool: a fixed point was found and certified (a status of :data:`FIXED_POINT_STATUSES`)."""
+        return torch.tensor([s in FIXED_POINT_STATUSES for s in self.status], dtype=torch.bool)
 
     @property
     def repelling(self) -> torch.Tensor:
@@ -503,23 +504,23 @@ def solve(f: Callable, x_init: torch.Tensor, x0: Optional[torch.Tensor] = None, 
     if method == "auto":
         method = AUTO
     if method not in SOLVERS:
-        raise ValueError(f"unknown solver method {requested!r}; allowed: {', '.join(METHODS)}")
+        raise ConfigError(f"unknown solver method {requested!r}; allowed: {', '.join(METHODS)}")
     if max_iter < 1:
-        raise ValueError("max_iter must be at least 1")
+        raise ConfigError("max_iter must be at least 1")
     eta = _DEFAULT_DAMPING[method] if damping is None else float(damping)
     if not 0.0 < eta <= 1.0:
-        raise ValueError(f"damping must be in (0, 1], got {eta}")
+        raise ConfigError(f"damping must be in (0, 1], got {eta}")
     if method == "picard":
         eta = 1.0
     mem = _DEFAULT_MEMORY.get(method, 5) if memory is None else int(memory)
     if mem < 1:
-        raise ValueError("memory must be at least 1")
+        raise ConfigError("memory must be at least 1")
     cycle_tol = 10 * tol if cycle_tol is None else cycle_tol
     if restart_factor is None:
         restart_factor = _DEFAULT_RESTART.get(method, 1e2)
     watching = observe is not None and observe_steps > 0
     if watching and (method != "picard" or eta != 1.0):
-        raise ValueError("observe needs plain Picard iteration (method picard), whose iterates are f's images")
+        raise ConfigError("observe needs plain Picard iteration (method picard), whose iterates are f's images")
 
     with torch.no_grad():
         x = x_init.detach().clone()

@@ -10,7 +10,13 @@ from __future__ import annotations
 import math
 from typing import Iterable, Optional
 
-__all__ = ["median", "finite_values", "distinct_clusters"]
+from stability.errors import ConfigError
+
+__all__ = ["FIXED_POINT_STATUSES", "median", "finite_values", "distinct_clusters"]
+
+#: the solver statuses of a sample at which a fixed point was found (stability.solvers): the one definition of
+#: "converged" for every median over converged samples (ρ(J*), ρ(M), σ_max), attracting or not
+FIXED_POINT_STATUSES = ("converged", "repelling")
 
 
 def finite_values(values: Iterable) -> list[float]:
@@ -63,7 +69,7 @@ def distinct_clusters(points, *, atol: float = 0.0, rtol: float = 0.0) -> tuple[
         return 0, []
     P = P.reshape(N, -1)
     if not (atol >= 0 and rtol >= 0 and math.isfinite(atol) and math.isfinite(rtol)):
-        raise ValueError(f"atol and rtol must be finite and ≥ 0, got {atol!r}, {rtol!r}")
+        raise ConfigError(f"atol and rtol must be finite and ≥ 0, got {atol!r}, {rtol!r}")
     finite = np.isfinite(P).all(axis=1)
     parent = list(range(N))
 

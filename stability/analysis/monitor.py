@@ -33,6 +33,7 @@ from typing import Optional
 
 import torch
 
+from stability.errors import ConfigError
 from stability.stats import median
 
 MONITOR_KEYS = ("rho_Wx", "rho_J_median", "converged_fraction", "input_grad_norm_median")
@@ -50,7 +51,7 @@ def measure(model, inputs: torch.Tensor, *, max_iter: int = 200, tol: float = 1e
     from stability.protocols import is_looped
 
     if not is_looped(model):
-        raise ValueError("a fixed-depth baseline has no loop map: nothing to monitor")
+        raise ConfigError("a fixed-depth baseline has no loop map: nothing to monitor")
     t0 = time.perf_counter()
     was_training = model.training
     impl = getattr(model, "attention_impl", None)

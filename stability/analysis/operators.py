@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from scipy.sparse.linalg import LinearOperator
 
+from stability.errors import ConfigError
 from stability.linalg import BatchedJacobian  # noqa: F401  (the batched products live in the numerics layer)
 
 _TORCH_TO_NP = {torch.float64: np.float64, torch.float32: np.float32}
@@ -104,9 +105,9 @@ class JacobianOperator(TorchLinearOperator):
     def __init__(self, f: Callable, x: torch.Tensor, x0: Optional[torch.Tensor], *, wrt: str = "x",
                  mode: str = "jvp"):
         if wrt not in ("x", "x0"):
-            raise ValueError("wrt must be 'x' or 'x0'")
+            raise ConfigError("wrt must be 'x' or 'x0'")
         if mode not in ("jvp", "vjp"):
-            raise ValueError("mode must be 'jvp' or 'vjp'")
+            raise ConfigError("mode must be 'jvp' or 'vjp'")
         self.f, self.x, self.x0, self.wrt = f, x.detach(), None if x0 is None else x0.detach(), wrt
         point = self.x if wrt == "x" else self.x0
         self.point, self.mode = point, mode

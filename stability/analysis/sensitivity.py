@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from stability.analysis.operators import JacobianOperator
-from stability.errors import StabilityError
+from stability.errors import ConfigError, StabilityError
 
 
 class KrylovError(StabilityError):
@@ -345,7 +345,7 @@ def unroll_tangents_batched(f: Callable, e: torch.Tensor, x0: torch.Tensor, Ts: 
     """
     Ts = sorted(set(int(t) for t in Ts))
     if not Ts or Ts[0] < 1:
-        raise ValueError("Ts must be positive iteration counts")
+        raise ConfigError("Ts must be positive iteration counts")
     e, x0 = e.detach(), x0.detach()
     B = e.shape[0]
     rows_x, rows_x0, rows_dx, rows_U, kinds = [], [], [], [], []
@@ -362,7 +362,7 @@ def unroll_tangents_batched(f: Callable, e: torch.Tensor, x0: torch.Tensor, Ts: 
         rows_U.append(torch.zeros_like(x0))
         kinds.append("initial")
     if not kinds:
-        raise ValueError("ask for input_dir, initial_dir or both")
+        raise ConfigError("ask for input_dir, initial_dir or both")
     x, X0, dx, U = (torch.cat(r) for r in (rows_x, rows_x0, rows_dx, rows_U))
     R = x.shape[0]
     moving = torch.ones(R, dtype=torch.bool, device=x.device)
@@ -484,7 +484,7 @@ def prop5_check_batched(f: Callable, x_star: torch.Tensor, x0: torch.Tensor, e: 
     if unroll is None:
         unroll = unroll_tangents_batched(f, e, x0, Ts, input_dir=u, e_tangent=e_tangent, freeze_tol=freeze_tol)
     elif unroll.input_tangent is None:
-        raise ValueError("the unroll passed has no input tangent")
+        raise ConfigError("the unroll passed has no input tangent")
     w = sol.x
     wn = w.flatten(1).norm(dim=1).clamp_min(1e-300)
     err = (unroll.input_tangent - w.unsqueeze(0)).flatten(2).norm(dim=2) / wn  # (nT, B)
@@ -525,7 +525,7 @@ def initial_iterate_sensitivity_batched(f: Callable, e: torch.Tensor, x0: torch.
             u = _seeded_direction(e.shape[1:], seed + 1, e, B)
         unroll = unroll_tangents_batched(f, e, x0, Ts, initial_dir=u, freeze_tol=freeze_tol)
     elif unroll.initial_tangent is None:
-        raise ValueError("the unroll passed has no initial-iterate tangent")
+        raise ConfigError("the unroll passed has no initial-iterate tangent")
     norms = unroll.initial_tangent.flatten(2).norm(dim=2).T  # (B, nT)
     return InitialIterateBatched(T=list(unroll.T), norm=norms.double().cpu().numpy(),
                                  frozen_at=unroll.frozen_at.numpy())
@@ -586,7 +586,7 @@ def input_dependence_frobenius_batched(f: Callable, x_star: torch.Tensor, x0: to
     from stability.linalg import solve_I_minus_J
 
     if probes < 1:
-        raise ValueError("probes must be ≥ 1")
+        raise ConfigError("probes must be ≥ 1")
     B = x_star.shape[0]
     gen = torch.Generator().manual_seed(seed)
     U = torch.stack([torch.randn(tuple(x0.shape[1:]), generator=gen, dtype=torch.float64) for _ in range(probes)])

@@ -31,6 +31,7 @@ from typing import Callable, Optional
 
 import torch
 
+from stability.errors import ConfigError
 from stability.solvers import solve
 
 
@@ -54,7 +55,7 @@ def adjoint_solve(JT: Callable[[torch.Tensor], torch.Tensor], delta: torch.Tenso
 
     kind = {"krylov": "gmres", "neumann": "neumann"}.get(method)
     if kind is None:
-        raise ValueError(f"unknown implicit backward {method!r}; allowed: krylov, neumann, one-step")
+        raise ConfigError(f"unknown implicit backward {method!r}; allowed: krylov, neumann, one-step")
     sol = solve_I_minus_J(JT, delta, method=kind, tol=tol, max_iter=max_iter, restart=restart)
     return sol.x, AdjointInfo(residual=sol.residual.cpu(), matvecs=int(sol.iterations.max()) if sol.iterations.numel() else 0)
 

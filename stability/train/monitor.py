@@ -10,6 +10,7 @@ from typing import Optional
 import torch
 
 from stability.analysis.monitor import MONITOR_KEYS, measure, monitor_history
+from stability.errors import ConfigError
 
 __all__ = ["MONITOR_KEYS", "StabilityMonitor", "monitor_history"]
 
@@ -28,7 +29,7 @@ class StabilityMonitor:
     def __init__(self, task, every: int = 1, samples: int = 16, device="cpu", *, max_iter: int = 200,
                  tol: float = 1e-4, krylov: int = 20, restarts: int = 2, probes: int = 2, seed: int = 0):
         if every < 1:
-            raise ValueError("every must be at least 1")
+            raise ConfigError("every must be at least 1")
         self.task, self.every, self.samples = task, int(every), int(samples)
         self.device = torch.device(device)
         self.max_iter, self.tol, self.krylov, self.restarts = max_iter, tol, krylov, restarts
@@ -53,7 +54,7 @@ class StabilityMonitor:
         from stability.protocols import is_looped
 
         if not is_looped(model):
-            raise ValueError("a fixed-depth baseline has no loop map: nothing to monitor")
+            raise ConfigError("a fixed-depth baseline has no loop map: nothing to monitor")
         inputs = self.probe() if inputs is None else inputs.to(self.device)
         return measure(model, inputs, max_iter=self.max_iter, tol=self.tol, krylov=self.krylov,
                        restarts=self.restarts, probes=self.probes, seed=self.seed)

@@ -1,0 +1,34 @@
+"""The numerics layer refuses a wrong argument with the project's error class (a ConfigError: the command line
+prints it as one line and exits 2), which is still a ValueError for callers that catch that."""
+
+import pytest
+import torch
+
+from stability.errors import ConfigError, StabilityError
+from stability.linalg import solve_I_minus_J
+from stability.solvers import solve
+from stability.stats import distinct_clusters
+
+
+def _f(x, x0):
+    return 0.5 * x + x0
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: solve(_f, torch.zeros(2, 3), torch.ones(2, 3), method="nope"), "unknown solver method 'nope'"),
+    (lambda: solve(_f, torch.zeros(2, 3), torch.ones(2, 3), max_iter=0), "max_iter must be at least 1"),
+    (lambda: solve(_f, torch.zeros(2, 3), torch.ones(2, 3), method="damped", damping=1.5), "damping must be in"),
+    (lambda: solve_I_minus_J(lambda v: 0.5 * v, torch.ones(2, 3), tol=float("nan")), "tol must be a positive"),
+    (lambda: distinct_clusters(torch.ones(3, 2), atol=-1.0), "atol and rtol must be finite"),
+])
+def test_a_wrong_argument_to_the_numerics_is_a_one_line_config_error(call, words):
+    with pytest.raises(ConfigError, match=words) as info:
+        call()
+    assert isinstance(info.value, StabilityError) and isinstance(info.value, ValueError)
+    assert "\n" not in str(info.value)
+
+
+def test_the_solvers_still_solve_when_given_valid_arguments():
+    res = solve(_f, torch.zeros(2, 3), torch.ones(2, 3), tol=1e-10, max_iter=200)
+    assert res.status == ["converged", "converged"]
+    assert torch.allclose(res.x_best, torch.full((2, 3), 2.0), atol=1e-8)  # x* = x0 / (1 − 0.5)
