@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from stability.errors import StabilityError
+from stability.stats import median
 
 if TYPE_CHECKING:  # torch is imported where it is used, so that the command line starts fast
     import torch
@@ -107,7 +108,7 @@ def halting_report(model, task, split: str = "val", taus: Sequence[float] = (0.1
                 "tau": tau,
                 "halted_fraction": float(hal_t.double().mean()),
                 "iterations_mean": float(its_t.mean()),
-                "iterations_median": float(its_t.median()),
+                "iterations_median": median(its_t.tolist()),  # the middle two's mean, as every report
                 "iterations_max": int(its_t.max()),
                 "compute": float(its_t.sum() / (max_iter * its_t.numel())),
                 "accuracy": float(cor_t.mean()),

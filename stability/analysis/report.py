@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from stability import atomic
-from stability.stats import median
+from stability.stats import FIXED_POINT_STATUSES, median
 from stability.atomic import atomic_path
 
 
@@ -84,7 +84,7 @@ def split_table(block: dict) -> str:
                  ("σ_max(J*) median", _fmt(jac["sigma_max_median"]), "‖J*‖₂, converged samples")]
     p4 = block.get("prop4")
     if _applies(p4):
-        conv_rho_M = [r for r, st in zip(p4["rho_M"], fp["status"]) if st == "converged"]
+        conv_rho_M = [r for r, st in zip(p4["rho_M"], fp["status"]) if st in FIXED_POINT_STATUSES]
         rows.append(("ρ(M) median", _fmt(_med(conv_rho_M)),
                      f"{p4['form']}; max |M − J_autograd| = {_fmt(p4['max_abs_diff_vs_autograd'], '.2e')}"
                      + ("; M = J entry by entry, so J's spectra" if p4.get("spectra_of_J") == len(p4["rho_M"])

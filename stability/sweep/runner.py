@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Optional
 
 from stability import atomic, hardware
-from stability.stats import median
+from stability.stats import FIXED_POINT_STATUSES, median
 from stability.errors import DivergenceError, StabilityError
 
 RECORD_FORMAT = "stability-sweep-record"
@@ -165,7 +165,7 @@ def analysis_summary(report: dict) -> dict:
         b = report[split]
         fp, jac, p4 = b.get("fixed_point", {}), b.get("jacobian", {}), b.get("prop4")
         # ρ(M) over the converged samples, as the report's "ρ(M) median" row and as rho_J_median
-        rho_M = [r for r, st in zip((p4 or {}).get("rho_M", []), fp.get("status") or []) if st == "converged"]
+        rho_M = [r for r, st in zip((p4 or {}).get("rho_M", []), fp.get("status") or []) if st in FIXED_POINT_STATUSES]
         out[split] = {
             "samples": b.get("samples"),
             "converged_fraction": fp.get("converged_fraction"),
