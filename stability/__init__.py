@@ -35,4 +35,23 @@ def analyze(model, inputs, targets=None, options=None, *, log=None):
     return _analyze(model, inputs, targets, options, log=log)
 
 
-__all__ = ["__version__", "analyze", "load"]
+#: the public names loaded on first use (``import stability`` stays light: no torch until one is touched)
+_LAZY = {
+    "AnalysisOptions": "stability.analysis.pipeline",  # what `analyze` runs: stages, samples, solver, ...
+    "solve": "stability.solvers",  # the fixed-point solvers, one signature
+    "LoopedModel": "stability.protocols",  # the model contract
+    "check_model": "stability.protocols",  # checks a model of one's own against the contract
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'stability' has no attribute {name!r}")
+
+
+__all__ = ["__version__", "analyze", "load", *_LAZY]
