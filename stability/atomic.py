@@ -7,6 +7,11 @@ and removes the folders it had created for the file, so a failed command leaves 
 
 :func:`check_writable` checks an output location *before* the work starts (every command calls it on each of its
 output paths), so a mistake in a path costs nothing.
+
+JSON has one policy, here and nowhere else: NaN and ±Inf are written as ``null`` (:func:`clean`; JSON has no NaN,
+and a reader must not meet a bare ``NaN`` token), tuples as lists, numpy and torch scalars as numbers.
+:func:`json_text` is the one serialiser (files, JSONL lines, JSON printed to stdout), :func:`write_json` the one
+JSON file writer.
 """
 
 from __future__ import annotations
@@ -14,15 +19,34 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Any, Iterator, Literal
 
 from stability.errors import OutputError
 
-__all__ = ["OutputError", "atomic_path", "check_writable", "output_dir", "staged_dir", "write_bytes", "write_json",
-           "write_text"]
+__all__ = ["OutputError", "atomic_path", "check_writable", "clean", "json_text", "output_dir", "staged_dir",
+           "write_bytes", "write_json", "write_text"]
+
+
+def clean(obj: Any) -> Any:
+    """A copy with NaN/±Inf replaced by None, tuples by lists, numpy/torch scalars by Python numbers."""
+    if isinstance(obj, dict):
+        return {str(k): clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [clean(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item) and getattr(obj, "ndim", 0) == 0:
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def json_text(obj, **kwargs) -> str:
+    """``obj`` as JSON text under the one policy (:func:`clean`: non-finite numbers as null)."""
+    return json.dumps(clean(obj), allow_nan=False, **kwargs)
 
 
 def _reason(exc: OSError) -> str:
@@ -191,6 +215,6 @@ def write_text(path: Path | str, text: str) -> Path:
 
 
 def write_json(path: Path | str, obj, **kwargs) -> Path:
-    """``obj`` as JSON (NaN refused: JSON has none), indented, with a final newline."""
+    """``obj`` as JSON (non-finite numbers as null, :func:`clean`), indented, with a final newline."""
     kwargs.setdefault("indent", 1)
-    return write_text(path, json.dumps(obj, allow_nan=False, **kwargs) + "\n")
+    return write_text(path, json_text(obj, **kwargs) + "\n")

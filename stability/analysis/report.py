@@ -18,19 +18,6 @@ from stability.stats import FIXED_POINT_STATUSES, median
 from stability.atomic import atomic_path
 
 
-def clean(obj: Any) -> Any:
-    """A copy with NaN/±Inf replaced by None, tuples by lists, numpy/torch scalars by Python numbers."""
-    if isinstance(obj, dict):
-        return {str(k): clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [clean(v) for v in obj]
-    if hasattr(obj, "item") and callable(obj.item) and getattr(obj, "ndim", 0) == 0:
-        obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
-
-
 def as_report(report) -> dict:
     """The whole-report JSON of an analysis object, or the dict itself."""
     if isinstance(report, dict):
@@ -41,7 +28,7 @@ def as_report(report) -> dict:
 
 
 def write_json(report, path: Path) -> None:
-    atomic.write_json(path, clean(as_report(report)))
+    atomic.write_json(path, as_report(report))
 
 
 def _fmt(v: Any, spec: str = ".4g") -> str:

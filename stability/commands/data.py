@@ -8,10 +8,10 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
+from stability.atomic import json_text
 from stability.commands._types import nonneg_float
 
 HELP = "Build, inspect and calibrate the sudoku and chess datasets (generated offline or read from real files)."
@@ -101,7 +101,7 @@ def _info(args) -> int:
                         else f"--dir {args.dir}: is a file, not a cache directory")
     entries = cache.summarize(root)
     if args.json:
-        print(json.dumps({"root": str(root), "datasets": entries}, indent=1))
+        print(json_text({"root": str(root), "datasets": entries}, indent=1))
         return 1 if any(e.get("corrupt") or e.get("error") or any(s.get("corrupt") for s in
                         e.get("splits", {}).values()) for e in entries) else 0
     print(f"cache: {root}")
@@ -145,6 +145,6 @@ def _calibrate(args) -> int:
     result["measured"] = len(measured["rating"])
     result["mean_rating_by_length"] = {
         int(k): float(measured["rating"][measured["length"] == k].mean()) for k in sorted(set(measured["length"]))}
-    print(json.dumps(result, indent=1))
+    print(json_text(result, indent=1))
     sys.stdout.flush()
     return 0

@@ -28,12 +28,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
     import sys
 
     import stability
     from stability.analysis.halting import format_report, halting_report
-    from stability.atomic import check_writable, write_text
+    from stability.atomic import check_writable, write_json
     from stability.errors import ConfigError, StabilityError
     from stability.protocols import is_looped
 
@@ -74,5 +73,5 @@ def run(args: argparse.Namespace) -> int:
     report["checkpoint"] = str(run_.path)
     print(format_report(report))
     if args.json:
-        write_text(args.json, json.dumps(report, indent=1))  # a failed write is one OutputError line
+        write_json(args.json, report)  # non-finite numbers as null; a failed write is one OutputError line
     return 0

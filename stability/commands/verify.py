@@ -8,7 +8,6 @@ the checks can fail); ``--seed`` draws other random instances.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 
@@ -53,9 +52,9 @@ def run(args) -> int:
     variant = "wrong variants" if args.wrong else "checks"
     print(f"{len(checks)} {variant}: {len(checks) - len(failed)} passed, {len(failed)} failed ({elapsed:.1f} s)")
     if json_path is not None:
-        from stability.theory.figures import write_text
+        from stability.atomic import write_json
 
         record = {"seed": args.seed, "variant": "wrong" if args.wrong else "paper", "passed": not failed,
                   "checks": [c.to_dict() for c in checks]}
-        write_text(json_path, json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+        write_json(json_path, record, indent=2, ensure_ascii=False)
     return 1 if failed else 0

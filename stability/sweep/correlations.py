@@ -18,7 +18,6 @@ See docs/replication.md.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Optional
@@ -132,6 +131,5 @@ def write_correlations(records: list[dict], out_dir: Path) -> list[Path]:
     if not result["runs"]:
         return []
     out_dir = Path(out_dir)
-    text = json.dumps(result, indent=2, sort_keys=True, allow_nan=False)
-    return [atomic.write_text(out_dir / "correlations.json", text + "\n"),
+    return [atomic.write_json(out_dir / "correlations.json", result, indent=2, sort_keys=True),
             atomic.write_text(out_dir / "correlations.md", markdown(result))]

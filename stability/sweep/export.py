@@ -79,7 +79,7 @@ def records_csv(records: list[dict]) -> str:
 
 
 def records_jsonl(records: list[dict]) -> str:
-    return "".join(json.dumps(r, sort_keys=True, allow_nan=False) + "\n" for r in _sorted(records))
+    return "".join(atomic.json_text(r, sort_keys=True) + "\n" for r in _sorted(records))
 
 
 def write_records(records: list[dict], out_dir: Path) -> list[Path]:

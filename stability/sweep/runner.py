@@ -223,7 +223,7 @@ def _environment(device) -> dict:
 
 
 def _clean(obj):
-    from stability.analysis.report import clean
+    from stability.atomic import clean
 
     return clean(obj)
 
@@ -419,7 +419,7 @@ def main(argv: Optional[list] = None) -> int:
     except StabilityError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(out), flush=True)
+    print(atomic.json_text(out), flush=True)
     return 0
 
 

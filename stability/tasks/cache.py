@@ -97,7 +97,7 @@ def load_npz(path: Path, sha256: Optional[str] = None) -> dict:
 
 
 def write_json(path: Path, obj) -> None:
-    atomic.write_text(path, json.dumps(obj, indent=1, sort_keys=True) + "\n")
+    atomic.write_json(path, obj, sort_keys=True)
 
 
 def read_manifest(directory: Path) -> Optional[dict]:

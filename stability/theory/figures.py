@@ -12,10 +12,9 @@ Callers select the non-interactive backend (``matplotlib.use("Agg")``) before im
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from stability.atomic import atomic_path
+from stability.atomic import atomic_path, write_json
 
 import numpy as np
 
@@ -177,7 +176,7 @@ def write_table3(out_dir: Path, result=None) -> list[Path]:
           + ("yes" if all(r >= 3 for r in ratios.values()) else
              "no (σ = " + ", ".join(f"{s:g}" for s, r in ratios.items() if r < 3) + ")"), ""]
     return [
-        write_text(out_dir / "anisotropy.json", json.dumps(regions.anisotropy_json(result), indent=2) + "\n"),
+        write_json(out_dir / "anisotropy.json", regions.anisotropy_json(result), indent=2),
         write_text(out_dir / "anisotropy.md", "\n".join(md)),
         write_text(out_dir / "anisotropy.tex", regions.anisotropy_latex(result)),
     ]

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 import os
 import sys
@@ -40,7 +39,7 @@ import torch
 
 from stability import __version__, hardware
 from stability.analysis.accuracy import accuracy_curve
-from stability.atomic import check_writable, write_text
+from stability.atomic import check_writable, json_text, write_text
 from stability.config import RunConfig, TrainConfig, flat_train, resolve_device, to_dict
 from stability.errors import CheckpointError, ConfigError, DivergenceError
 from stability.model import build_model
@@ -360,7 +359,7 @@ def _accuracy_rows(final: dict) -> list[dict]:
 
 def _write_metrics(path: Path, history: list, final: Optional[dict]) -> None:
     """JSONL (one record per epoch, then the final evaluation) and the same per-epoch scalars as CSV."""
-    lines = [json.dumps(rec) for rec in history] + ([json.dumps({"final": final})] if final is not None else [])
+    lines = [json_text(rec) for rec in history] + ([json_text({"final": final})] if final is not None else [])
     write_text(path, "".join(line + "\n" for line in lines))
     ckpt_path = path.with_name(path.name[: -len(".metrics.jsonl")] + ".pt")
     write_text(csv_path(ckpt_path), _csv_text([flatten(rec) for rec in history]))
