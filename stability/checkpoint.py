@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from stability.config import ModelConfig, RunConfig, from_dict, migrate_v1
-from stability.errors import CheckpointError, ConfigError
+from stability.errors import CheckpointError, ConfigError, first_line
 from stability.stored import Loaded, atomic_save, read_torch  # noqa: F401 - re-exported: ckpt.read_torch, ...
 
 FORMAT = "stability-checkpoint"
@@ -118,7 +118,7 @@ def load(path: Path | str, *, device: str = "cpu", release_config: Optional[Path
     try:
         model.load_state_dict(obj["model"])
     except RuntimeError as exc:
-        raise CheckpointError(f"{path}: weights do not match the config ({str(exc).splitlines()[0]})") from None
+        raise CheckpointError(f"{path}: weights do not match the config ({first_line(exc)})") from None
     model.to(device).eval()
     return Loaded(model=model, config=cfg, task=make_task(cfg.task), path=Path(path), epoch=int(obj["epoch"]),
                   history=list(obj["history"]), final=obj.get("final"),

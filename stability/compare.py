@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from stability.errors import StabilityError
+from stability.errors import StabilityError, first_line
 
 #: iterations at which accuracy is compared (those the runs reached)
 ITERATION_MARKS = (1, 2, 5, 10, 20, 30, 50, 100, 200, 300, 500, 1000)
@@ -117,7 +117,7 @@ def load_analysis(path: Path | str) -> dict:
     try:
         obj = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise StabilityError(f"{path}: not a readable JSON file ({str(exc).splitlines()[0][:80]})") from None
+        raise StabilityError(f"{path}: not a readable JSON file ({first_line(exc)[:80]})") from None
     what = f"{path}: not an analysis JSON written by `stability analyze --json`"
     if not isinstance(obj, dict):
         raise StabilityError(what)

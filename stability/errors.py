@@ -23,3 +23,12 @@ class DivergenceError(StabilityError):
 
 class OutputError(StabilityError, OSError):
     """An output location that cannot be written (checked before work starts, or a write that failed)."""
+
+
+def first_line(exc: BaseException | str, default: str = "") -> str:
+    """The first non-empty line of an exception's message (or of a text); ``default``, else the exception's class
+    name, when it has none. The one way a foreign error becomes part of a one-line message."""
+    text = str(exc).strip()
+    if text:
+        return text.splitlines()[0].strip()
+    return default or (type(exc).__name__ if isinstance(exc, BaseException) else "")

@@ -40,7 +40,7 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, Optional, Protocol, runtime_checkable
 
-from stability.errors import StabilityError
+from stability.errors import StabilityError, first_line
 
 if TYPE_CHECKING:  # torch is imported where it is used: `is_looped` serves commands that start fast
     import torch
@@ -137,7 +137,7 @@ def _call(model, what: str, fn, *args):
     except StabilityError:
         raise
     except Exception as exc:  # noqa: BLE001 - a user's model: report its failure as one line
-        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        msg = first_line(exc)
         raise StabilityError(f"{_name(model)}.{what} failed on inputs of shape "
                              f"{', '.join(_shape(a) for a in args if isinstance(a, torch.Tensor))}: "
                              f"{type(exc).__name__}: {msg}") from None

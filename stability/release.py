@@ -28,7 +28,7 @@ from typing import Any, Optional
 import torch
 
 from stability.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
-from stability.errors import CheckpointError, ConfigError
+from stability.errors import CheckpointError, ConfigError, first_line
 
 #: the release's semantics of the three places where the toolkit's earlier model differed
 RELEASE_SEMANTICS = {"window_edges": "shift", "norm_eps": None, "rope_precision": "float32"}
@@ -104,7 +104,7 @@ def read_config(path: Path | str) -> dict:
     except (OSError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{path}: cannot read the release config ({exc})") from None
     except yaml.YAMLError as exc:
-        head = (str(exc).splitlines() or ["YAML error"])[0]
+        head = first_line(exc, "YAML error")
         raise CheckpointError(f"{path}: not a YAML file ({head})") from None
     if not isinstance(cfg, dict) or not isinstance(cfg.get("problem"), dict) \
             or not isinstance(cfg["problem"].get("model"), dict):

@@ -13,7 +13,7 @@ import torch
 
 from stability.atomic import atomic_path
 from stability.config import RunConfig
-from stability.errors import CheckpointError
+from stability.errors import CheckpointError, first_line
 
 
 def atomic_save(obj: Any, path: Path) -> None:
@@ -36,7 +36,7 @@ def atomic_save(obj: Any, path: Path) -> None:
 
 def first_sentence(text: str) -> str:
     """The first sentence of an error message (whole words: never cut mid-word); its first line if it has none."""
-    line = (str(text).strip().splitlines() or [""])[0].strip()
+    line = first_line(text)
     m = re.match(r"(.+?[.!?])(?=\s|$)", line)
     return m.group(1) if m else line
 

@@ -32,3 +32,12 @@ def test_the_solvers_still_solve_when_given_valid_arguments():
     res = solve(_f, torch.zeros(2, 3), torch.ones(2, 3), tol=1e-10, max_iter=200)
     assert res.status == ["converged", "converged"]
     assert torch.allclose(res.x_best, torch.full((2, 3), 2.0), atol=1e-8)  # x* = x0 / (1 − 0.5)
+
+
+def test_first_line_takes_the_first_non_empty_line_or_the_class_name():
+    from stability.errors import first_line
+
+    assert first_line(RuntimeError("\n  disk gone  \nmore detail")) == "disk gone"
+    assert first_line(KeyError()) == "KeyError"
+    assert first_line(ValueError(""), "no message") == "no message"
+    assert first_line("one\ntwo") == "one"

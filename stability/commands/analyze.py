@@ -144,8 +144,9 @@ def check_feasible(args) -> None:
 # ---- a model of one's own ------------------------------------------------------------------------------------
 
 def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+    from stability.errors import first_line
+
+    return f"{type(exc).__name__}: {first_line(exc)}" if str(exc).strip() else type(exc).__name__
 
 
 def build_from_spec(spec: str):
