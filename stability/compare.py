@@ -192,6 +192,9 @@ ANALYSIS_QUANTITIES: list[tuple[str, Callable[[dict], Any], bool]] = [
     ("‖dx*/dx0‖_F median", lambda b: _get(b, "input_dependence", "frobenius_median"), False),
     ("A.8 initial-iterate distance max", lambda b: _get(b, "initial_iterate", "fixed_point_distance_max"), False),
     ("accuracy at the fixed point", lambda b: _get(b, "accuracy", "at_fixed_point"), True),
+    # schema 3 (an analysis of schema 2 has no geometry block: these rows show "–" on its side)
+    ("geometry: median radius of stability", lambda b: _get(b, "geometry", "summary", "median_radius"), False),
+    ("geometry: IQR of log r (anisotropy)", lambda b: _get(b, "geometry", "summary", "log_iqr"), False),
 ]
 
 

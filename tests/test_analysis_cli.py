@@ -40,7 +40,7 @@ def test_analyze_writes_text_json_and_plots_for_both_splits(tiny_checkpoint, tmp
     report = json.loads(js.read_text())
     assert report["checkpoint"] == str(tiny_checkpoint)
     assert report["config"]["model"]["width"] == 16
-    assert report["format"] == "stability-analysis" and report["schema_version"] == 2
+    assert report["format"] == "stability-analysis" and report["schema_version"] == 3
     assert proc.stdout.index("VERDICT") < proc.stdout.index("split: val")
     for split in ("val", "hard"):
         block = report[split]
@@ -49,8 +49,8 @@ def test_analyze_writes_text_json_and_plots_for_both_splits(tiny_checkpoint, tmp
         v = block["verdict"]
         assert v["numbers"]["converged_fraction"] == block["fixed_point"]["converged_fraction"]
         assert v["numbers"]["rho_J_median"] == block["jacobian"]["spectral_radius_median"]
-        for axis in ("reachable", "input_dependent", "independent_of_e"):
-            assert f"{split:<6} {axis.replace('_', '-').replace('-of-e', ' of e')}:" in proc.stdout
+        for axis in ("reachable", "input_dependent", "geometry"):
+            assert f"{split:<6} {axis.replace('_', '-')}:" in proc.stdout
             assert v[axis] in ("yes", "no", "partly", "not measured")
         fp = block["fixed_point"]
         assert set(fp) >= {"converged_fraction", "status_counts", "nfe_median", "residual_median"}

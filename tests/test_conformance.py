@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import stability
-from stability.analysis.pipeline import STAGES, AnalysisOptions, analysis_model
+from stability.analysis.pipeline import DEFAULT_STAGES, STAGES, AnalysisOptions, analysis_model
 from stability.analysis.recall import RecallMatrixOperator
 from stability.config import ModelConfig
 from stability.errors import StabilityError
@@ -62,11 +62,12 @@ def assert_verdict_consistent(block):
         assert v["input_dependent"] == "no"
     d = (block["initial_iterate"] or {}).get("fixed_point_distance_max")
     assert nums["e_distance_max"] == d
-    if d is not None:
-        assert v["independent_of_e"] == ("no" if d > th["e_distance_max"] else v["independent_of_e"])
-        assert (v["independent_of_e"] == "no") == (d > th["e_distance_max"])
-    for axis in ("reachable", "input_dependent", "independent_of_e"):
+    if d is not None:  # A.8's check from every start: a fact of the reachable line, not an axis
+        assert (v["from_every_start"] == "no") == (d > th["e_distance_max"])
+        assert "from every start (A.8)" in v["reasons"]["reachable"]
+    for axis in ("reachable", "input_dependent", "geometry"):
         assert v[axis] in ("yes", "no", "partly", "not measured")
+    assert "independent_of_e" not in v
 
 
 def hand_accuracy(model, inputs, targets, T):
@@ -254,7 +255,7 @@ def test_the_looped_transformer_conforms_in_every_recall_and_norm(recall, norm):
     inputs, targets = bits(2), torch.randint(0, 2, (2, L), generator=torch.Generator().manual_seed(1))
     a = stability.analyze(model, inputs, targets, AnalysisOptions(samples=2, **FAST))
     block = a.to_json()
-    assert block["format"] == "stability-analysis" and block["stages"] == list(STAGES)
+    assert block["format"] == "stability-analysis" and block["stages"] == list(DEFAULT_STAGES)
     assert_rho_matches_dense(a, model)
     p4 = block["prop4"]
     if recall == "none":
@@ -267,7 +268,7 @@ def test_the_looped_transformer_conforms_in_every_recall_and_norm(recall, norm):
     whole, pos = hand_accuracy(model, inputs, targets, FAST["iterations"])
     assert np.allclose(block["accuracy"]["accuracy"], whole) and np.allclose(block["accuracy"]["position_accuracy"], pos)
     assert_verdict_consistent(block)
-    assert set(block["timings"]) == set(STAGES)
+    assert set(block["timings"]) == set(DEFAULT_STAGES)
 
 
 # ---- models that are not ours --------------------------------------------------------------------------------
@@ -290,7 +291,7 @@ def test_notebook_03s_mixer_loop_gets_the_whole_analysis():
     assert block["accuracy"]["at_fixed_point"] == pytest.approx(float(right.all(1).double().mean()))
     assert_verdict_consistent(block)
     v = block["verdict"]
-    assert v["reachable"] == "yes" and v["independent_of_e"] == "yes" and v["input_dependent"] == "yes"
+    assert v["reachable"] == "yes" and v["from_every_start"] == "yes" and v["input_dependent"] == "yes"
     assert "VERDICT" in a.summary().splitlines()[2] and "not applicable" in a.summary()
 
 
@@ -345,7 +346,7 @@ def test_a_deq_in_plain_torch_with_a_flat_state():
     whole, _ = hand_accuracy(model, inputs, targets, FAST["iterations"])
     assert np.allclose(block["accuracy"]["accuracy"], whole)
     assert_verdict_consistent(block)
-    assert block["verdict"]["reachable"] == "yes" and block["verdict"]["independent_of_e"] == "yes"
+    assert block["verdict"]["reachable"] == "yes" and block["verdict"]["from_every_start"] == "yes"
 
 
 def test_a_trm_style_two_part_carry_packed_into_one_state():
@@ -371,7 +372,7 @@ def test_only_selected_stages_run_and_the_others_are_null():
     assert block["prop4"] is None and block["input_dependence"] is None and block["accuracy"] is None
     assert block["jacobian"]["spectral_radius"] and block["prop5"]["rel_error"]
     assert set(block["timings"]) == {"reachability", "rho", "prop5"}
-    assert block["verdict"]["independent_of_e"] == "not measured"
+    assert block["verdict"]["from_every_start"] is None and block["verdict"]["geometry"] == "not measured"
     with pytest.raises(StabilityError, match="allowed: reachability, rho, prop4"):
         AnalysisOptions(stages="rho,bogus")
 
@@ -500,7 +501,7 @@ def test_analyze_a_model_of_ones_own_from_the_command_line(user_module, capsys):
     assert np.allclose(block["accuracy"]["accuracy"], whole) and np.allclose(block["accuracy"]["position_accuracy"], pos)
     assert report["verdict"]["inputs"] == block["verdict"]
     assert {p.name for p in (tmp / "plots").iterdir()} == {"residuals.png", "eigenvalues.png", "accuracy.png",
-                                                           "prop5.png"}
+                                                           "prop5.png", "geometry_region.png"}
 
 
 def test_only_on_the_command_line(user_module, capsys):

@@ -19,18 +19,22 @@ each direction are measured (±D are two radii). Parameters are perturbed with `
 (the model itself is never edited); the embedding's parameters move x0 = embed(inputs) too; parameters that enter
 neither ``step`` nor ``embed`` (the readout) cannot move x* or J* and are left out (``outside_loop``).
 
-**The search.** Each radius is bracketed by steps of :data:`GROWTH` from :data:`T_START` (up while attracting, down
-towards :data:`T_MIN` while not), then bisected in log t until the bracket [lo, hi] has hi/lo ≤ 1 + ``accuracy``;
-the radius is √(lo·hi), within ``accuracy``/2 of the crossing. A radius past :data:`T_MAX` is censored (reported as
-T_MAX, ``censored``); one below T_MIN is 0 ("unstable at t → 0"). Inside the search ρ(J*) is a cheap estimate: the
+**The search.** Each radius is bracketed on the grid T_START·GROWTH^k (0.1·√2^k: up while attracting, down towards
+:data:`T_MIN` while not), then bisected in log t until the bracket [lo, hi] has hi/lo ≤ 1 + ``accuracy``; the
+radius is √(lo·hi), within ``accuracy``/2 of the crossing. A window of instability narrower than one grid step is
+stepped over, so the radius is the first crossing the grid sees. A radius past :data:`T_MAX` (1: a perturbation
+as large as the weights) is censored there; one below T_MIN is 0 ("unstable at t → 0"). A continued solve fails
+as the toolkit's Picard solve does (not below τ within the budget, diverged, non-finite), and earlier where that
+outcome is already clear: a plateau in a period-k orbit or far from any fixed point (:data:`STALL`), or a residual
+falling too slowly to reach τ in the budget (:data:`SLOW`). Inside the search ρ(J*) is a cheap estimate: the
 Krylov–Schur method of :func:`stability.linalg.batched_spectral_radius` on Jᵀ with a basis of :data:`KRYLOV`
 vectors and at most :data:`RESTARTS` restarts (Ritz residual :data:`ESTIMATE_TOL`). The final ρ is certified on a
 few radii (``certify``: the first ones, in sample then direction order, whose crossing ρ decided): at both ends of
 their bracket by :func:`stability.analysis.spectra.jacobian_spectral_radius`, the routine of stage ``rho`` (LAPACK
 on the dense J for n ≤ 256, Krylov–Schur to Ritz residual ``eig_tol`` above); a certified value that reverses a
-decision re-opens that bracket, searched again with certified ρ. Every radius of one round is evaluated at once: the
+decision re-opens that bracket, searched again with certified ρ. Every open radius iterates at once: the
 perturbed parameters of all rows are stacked and the map is vmapped over them (a loop over rows where the model's
-code cannot be vmapped; ``evaluation`` says which).
+code cannot be vmapped; ``evaluation`` says which), and a radius whose solve ends moves on to its next t at once.
 
 **Anisotropy** (App. B.2's log-range and balance, applied to the radii of one input): ``log_range`` = log(max r /
 min r) over its directions (0 for a round region), its robust form ``log_iqr`` (the interquartile range of log r),
@@ -53,7 +57,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 import torch
@@ -61,11 +65,11 @@ import torch
 from stability.stats import median
 
 #: first t tried (relative perturbation) and the factor between bracket steps
-T_START, GROWTH = 0.02, 4.0
+T_START, GROWTH = 0.1, math.sqrt(2.0)
 #: a radius below T_MIN counts as 0 (unstable at t → 0); one at T_MAX or beyond is censored there
-T_MIN, T_MAX = 1e-4, 2.0
+T_MIN, T_MAX = 1e-4, 1.0
 #: the cheap ρ estimate inside the search: Krylov–Schur basis, restarts, Ritz-residual tolerance
-KRYLOV, RESTARTS, ESTIMATE_TOL = 30, 2, 1e-3
+KRYLOV, RESTARTS, ESTIMATE_TOL = 20, 2, 1e-3
 
 
 # ---- the perturbed model ---------------------------------------------------------------------------------------
@@ -111,6 +115,8 @@ class Family:
         self.x0 = x0.detach().clone()
         self.vmap = True
         self.calls = 0
+        self._wrappers: dict = {}
+        self._vmapped: dict = {}
         # every row's parameters, kept (R, *shape) per tensor and updated for the rows whose t changes
         if coef is not None:
             self.P = {k: v + torch.einsum("ac,c...->a...", coef.to(v), dirs[k]) for k, v in base.items()}
@@ -140,13 +146,22 @@ class Family:
         """``model.<name>`` of every row in ``rows`` on its own parameters (args batch-first, one row each)."""
         P = self.params(rows)
         self.calls += 1
+        wrapper = self._wrappers.get(name)
+        if wrapper is None:
+            wrapper = self._wrappers[name] = _Method(self.model, name)
         if self.vmap:
+            fn = self._vmapped.get(name)
+            if fn is None:
+                def one(p, *a, _w=wrapper):
+                    return torch.func.functional_call(_w, p, tuple(t.unsqueeze(0) for t in a), strict=False)[0]
+
+                fn = self._vmapped[name] = torch.func.vmap(one)
             try:
-                fn = torch.func.vmap(lambda p, *a: _call(self.model, name, p, *[t.unsqueeze(0) for t in a])[0])
-                return fn(P, *args)
+                return fn({"model." + k: v for k, v in P.items()}, *args)
             except (RuntimeError, ValueError, NotImplementedError, TypeError):
                 self.vmap = False  # an operation vmap cannot batch: one row at a time from here on
-        outs = [_call(self.model, name, {k: v[i] for k, v in P.items()}, *[a[i:i + 1] for a in args])
+        outs = [torch.func.functional_call(wrapper, {"model." + k: v[i] for k, v in P.items()},
+                                           tuple(a[i:i + 1] for a in args), strict=False)
                 for i in range(int(rows.numel()))]
         return torch.cat(outs)
 
@@ -162,6 +177,8 @@ def _used(model, name: str, params: dict, args, cotangent_seed: int = 0) -> set:
     leaves = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
     with torch.enable_grad():
         out = _call(model, name, leaves, *args)
+        if not isinstance(out, torch.Tensor) or not out.requires_grad:  # reaches no parameter (an identity)
+            return set()
         g = torch.Generator(device="cpu").manual_seed(cotangent_seed)
         w = torch.randn(out.shape, generator=g, dtype=torch.float64).to(out)
         grads = torch.autograd.grad((out * w).sum(), list(leaves.values()), allow_unused=True)
@@ -326,8 +343,8 @@ def search_radii(fam: Family, x_star: torch.Tensor, *, tol: float, max_iter: int
                  t_start: float = T_START, t_min: float = T_MIN, t_max: float = T_MAX, growth: float = GROWTH,
                  skip: Optional[torch.Tensor] = None, log=None) -> Radii:
     """The radius of every row of ``fam`` (module docstring). ``x_star`` (R, *S): each row's x* at θ*; rows with
-    ``skip`` set (x* does not attract at θ*) get radius 0 without a search. All open rows advance together: one
-    batched solve and one batched ρ estimate per round."""
+    ``skip`` set (x* does not attract at θ*) get radius 0 without a search. Every open row iterates at once
+    (:func:`_continuation`); then the certification of the first ``certify`` brackets that ρ decided."""
     R = int(x_star.shape[0])
     dev = x_star.device
     lo = [0.0] * R
@@ -442,20 +459,69 @@ def search_radii(fam: Family, x_star: torch.Tensor, *, tol: float, max_iter: int
     return out
 
 
-#: a continued solve whose best residual has not improved by 1 % in this many evaluations is checked for a
-#: period-k orbit (k ≤ :data:`MAX_PERIOD`, :func:`stability.solvers.detect_period` at 10·τ); one found ends the solve
-#: as failed ("cycle"), which is what makes the search affordable past a period-doubling boundary, where the
-#: toolkit's solver would carry the sample on to its budget (and then report it stalled). Without an orbit the
-#: solve goes on: a residual can plateau and then collapse.
-STALL, MAX_PERIOD = 50, 8
+#: a continued solve whose best residual has not improved by 1 % in STALL evaluations has failed if it sits in a
+#: period-k orbit (k ≤ MAX_PERIOD, :func:`stability.solvers.detect_period`'s criterion at 10·τ, "cycle") or if its
+#: best residual is still above STALL_FAR (relative L∞: nowhere near a fixed point, "stalled"); otherwise it goes
+#: on to the budget (a residual near τ can plateau and then collapse). The toolkit's solver carries such samples on
+#: to its budget and then reports them stalled; measured on the demo checkpoint, past the boundary the continued
+#: solves plateau at residuals 0.07–0.7 from the first 25 evaluations and never improve by 1 % in the 500 of the
+#: budget, so cutting them at the plateau changes no radius and makes the search affordable.
+STALL, MAX_PERIOD, STALL_FAR = 50, 8, 1e-2
 
 
-def _cycles(fam: "Family", x: torch.Tensor, rows: torch.Tensor, tol: float) -> list:
-    """The period (≥ 2) of an orbit through each x under its row's map, 0 where none (2·MAX_PERIOD evaluations)."""
-    from stability.solvers import detect_period
+#: a continued solve whose best residual, at the rate it fell over the last STALL evaluations, would need more than
+#: SLOW × the budget to reach τ has failed ("max-iterations", decided early; checked from 2·STALL evaluations on)
+SLOW = 2.0
 
-    p = detect_period(fam.step, x, rows, max_period=MAX_PERIOD, tol=10 * tol)
-    return [int(v) if int(v) >= 2 else 0 for v in p.tolist()]
+
+def _too_slow(it: int, best: float, before: float, tol: float, max_iter: int) -> bool:
+    """Whether a solve at evaluation ``it`` (best residual ``best``, ``before`` STALL evaluations ago) is on course
+    to miss τ by the budget: the geometric rate of the last STALL evaluations extrapolated."""
+    if it < 2 * STALL or not (math.isfinite(best) and math.isfinite(before)) or best <= tol:
+        return False
+    if best >= before:
+        return False  # no progress at all: the plateau check decides
+    rate = math.log(best / before) / STALL  # < 0
+    return it + math.log(tol / best) / rate > SLOW * max_iter
+
+
+class _Orbits:
+    """The last 2·MAX_PERIOD + 1 iterates of every row (a ring per row), so that a plateau can be checked for a
+    period-k orbit with :func:`stability.solvers.detect_period`'s criterion without evaluating f again: the
+    smallest k ≤ MAX_PERIOD with ‖y_{s+k} − y_s‖∞ / (‖y_{s+k}‖∞ + ε) < 10·τ for every s ∈ [0, MAX_PERIOD]."""
+
+    L = 2 * MAX_PERIOD + 1
+
+    def __init__(self, R: int, shape: tuple, dtype, device):
+        self.buf = torch.empty((R, self.L, *shape), dtype=dtype, device=device)
+        self.count = torch.zeros(R, dtype=torch.long)
+
+    def reset(self, rows: list) -> None:
+        self.count[rows] = 0
+
+    def push(self, rows: list, y: torch.Tensor) -> None:
+        r = torch.tensor(rows, dtype=torch.long)
+        self.buf[r.to(self.buf.device), (self.count[r] % self.L).to(self.buf.device)] = y
+        self.count[r] += 1
+
+    def period(self, rows: list, tol: float, eps: float = 1e-8) -> list:
+        """The period k ≥ 2 of an orbit through each row's last iterates, 0 where none (or too few iterates)."""
+        out = []
+        for r in rows:
+            c = int(self.count[r])
+            if c < self.L:
+                out.append(0)
+                continue
+            order = [(c + j) % self.L for j in range(self.L)]  # oldest first
+            Y = self.buf[r, order].flatten(1)
+            found = 0
+            for k in range(1, MAX_PERIOD + 1):
+                d = (Y[k:k + MAX_PERIOD + 1] - Y[:MAX_PERIOD + 1]).abs().amax(1)
+                if bool((d / (Y[k:k + MAX_PERIOD + 1].abs().amax(1) + eps) < 10 * tol).all()):
+                    found = k
+                    break
+            out.append(found if found >= 2 else 0)
+        return out
 
 
 def _picard(fam: "Family", x_init: torch.Tensor, rows: torch.Tensor, tol: float, max_iter: int,
@@ -476,6 +542,7 @@ def _picard(fam: "Family", x_init: torch.Tensor, rows: torch.Tensor, tol: float,
     scale = [max(1.0, float(v)) for v in x.flatten(1).abs().amax(1).tolist()]
     act = list(range(A))
     it = 0
+    orbits = _Orbits(A, tuple(x.shape[1:]), x.dtype, dev)
     with torch.no_grad():
         while act and it < max_iter:
             it += 1
@@ -500,11 +567,12 @@ def _picard(fam: "Family", x_init: torch.Tensor, rows: torch.Tensor, tol: float,
                     nxt.append(i)
                     if it - last[i] >= STALL:
                         plateau.append(i)
+            if nxt:
+                orbits.push(nxt, x[torch.tensor(nxt, device=dev)])
             if plateau:
-                ip = torch.tensor(plateau, device=dev)
-                for i, per in zip(plateau, _cycles(fam, x[ip], rows[ip], tol)):
-                    if per:
-                        status[i] = "cycle"
+                for i, per in zip(plateau, orbits.period(plateau, tol)):
+                    if per or best[i] > STALL_FAR:
+                        status[i] = "cycle" if per else "stalled"
                         nxt.remove(i)
                     else:
                         last[i] = it
@@ -533,8 +601,10 @@ def _continuation(fam: Family, x_star, x_lo, done, finished, next_t, decide, str
     last = [0] * R
     scale = [1.0] * R
     state = ["idle"] * R  # idle (needs a t) | iterating | waiting (converged, needs ρ) | done
+    mark = [math.inf] * R  # the best residual STALL evaluations ago (for _too_slow)
     waiting_x: dict = {}
     passes = 0
+    orbits = _Orbits(R, tuple(x_star.shape[1:]), x_star.dtype, dev)
 
     def start(rows: list) -> None:
         go = []
@@ -549,8 +619,10 @@ def _continuation(fam: Family, x_star, x_lo, done, finished, next_t, decide, str
         idx = torch.tensor(go, dtype=torch.long, device=dev)
         fam.set_t(idx, torch.tensor(ts, dtype=torch.float64))
         x[idx] = x_lo[idx]
+        orbits.reset(go)
         for r, t in zip(go, ts):
             t_cur[r], it[r], best[r], ref[r], last[r], state[r] = t, 0, math.inf, math.inf, 0, "iterating"
+            mark[r] = math.inf
             scale[r] = max(1.0, float(x_lo[r].abs().max()))
         out.evaluations += len(go)
 
@@ -601,9 +673,13 @@ def _continuation(fam: Family, x_star, x_lo, done, finished, next_t, decide, str
                     best[r] = res_r
                 if res_r < 0.99 * ref[r]:
                     ref[r], last[r] = res_r, it[r]
+                if it[r] % STALL == 0:
+                    if _too_slow(it[r], best[r], mark[r], tol, max_iter):
+                        why = "max-iterations"
+                    mark[r] = best[r]
                 if it[r] >= max_iter:
                     why = "max-iterations"
-                elif it[r] - last[r] >= STALL:
+                elif why is None and it[r] - last[r] >= STALL:
                     plateau.append(r)
             if why is not None:
                 decide(r, t_cur[r], False, None, None, why, strict[r])
@@ -613,11 +689,11 @@ def _continuation(fam: Family, x_star, x_lo, done, finished, next_t, decide, str
         if keep:
             k = torch.tensor(keep, device=dev)
             x[idx[k]] = fa[k]
+            orbits.push([run[i] for i in keep], fa[k])
         if plateau:  # a plateau: a period-k orbit ends the solve as failed, otherwise it goes on
-            ip = torch.tensor(plateau, dtype=torch.long, device=dev)
-            for r, per in zip(plateau, _cycles(fam, x[ip], ip, tol)):
-                if per:
-                    decide(r, t_cur[r], False, None, None, "cycle", strict[r])
+            for r, per in zip(plateau, orbits.period(plateau, tol)):
+                if per or best[r] > STALL_FAR:
+                    decide(r, t_cur[r], False, None, None, "cycle" if per else "stalled", strict[r])
                     state[r] = "idle"
                     ended.append(r)
                 else:
@@ -824,5 +900,87 @@ def plane_picture(model, base: dict, full: dict, inputs, x_star, x0, radii, *, n
             "rho_source": f"the search's estimate (Krylov–Schur, basis {KRYLOV})"}
 
 
-__all__ = ["Family", "Geometry", "Radii", "anisotropy", "loop_parameters", "measure", "parameter_groups",
+# ---- reference models whose stable region is known in closed form ------------------------------------------------
+
+class DiagonalRecall(torch.nn.Module):
+    """A linear recall map with a diagonal weight, x ↦ a ⊙ x + x0, as a :class:`~stability.protocols.LoopedModel`
+    (embed: the inputs themselves; readout: (x, −x) as two logits per position). J* = diag(a): x* attracts iff
+    every |a_i| < 1, so the radius along D is min_i of the smallest t > 0 with |a_i + t·D_i| = 1
+    (:func:`diagonal_radius`). With inputs 0 the fixed point is x* = 0 for every a (the solve converges at once),
+    so the radius is decided by ρ alone."""
+
+    def __init__(self, a):
+        super().__init__()
+        self.a = torch.nn.Parameter(torch.as_tensor(a, dtype=torch.float64).clone())
+
+    def embed(self, inputs):
+        return inputs
+
+    def initial_state(self, x0, generator=None):
+        return x0
+
+    def step(self, x, x0):
+        return self.a * x + x0
+
+    def readout(self, x):
+        return torch.stack([x, -x], dim=-1)
+
+
+def diagonal_radius(a, d) -> float:
+    """The closed-form radius of :class:`DiagonalRecall` along the parameter direction ``d`` (∞ if none)."""
+    a, d = np.asarray(a, dtype=float), np.asarray(d, dtype=float)
+    best = math.inf
+    for ai, di in zip(a, d):
+        if di != 0:
+            best = min(best, ((1.0 if di > 0 else -1.0) - ai) / di)
+    return best
+
+
+class Figure5Model(torch.nn.Module):
+    """The single-layer model of Figure 5 with one eigen-pair, θ = (λ_g, λ_h) one parameter tensor: external
+    recall x ↦ g(x) + h(g(x)) = (1 + λ_h)(λ_g x + x0), internal x ↦ x + h(g(x)) = x + λ_h(λ_g x + x0); J* is
+    (1 + λ_h)λ_g or 1 + λ_gλ_h (:mod:`stability.theory.regions`), x* = 0 for inputs 0. The radius along a
+    direction has a closed form (:func:`figure5_radius`)."""
+
+    def __init__(self, placement: str, lam_g: float, lam_h: float):
+        super().__init__()
+        if placement not in ("external", "internal"):
+            raise ValueError(f"placement must be external or internal, got {placement!r}")
+        self.placement = placement
+        self.theta = torch.nn.Parameter(torch.tensor([lam_g, lam_h], dtype=torch.float64))
+
+    def embed(self, inputs):
+        return inputs
+
+    def initial_state(self, x0, generator=None):
+        return x0
+
+    def step(self, x, x0):
+        lg, lh = self.theta[0], self.theta[1]
+        u = lg * x + x0
+        return (1 + lh) * u if self.placement == "external" else x + lh * u
+
+    def readout(self, x):
+        return torch.stack([x, -x], dim=-1)
+
+
+def figure5_radius(placement: str, theta, d) -> float:
+    """The smallest t > 0 at which θ + t·d leaves the open region of Figure 5: external |x(1 + y)| < 1, internal
+    −2 < x·y < 0 (the roots of a quadratic in t on each boundary level); ∞ if the ray never leaves it."""
+    (x, y), (u, v) = np.asarray(theta, dtype=float), np.asarray(d, dtype=float)
+    if placement == "external":  # (x + u t)(1 + y + v t) = ±1
+        quad = [(u * v, u * (1 + y) + v * x, x * (1 + y) - c) for c in (1.0, -1.0)]
+    else:  # (x + u t)(y + v t) = 0 or −2
+        quad = [(u * v, u * y + v * x, x * y - c) for c in (0.0, -2.0)]
+    best = math.inf
+    for A, B, C in quad:
+        roots = np.roots([A, B, C]) if abs(A) > 1e-300 else ([-C / B] if B != 0 else [])
+        for t in np.atleast_1d(roots):
+            if abs(complex(t).imag) < 1e-12 and complex(t).real > 1e-12:
+                best = min(best, float(complex(t).real))
+    return best
+
+
+__all__ = ["DiagonalRecall", "Family", "Figure5Model", "Geometry", "Radii", "anisotropy", "diagonal_radius",
+           "figure5_radius", "loop_parameters", "measure", "parameter_groups",
            "plane_picture", "random_directions", "rho_certified", "rho_estimate", "search_radii"]

@@ -38,7 +38,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from stability.errors import StabilityError
+from stability.errors import StabilityError, first_line
 from stability.stats import median
 
 #: stage names, in the order they run
@@ -122,9 +122,9 @@ class AnalysisOptions:
     geometry_certify: int = field(default=4, metadata={
         "metavar": "N", "help": "geometry: radii whose ρ(J*) is certified at both ends of the final bracket "
         "(the first N that ρ decided)"})
-    geometry_plane: int = field(default=0, metadata={
-        "metavar": "N", "help": "geometry: the ρ(J*) picture over the plane of two directions, N × N cells (0: "
-        "none; with --plots the default is 21)"})
+    # the ρ(J*) picture over the plane of two directions, N × N cells (0: none); not a flag with this default:
+    # `stability analyze --geometry-plane N` defaults to 15 with --plots and to 0 without
+    geometry_plane: int = 0
 
     def __post_init__(self):
         for name, allowed in (("eig_route", ("arnoldi", "arpack")), ("eig_precision", ("mixed", "float64")),
@@ -291,7 +291,7 @@ THRESHOLDS = {
     "prop5_rel_error_max": 1e-4,  # the unrolled gradient at T_max within this of the implicit one
     "e_distance_max": 1e-3,  # largest relative distance between the x* from different e (or 100·τ if larger)
     "geometry_radius_min": 0.1,  # median radius of stability (relative step in parameter space) at least this
-    "geometry_log_iqr_max": 1.0,  # anisotropy: interquartile range of log r over the directions at most this
+    "geometry_log_iqr_max": 0.4,  # anisotropy: interquartile range of log r over the directions at most this
 }
 
 #: the verdict's axes, in the paper's order (Section 3.2)
@@ -323,7 +323,8 @@ class Verdict:
 def _geometry_axis(geo: Optional[dict], th: dict) -> tuple:
     """(decision, reason, numbers) of the geometry axis from the stage's JSON block."""
     if geo is None:
-        return "not measured", "stage not run (stability analyze runs it by default; --only geometry alone)", {}
+        return ("not measured", "stage not run (stability analyze runs it unless --only leaves it out; --only "
+                "geometry runs it alone)", {})
     summ = geo.get("summary") or {}
     r, iqr, lr = summ.get("median_radius"), summ.get("log_iqr"), summ.get("log_range")
     bal, t0 = summ.get("balance"), summ.get("unstable_t0")
@@ -477,7 +478,7 @@ class SplitAnalysis(_JSONView):
 
     def to_dict(self) -> dict:
         """The per-split JSON block (the keys of ``stability analyze --json`` under each split's name)."""
-        from stability.analysis.report import clean
+        from stability.atomic import clean
 
         blocks = self.blocks()
         out = {"split": self.split, "samples": self.samples, "state_shape": self.state_shape,
@@ -492,7 +493,7 @@ class SplitAnalysis(_JSONView):
 
     def report(self, source: Optional[dict] = None) -> dict:
         """A whole-report JSON with this one split (what ``stability analyze --model`` writes)."""
-        from stability.analysis.report import clean
+        from stability.atomic import clean
 
         block = self.to_dict()
         return clean({"format": FORMAT, "schema_version": SCHEMA_VERSION, "source": source or {"model": self.model},
@@ -898,7 +899,7 @@ class CheckpointAnalysis(_JSONView):
     def to_json(self) -> dict:
         """``stability analyze --json``: format, schema_version, checkpoint, config, options, epoch, splits, one
         block per split under its name, and the verdict of each split."""
-        from stability.analysis.report import clean
+        from stability.atomic import clean
 
         from stability import hardware
 
@@ -1036,7 +1037,7 @@ def _split_worker(path, release_config, split: str, options: AnalysisOptions, th
         queue.put(("done", split, pickle.dumps(res)))
     except BaseException as exc:  # reported to the parent, which raises it there as one line
         kind = "" if isinstance(exc, StabilityError) else f"{type(exc).__name__}: "
-        queue.put(("error", split, kind + (str(exc).strip().splitlines() or [""])[0]))
+        queue.put(("error", split, kind + (first_line(exc) if str(exc).strip() else "")))
 
 
 def _parallel_splits(path, release_config, model, task, splits: tuple, options: AnalysisOptions, workers: int,

@@ -355,14 +355,15 @@ def region_axes(ax, geo: dict, title: str) -> None:
     a, b = np.asarray(pl["a"]), np.asarray(pl["b"])
     rho = np.array([[np.nan if v is None else v for v in row] for row in pl["rho"]], dtype=float)
     failed = np.array([[st != "converged" for st in row] for row in pl["status"]])
-    hi = max(1.5, float(np.nanmax(rho)) if np.isfinite(rho).any() else 1.5)
+    hi = max(1.2, float(np.nanmax(rho)) if np.isfinite(rho).any() else 1.2)
     lo = min(0.5, float(np.nanmin(rho)) if np.isfinite(rho).any() else 0.5)
     mesh = ax.pcolormesh(a, b, np.ma.masked_invalid(rho), cmap="RdBu_r", shading="nearest",
                          norm=TwoSlopeNorm(vmin=lo, vcenter=1.0, vmax=hi))
     cb = ax.figure.colorbar(mesh, ax=ax, shrink=0.85)
     cb.set_label("ρ(J*)  (estimate)")
-    if np.isfinite(rho).sum() >= 4 and np.nanmin(rho) < 1 < np.nanmax(rho):
-        ax.contour(a, b, np.where(np.isfinite(rho), rho, hi), levels=[1.0], colors="k", linewidths=1.4)
+    contour = bool(np.isfinite(rho).sum() >= 4 and np.nanmin(rho) < 1 < np.nanmax(rho))
+    if contour:
+        ax.contour(a, b, np.where(np.isfinite(rho), rho, np.nan), levels=[1.0], colors="k", linewidths=1.4)
     if failed.any():
         A, B = np.meshgrid(a, b)
         ax.scatter(A[failed], B[failed], marker="x", s=14, color="0.25", lw=0.8,
@@ -373,14 +374,15 @@ def region_axes(ax, geo: dict, title: str) -> None:
     if pts:
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", mfc="none", mec="k", ms=7,
                 label="bisected radii along ±D1, ±D2")
-    ax.plot([], [], color="k", lw=1.4, label="ρ(J*) = 1")
+    if contour:
+        ax.plot([], [], color="k", lw=1.4, label="ρ(J*) = 1")
     ax.set(xlabel="a  (relative step along D1)", ylabel="b  (relative step along D2)", aspect="equal",
            title=title)
-    ax.legend(fontsize=7, loc="lower left", framealpha=0.85)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.13), ncol=2, frameon=False)
 
 
 def _region_plot(report, splits, save):
-    fig, axes, plt = _figure(len(splits), 5.6, 5.0)
+    fig, axes, plt = _figure(len(splits), 5.6, 5.6)
     for ax, s in zip(axes, splits):
         geo = report[s]["geometry"]
         region_axes(ax, geo, f"{s}: stability region around θ* (sample {geo['plane'].get('sample')})")

@@ -58,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _option(geo, "geometry_group_directions", type=_non_negative_int)
     _option(geo, "geometry_certify", type=_non_negative_int)
     geo.add_argument("--geometry-plane", metavar="N", type=_non_negative_int, default=None,
-                     help="the ρ(J*) picture over the plane of two directions, N × N cells (default: 21 with "
+                     help="the ρ(J*) picture over the plane of two directions, N × N cells (default: 15 with "
                           "--plots, otherwise none; 0: none)")
     p.add_argument("--json", metavar="PATH", help="write the full results as JSON")
     p.add_argument("--plots", metavar="DIR", help="write PNG plots (residuals, eigenvalues, accuracy, Prop. 5, "
@@ -91,7 +91,7 @@ def _fraction(text: str) -> float:
 
 
 #: the cells per side of the geometry stage's region picture when --plots is given and --geometry-plane is not
-PLOT_PLANE = 21
+PLOT_PLANE = 15
 
 
 def _option(p: argparse.ArgumentParser, name: str, **kw) -> None:

@@ -34,12 +34,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"checkpoint: {result.path}")
         print(accuracy_table(result.final))
 
-        from stability.analysis.pipeline import AnalysisOptions, analyze_checkpoint, keep_freed_memory
+        from stability.analysis.pipeline import STAGES, AnalysisOptions, analyze_checkpoint, keep_freed_memory
         from stability.analysis.report import text_report, write_json, write_plots
 
         log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
         # workers=None: the two splits side by side, one process each, on a machine with two threads or more
-        options = AnalysisOptions(samples=ANALYSIS_SAMPLES, workers=None)
+        # stages=STAGES: every stage, as `stability analyze` runs them (the geometry stage included)
+        options = AnalysisOptions(samples=ANALYSIS_SAMPLES, workers=None, stages=STAGES)
         keep_freed_memory()  # training is over: from here on the process only analyses
         report = analyze_checkpoint(ckpt, splits=("val", "hard"), options=options, log=log)
         print(text_report(report), end="")

@@ -15,8 +15,8 @@ from typing import Callable
 
 from stability.errors import ConfigError
 
-HELP = ("regenerate the theory figures (Fig. 2, Fig. 5) and Table 3; with --results / --run, the result-driven "
-        "figures of a sweep or one run")
+HELP = ("regenerate the theory figures (Fig. 2, Fig. 5) and Table 3; with --results / --run / --region, the "
+        "result-driven figures of a sweep or one run")
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,29 @@ def _run(out: Path, args) -> list[Path]:
     return run_figures(Path(args.run), out)
 
 
+def _region(out: Path, args) -> list[Path]:
+    """The stability region of a trained checkpoint (the geometry stage's plane, val and hard), beside Figure 5."""
+    from stability.analysis.pipeline import AnalysisOptions, analyze_checkpoint
+    from stability.analysis.report import region_axes
+    from stability.theory.figures import _figure, save_figure
+
+    ckpt = Path(args.region)
+    opts = AnalysisOptions(samples=1, stages=("geometry",), geometry_plane=21, geometry_group_directions=0)
+    report = analyze_checkpoint(ckpt, splits=("val", "hard"), options=opts).to_json()
+    fig = _figure(figsize=(11.5, 5.0), layout="constrained")
+    axes = fig.subplots(1, 2, squeeze=False)[0]
+    for ax, split in zip(axes, ("val", "hard")):
+        geo = report[split]["geometry"]
+        if geo.get("plane"):
+            region_axes(ax, geo, f"{split}: stability region around θ* (sample {geo['plane'].get('sample')})")
+        else:
+            ax.text(0.5, 0.5, "x* does not attract at θ*: no region", ha="center", va="center",
+                    transform=ax.transAxes)
+            ax.set_title(split)
+    fig.suptitle(f"{ckpt.name}: ρ(J*) over θ* + a·D1 + b·D2 (compare Figure 5)", fontsize=10)
+    return save_figure(fig, out, f"geometry_region_{ckpt.stem}")
+
+
 FIGURES: dict[str, FigureSpec] = {
     "fig2": FigureSpec("Figure 2: phase portraits of (x, y) -> (λx x, λy y), stable and saddle cases", _fig2),
     "fig5": FigureSpec("Figure 5: stable regions of external and internal recall over λg × λh", _fig5),
@@ -69,6 +92,8 @@ FIGURES: dict[str, FigureSpec] = {
     "results": FigureSpec("Figures 3, 6, 7 and their ρ(J*) versions from a sweep's records (--results DIR)",
                           _results, needs=("results",)),
     "run": FigureSpec("the stability monitor against epoch for one checkpoint (--run CKPT)", _run, needs=("run",)),
+    "region": FigureSpec("the stability region in parameter space of one checkpoint, beside Figure 5 (--region CKPT)",
+                         _region, needs=("region",)),
 }
 
 
@@ -81,6 +106,9 @@ def add_arguments(parser) -> None:
                         help="a sweep's results directory: adds the result-driven Figures 3, 6, 7")
     parser.add_argument("--run", metavar="CKPT", default=None,
                         help="a checkpoint trained with --monitor-every: adds its stability-monitor plot")
+    parser.add_argument("--region", metavar="CKPT", default=None,
+                        help="a checkpoint: adds its stability region (ρ(J*) over a plane of two random directions in "
+                             "parameter space, the geometry stage of stability analyze)")
 
 
 def selected(args) -> list[str]:

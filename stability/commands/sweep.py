@@ -181,7 +181,8 @@ def run(args: argparse.Namespace) -> int:
     splits = ("val", "hard") if chosen["analyze_splits"] == "both" else (chosen["analyze_splits"],)
     options = RunOptions(summary=chosen["summary"], analyze_samples=chosen["analyze_samples"], analyze_splits=splits,
                          analyze_max_iter=chosen["analyze_max_iter"],
-                         reproducible=bool(args.reproducible or grid.summary.get("reproducible", False)))
+                         reproducible=bool(args.reproducible or grid.summary.get("reproducible", False)),
+                         analyze_geometry=bool(grid.summary.get("analyze_geometry", False)))
     if options.reproducible and not hardware.env_is_pinned():
         # the grid asks for pinned kernels: this sweep reruns itself pinned, and its workers inherit the settings
         return hardware.run_pinned(args._argv, replace=getattr(args, "_top", False))

@@ -28,6 +28,7 @@ Both are tables of the RunConfig sections ``model``, ``task`` and ``train`` (``s
     analyze_splits = "both"                   # val, hard or both
     analyze_max_iter = 500
     reproducible = true                       # every cell with pinned CPU kernels (README: Reproducibility)
+    analyze_geometry = true                   # the analysis adds the geometry stage (docs/analysis.md)
 
 The keys of ``model``, ``task`` and ``train`` are the fields of the one configuration schema
 (``stability/config.py``, docs/configuration.md). A training method's options may be written in ``[*.train]``
@@ -85,7 +86,7 @@ TOP_KEYS = ("name", "description", "include", "fixed", "axes", "slurm", "summary
 #: the ``[summary]`` table: how each cell is summarised after training (defaults of the sweep's --summary,
 #: --analyze-samples, --analyze-splits, --analyze-max-iter; the command line overrides them)
 SUMMARY_KEYS = {"summary": ("analyze", "monitor"), "analyze_samples": int, "analyze_splits": ("val", "hard", "both"),
-                "analyze_max_iter": int, "reproducible": bool}
+                "analyze_max_iter": int, "reproducible": bool, "analyze_geometry": bool}
 #: resources of one SLURM job (submitit's AutoExecutor parameters, without the ``slurm_`` prefix where it has one)
 SLURM_KEYS = ("partition", "timeout_min", "gpus_per_node", "cpus_per_task", "mem_gb", "account", "qos",
               "constraint", "array_parallelism", "additional_parameters", "setup")

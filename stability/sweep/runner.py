@@ -47,7 +47,9 @@ class RunOptions:
     samples of each of ``analyze_splits`` (its full report goes to DIR/analysis/), ``monitor`` only measures the
     stability monitor's four quantities on the val probe (cheaper). ``analyze_max_iter``: the solver's budget.
     ``reproducible``: the cells run with pinned CPU kernels (:mod:`stability.hardware`); written into the options
-    only when set, so the records of grids that never asked for it keep their shape.
+    only when set, so the records of grids that never asked for it keep their shape. ``analyze_geometry``: the
+    analysis adds the geometry stage (radii of stability in parameter space; off by default, and then neither the
+    options nor the records change).
     """
 
     summary: str = "analyze"
@@ -55,19 +57,23 @@ class RunOptions:
     analyze_splits: tuple = ("val",)
     analyze_max_iter: int = 500
     reproducible: bool = False
+    analyze_geometry: bool = False
 
     def to_dict(self) -> dict:
         out = {"summary": self.summary, "analyze_samples": self.analyze_samples,
                "analyze_splits": list(self.analyze_splits), "analyze_max_iter": self.analyze_max_iter}
         if self.reproducible:
             out["reproducible"] = True
+        if self.analyze_geometry:
+            out["analyze_geometry"] = True
         return out
 
     @staticmethod
     def from_dict(d: dict) -> "RunOptions":
         return RunOptions(summary=d["summary"], analyze_samples=int(d["analyze_samples"]),
                           analyze_splits=tuple(d["analyze_splits"]), analyze_max_iter=int(d["analyze_max_iter"]),
-                          reproducible=bool(d.get("reproducible", False)))
+                          reproducible=bool(d.get("reproducible", False)),
+                          analyze_geometry=bool(d.get("analyze_geometry", False)))
 
 
 # ---- paths and files ---------------------------------------------------------------------------------
@@ -185,6 +191,10 @@ def analysis_summary(report: dict) -> dict:
             "accuracy_at_fixed_point": (b.get("accuracy") or {}).get("at_fixed_point"),
             "timings_s": b.get("timings_s") or b.get("timings"),
         }
+        geo = (b.get("geometry") or {}).get("summary")
+        if geo:  # only where the grid asked for the geometry stage: other records keep their shape
+            out[split].update({f"geometry_{k}": geo.get(k) for k in ("median_radius", "log_iqr", "log_range",
+                                                                        "balance", "unstable_t0")})
     return out
 
 
@@ -352,7 +362,10 @@ def _summarise(ckpt_path: Path, results: Path, cell_id: str, options: RunOptions
     from stability.analysis.pipeline import AnalysisOptions, analyze_checkpoint
     from stability.analysis.report import write_json
 
+    from stability.analysis.pipeline import DEFAULT_STAGES
+
     aopts = AnalysisOptions(samples=options.analyze_samples, max_iter=options.analyze_max_iter,
+                            stages=DEFAULT_STAGES + (("geometry",) if options.analyze_geometry else ()),
                             iterations=test_iterations, device=device.type,
                             workers=1)  # the sweep runs cells side by side, so one split after the other here
     say(f"analysis: {options.analyze_samples} samples of {', '.join(options.analyze_splits)}")
