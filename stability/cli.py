@@ -27,6 +27,7 @@ COMMANDS = {
     "halt": "stability.commands.halt",
     "import": "stability.commands.import_",
     "compare": "stability.commands.compare",
+    "claims": "stability.commands.claims",
 }
 
 
