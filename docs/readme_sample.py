@@ -31,9 +31,9 @@ def run_demo() -> dict:
     with tempfile.TemporaryDirectory() as d:
         if main(["demo", "--out", d, "--quiet"]) != 0:
             raise SystemExit("stability demo failed")
-        final = torch.load(Path(d) / "prefix-sums.pt", weights_only=True)["final"]
+        ckpt = torch.load(Path(d) / "prefix-sums.pt", weights_only=True)
         report = json.loads((Path(d) / "analysis.json").read_text())
-    return sample_record(final, report)
+    return sample_record(ckpt["final"], report, ckpt.get("hardware"))
 
 
 def main(argv=None) -> int:

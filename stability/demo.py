@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 
 def demo_config():
     """The demo's run: external recall, pre-norm, width 32, 45 epochs of 1,000 8-bit strings at LR 3e-3 (no warm-up,
@@ -29,10 +31,12 @@ SAMPLE_RECORD = "docs/demo-sample.json"
 SAMPLE_MARKERS = ("<!-- demo-sample: begin (docs/readme_sample.py writes it) -->", "<!-- demo-sample: end -->")
 
 
-def sample_record(final: dict, report: dict) -> dict:
+def sample_record(final: dict, report: dict, hardware: Optional[dict] = None) -> dict:
     """The part of a demo run its printed sample is rendered from: the whole-answer accuracy curves of the final
     evaluation, and the analysis JSON without what varies from run to run or only feeds the plots (timings, the
-    hardware signature, the checkpoint's path, the per-iteration residual traces)."""
+    hardware signature, the checkpoint's path, the per-iteration residual traces). ``hardware``: the signature of
+    the training that made the weights (the checkpoint's ``hardware``), kept beside them so that a test knows
+    whether a fresh run can give the same bits (:func:`stability.hardware.same_bits_possible`)."""
     import copy
 
     analysis = copy.deepcopy(report)
@@ -43,7 +47,7 @@ def sample_record(final: dict, report: dict) -> dict:
         block = analysis[split]
         block.pop("timings", None)
         (block.get("fixed_point") or {}).pop("residual_trace", None)
-    return {"format": "stability-demo-sample",
+    return {"format": "stability-demo-sample", "hardware": hardware,
             "final": {s: {"accuracy": list(final[s]["accuracy"])} for s in ("val", "hard") if s in final},
             "analysis": analysis}
 
