@@ -147,6 +147,12 @@ def test_same_bits_are_possible_across_cpus_only_when_both_runs_are_pinned_with_
     assert not ok and "cpu" in why
     ok, why = hardware.same_bits_possible(None, _sig())
     assert not ok and "without a hardware signature" in why
+    # numpy's OpenBLAS thread count does not decide torch's bits; its version and kernel family do
+    blas = _sig()["python_blas"][0]
+    more_threads = _sig(**{**unpinned, "python_blas": [{**blas, "threads": 2}]})
+    assert hardware.same_bits_possible(_sig(**unpinned), more_threads)[0]
+    other_kernels = _sig(**{**unpinned, "python_blas": [{**blas, "kernels": "Zen"}]})
+    assert not hardware.same_bits_possible(_sig(**unpinned), other_kernels)[0]
 
 
 def test_compare_shows_the_hardware_difference_before_the_options():

@@ -235,6 +235,9 @@ def test_demo_run_learns_prefix_sums_and_reports_accuracy_against_iterations(tmp
     def rows(text):  # each line's label: its columns before the first number or verdict word
         out = []
         for line in text.splitlines():
+            if line and set(line) == {"-"}:  # a table's rule, as wide as its widest row
+                out.append("-")
+                continue
             label = []
             for column in re.split(r"\s{2,}", line.strip()):
                 if re.search(r"\d", column) or column.split(" ")[0] in ("YES", "PARTLY", "NO", "NOT"):
