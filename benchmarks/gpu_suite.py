@@ -10,7 +10,11 @@ Checks (paper sizes on a GPU; ``--dry-run``: tiny sizes on the CPU, to test this
 * ``batched_rho`` — ρ(J*) for 500 sudoku-size states (81 × 256) in one batch, float32 products certified in
   float64 (``stability.analysis.spectra.jacobian_spectral_radius``); goal ≤ 10 s;
 * ``solvers`` — the fixed-point solvers (picard, anderson, broyden, auto) on the sudoku-size map, recall ×1.0:
-  evaluations, statuses and time per evaluation relative to Picard's.
+  evaluations, statuses and time per evaluation relative to Picard's;
+* ``full_analysis`` — the whole analysis as ``stability analyze`` runs it (every stage, geometry included) on 500
+  samples of each of the paper's three task shapes at width 256: sudoku (9 × 9), chess (8 × 8) and prefix sums
+  (32-bit and 512-bit strings), the models of ``benchmarks/analysis_scaling.py`` (the paper's architecture,
+  untrained, W_x scaled by 0.5 so that plain iteration converges); seconds per stage; goal: sudoku ≤ 30 s.
 
 A check that runs past its cap is stopped (SIGALRM) and recorded as ``timeout`` with what it had measured; an
 exception is recorded as ``error`` with its message; the other checks still run. Usage:
@@ -39,7 +43,7 @@ sys.path.insert(0, str(HERE))
 
 # check -> (cap in seconds on the GPU, cap in a dry run)
 CAPS = {"train_throughput": (240, 120), "prefix_sums_cell": (240, 120), "batched_rho": (120, 60),
-        "solvers": (150, 90)}
+        "solvers": (150, 90), "full_analysis": (300, 240)}
 
 
 class CheckTimeout(Exception):
@@ -164,8 +168,41 @@ def check_solvers(device, dry: bool, partial: dict) -> dict:
     return partial
 
 
+#: the full analysis' task shapes: name -> (task, width, positions); a dry run takes width 16 and 2 samples
+FULL_ANALYSIS = {"sudoku": ("sudoku", 256, (9, 9)), "chess": ("chess", 256, (8, 8)),
+                 "prefix-sums-32": ("prefix-sums", 256, (32,)), "prefix-sums-512": ("prefix-sums", 256, (512,))}
+
+
+def check_full_analysis(device, dry: bool, partial: dict) -> dict:
+    import stability
+    from analysis_scaling import build
+
+    from stability import AnalysisOptions
+    from stability.analysis.pipeline import STAGES
+
+    samples = 2 if dry else 500
+    partial.update({"samples": samples, "goal_s": 30.0, "tasks": {}})
+    for name, (task, width, positions) in FULL_ANALYSIS.items():
+        if dry:
+            width, positions = 16, tuple(min(p, 4) for p in positions)
+        model, inputs = build(task, width, positions, 0.5, samples)
+        options = AnalysisOptions(samples=samples, device=device.type, stages=STAGES)
+        _sync(device)
+        t = time.perf_counter()
+        report = stability.analyze(model.to(device), inputs.to(device), options=options).to_json()
+        _sync(device)
+        row = {"width": width, "positions": list(positions), "seconds": time.perf_counter() - t,
+               "stages_s": report["timings"], "converged_fraction": report["fixed_point"]["converged_fraction"],
+               "nfe_median": report["fixed_point"]["nfe_median"],
+               "rho_median": (report.get("jacobian") or {}).get("spectral_radius_median")}
+        partial["tasks"][name] = row
+        print(f"  full_analysis {name}: {row['seconds']:.1f} s", flush=True)
+    partial["met"] = partial["tasks"]["sudoku"]["seconds"] <= partial["goal_s"]
+    return partial
+
+
 CHECKS = {"train_throughput": check_train_throughput, "prefix_sums_cell": check_prefix_sums_cell,
-          "batched_rho": check_batched_rho, "solvers": check_solvers}
+          "batched_rho": check_batched_rho, "solvers": check_solvers, "full_analysis": check_full_analysis}
 
 
 def _clean(v):

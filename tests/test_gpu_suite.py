@@ -37,7 +37,8 @@ def test_dry_run_writes_every_check_with_finite_numbers(tmp_path, capsys):
     assert suite.main(["--dry-run", "--out", str(out)]) == 0
     data = json.loads(out.read_text())
     assert data["dry_run"] is True and data["device"].startswith("cpu")
-    assert set(data["checks"]) == {"train_throughput", "prefix_sums_cell", "batched_rho", "solvers"}
+    assert set(data["checks"]) == {"train_throughput", "prefix_sums_cell", "batched_rho", "solvers",
+                                   "full_analysis"}
     for name, chk in data["checks"].items():
         assert chk["status"] == "ok", (name, chk["error"])
         assert 0 < chk["seconds"] <= chk["cap_s"]
@@ -50,6 +51,12 @@ def test_dry_run_writes_every_check_with_finite_numbers(tmp_path, capsys):
     sol = data["checks"]["solvers"]["result"]["solvers"]
     assert set(sol) == {"picard", "anderson", "broyden", "auto"}
     assert sol["picard"]["time_per_eval_vs_picard"] == 1.0
+    full = data["checks"]["full_analysis"]["result"]
+    assert set(full["tasks"]) == {"sudoku", "chess", "prefix-sums-32", "prefix-sums-512"} and full["samples"] == 2
+    for row in full["tasks"].values():  # every stage of `stability analyze` ran and was timed
+        assert set(row["stages_s"]) == {"reachability", "rho", "prop4", "rho_wx", "prop5", "input", "a8",
+                                        "accuracy", "geometry"}
+        assert row["converged_fraction"] == 1.0 and 0 < row["rho_median"] < 1
     cell = data["checks"]["prefix_sums_cell"]["result"]
     assert cell["epochs"] == 2 and len(cell["loss"]) == 2 and 0.0 <= cell["val_accuracy_last"] <= 1.0
 
