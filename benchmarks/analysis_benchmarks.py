@@ -275,7 +275,7 @@ def train_checkpoint(directory: Path) -> Path:
 def bench_anderson(checkpoint: Path, samples: int = 32, tol: float = 1e-8) -> dict:
     import stability
     from stability.analysis.pipeline import analysis_model
-    from stability.analysis.sensitivity import fixed_point_distance
+    from stability.analysis.initial_iterate import fixed_point_distance
     from stability.solvers import solve
 
     loaded = stability.load(checkpoint)
@@ -327,7 +327,7 @@ def _reset_peak_rss() -> None:
 
 def memory_child(route: str, state_path: str, T: int) -> dict:
     """Run one route in this (fresh) process; report peak RSS growth and bytes saved for backward."""
-    from stability.analysis.sensitivity import implicit_input_vjp, unrolled_input_vjp
+    from stability.analysis.prop5 import implicit_input_vjp, unrolled_input_vjp
 
     state = torch.load(state_path)
     m = sudoku_model(256)

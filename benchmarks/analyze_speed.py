@@ -78,10 +78,10 @@ def ensure_checkpoint(path: Path) -> Path:
 
 def bench_split(model, task, split: str, samples: int, seed: int = 0, max_iter: int = 500, probes: int = 4,
                 gmres_tol: float = 1e-10) -> dict:
-    from stability.analysis.sensitivity import (default_T_grid, initial_iterate_sensitivity,
-                                                initial_iterate_sensitivity_batched, input_dependence_frobenius,
-                                                input_dependence_frobenius_batched, prop5_and_initial_iterate_batched,
-                                                prop5_check, prop5_check_batched)
+    from stability.analysis.initial_iterate import (initial_iterate_sensitivity, initial_iterate_sensitivity_batched,
+                                                    prop5_and_initial_iterate_batched)
+    from stability.analysis.input_dependence import input_dependence_frobenius, input_dependence_frobenius_batched
+    from stability.analysis.prop5 import default_T_grid, prop5_check, prop5_check_batched
     from stability.solvers import solve
 
     f = model.step

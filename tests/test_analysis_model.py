@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from stability.analysis.accuracy import accuracy_vs_iteration
+from stability.analysis.initial_iterate import fixed_point_distance
 from stability.analysis.operators import BatchedJacobian, JacobianOperator
 from stability.analysis.pipeline import analysis_model
+from stability.analysis.prop5 import default_T_grid, prop5_check
 from stability.analysis.reachability import reachability
 from stability.analysis.recall import RecallMatrixOperator, prop4, recall_form, rho_W_x
-from stability.analysis.sensitivity import default_T_grid, fixed_point_distance, prop5_check
 from stability.analysis.spectra import batched_spectral_radius, dense_spectrum, spectral_radius
 from stability.config import ModelConfig, TaskConfig
 from stability.model import build_model

@@ -226,7 +226,7 @@ class RecallWeight:
 
 @dataclass
 class Prop5Stage:
-    """Prop. 5 on the first converged sample: :class:`~stability.analysis.sensitivity.Prop5Check`, or why not."""
+    """Prop. 5 on the first converged sample: :class:`~stability.analysis.prop5.Prop5Check`, or why not."""
 
     check: Any = None
     sample: Optional[int] = None
@@ -685,8 +685,9 @@ def stage_rho_wx(run: _Run):
 
 def stage_prop5(run: _Run) -> Prop5Stage:
     """Prop. 5 on the first converged sample: dx_T/dx0·u (unrolled from e, held fixed) against the implicit
-    (I − J)⁻¹ ∂f/∂x0 u (GMRES), by the batched routes of :mod:`stability.analysis.sensitivity`."""
-    from stability.analysis.sensitivity import KrylovError, default_T_grid, prop5_and_initial_iterate_batched
+    (I − J)⁻¹ ∂f/∂x0 u (GMRES), by the batched routes of :mod:`stability.analysis.prop5`."""
+    from stability.analysis.initial_iterate import prop5_and_initial_iterate_batched
+    from stability.analysis.prop5 import KrylovError, default_T_grid
     from stability.solvers import solve
 
     o, first = run.options, run.first
@@ -710,7 +711,7 @@ def stage_prop5(run: _Run) -> Prop5Stage:
 
 def stage_input(run: _Run) -> InputDependence:
     """‖dx*/dx0‖_F per converged sample (Hutchinson; Prop. 5), every sample's probes in one batched solve."""
-    from stability.analysis.sensitivity import input_dependence_frobenius_batched
+    from stability.analysis.input_dependence import input_dependence_frobenius_batched
 
     o, conv = run.options, run.conv
     frob: list = [None] * conv.numel()
@@ -727,8 +728,8 @@ def stage_input(run: _Run) -> InputDependence:
 def stage_a8(run: _Run) -> InitialIterate:
     """App. A.8: solve from e ∈ {x0, zeros, noise}; x* should not depend on e. Noise of std ``noise_std``;
     ‖dx_T/de·u‖ against T on the first converged sample (batched route)."""
-    from stability.analysis.sensitivity import (default_T_grid, fixed_point_distance,
-                                                initial_iterate_sensitivity_batched)
+    from stability.analysis.initial_iterate import fixed_point_distance, initial_iterate_sensitivity_batched
+    from stability.analysis.prop5 import default_T_grid
     from stability.solvers import solve
 
     o, x0, e = run.options, run.x0, run.e
