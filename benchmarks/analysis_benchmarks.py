@@ -41,7 +41,7 @@ def sudoku_model(width: int, *, seed: int = 0, recall_scale: float = 0.5):
 
     Untrained: its recall weight is scaled by ``recall_scale`` so that plain iteration reaches a fixed point
     (the benchmark measures the analysis, not a training run)."""
-    from stability.analysis.pipeline import analysis_model
+    from stability.analysis.fixed_point import analysis_model
     from stability.config import ModelConfig
     from stability.model import build_model
 
@@ -274,7 +274,7 @@ def train_checkpoint(directory: Path) -> Path:
 
 def bench_anderson(checkpoint: Path, samples: int = 32, tol: float = 1e-8) -> dict:
     import stability
-    from stability.analysis.pipeline import analysis_model
+    from stability.analysis.fixed_point import analysis_model
     from stability.analysis.initial_iterate import fixed_point_distance
     from stability.solvers import solve
 

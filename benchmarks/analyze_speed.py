@@ -307,7 +307,8 @@ def dense_before_after(ckpt: Path, samples: int) -> dict:
     the other in this process; per-stage timings and the numbers each prints."""
     import stability.analysis.recall as recall
     import stability.analysis.spectra as spectra
-    from stability.analysis.pipeline import AnalysisOptions, analyze_checkpoint
+    from stability.analysis.options import AnalysisOptions
+    from stability.analysis.pipeline import analyze_checkpoint
 
     out = {}
     for label, limit, mid in (("before", 32, 0), ("after", spectra.DENSE_MAX, spectra.DENSE_KRYLOV_MAX)):
@@ -344,7 +345,8 @@ def dense_before_after(ckpt: Path, samples: int) -> dict:
 
 
 def full_analysis(ckpt: Path, samples: int) -> dict:
-    from stability.analysis.pipeline import AnalysisOptions, analyze_checkpoint
+    from stability.analysis.options import AnalysisOptions
+    from stability.analysis.pipeline import analyze_checkpoint
 
     rep, wall = _timed(lambda: analyze_checkpoint(ckpt, options=AnalysisOptions(samples=samples)), "full")
     blocks = rep if isinstance(rep, dict) else rep.to_json()
@@ -575,7 +577,7 @@ def main(argv=None) -> int:
         return 0
 
     import stability
-    from stability.analysis.pipeline import analysis_model
+    from stability.analysis.fixed_point import analysis_model
     from stability.atomic import write_text
 
     ckpt = ensure_checkpoint(Path(args.checkpoint))

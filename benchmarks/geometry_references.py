@@ -19,8 +19,9 @@ import torch
 
 def toy(points: int = 200, K: int = 8, seed: int = 0) -> dict:
     from stability.analysis.geometry import Figure5Model, anisotropy, figure5_radius
+    from stability.analysis.options import AnalysisOptions
     from stability.analysis.perturbation import random_directions
-    from stability.analysis.pipeline import AnalysisOptions, analyze
+    from stability.analysis.pipeline import analyze
     from stability.analysis.radii import T_MAX
     from stability.theory import regions
 
@@ -49,7 +50,8 @@ def toy(points: int = 200, K: int = 8, seed: int = 0) -> dict:
 
 
 def trained(paths: list) -> dict:
-    from stability.analysis.pipeline import AnalysisOptions, analyze_checkpoint
+    from stability.analysis.options import AnalysisOptions
+    from stability.analysis.pipeline import analyze_checkpoint
 
     out = {}
     for path in paths:

@@ -7,8 +7,10 @@ import pytest
 import torch
 
 import stability.analysis.operators as ops
+from stability.analysis.fixed_point import analysis_model
 from stability.analysis.operators import _colour, batched_dense_jacobian, position_pattern
-from stability.analysis.pipeline import AnalysisOptions, analysis_model, run_stages
+from stability.analysis.options import AnalysisOptions
+from stability.analysis.pipeline import run_stages
 from stability.analysis.recall import RecallMatrixOperator
 from stability.analysis.spectra import dense_krylov_spectra, dense_sigma_max
 from stability.config import ModelConfig

@@ -19,9 +19,11 @@ import torch
 
 from conftest import run_cli
 from stability.analysis.geometry import DiagonalRecall, Figure5Model, anisotropy, diagonal_radius, figure5_radius
+from stability.analysis.options import DEFAULT_STAGES, STAGES, AnalysisOptions
 from stability.analysis.perturbation import loop_parameters, random_directions
-from stability.analysis.pipeline import DEFAULT_STAGES, STAGES, AnalysisOptions, analyze, verdict
+from stability.analysis.pipeline import analyze
 from stability.analysis.radii import T_MAX
+from stability.analysis.verdict import verdict
 
 ACC = 0.01  # the bisection accuracy of the closed-form checks: hi/lo ≤ 1.01, the radius √(lo·hi) within 0.5 %
 
@@ -133,7 +135,8 @@ def tiny(tmp_path_factory):
 
 def test_trained_checkpoint_radii_positive_where_attracting_and_zero_elsewhere(tiny):
     import stability
-    from stability.analysis.pipeline import analysis_model, analyze_checkpoint
+    from stability.analysis.fixed_point import analysis_model
+    from stability.analysis.pipeline import analyze_checkpoint
 
     o = AnalysisOptions(samples=4, stages=("rho", "geometry"), geometry_samples=4, geometry_directions=2,
                         geometry_group_directions=1, geometry_accuracy=0.2, max_iter=200)

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from stability.analysis.fixed_point import analysis_model
 from stability.analysis.initial_iterate import (initial_iterate_sensitivity, initial_iterate_sensitivity_batched,
                                                 prop5_and_initial_iterate_batched)
 from stability.analysis.input_dependence import input_dependence_frobenius, input_dependence_frobenius_batched
-from stability.analysis.pipeline import analysis_model
 from stability.analysis.prop5 import (KrylovError, default_T_grid, implicit_input_jvp_batched, prop5_check,
                                       prop5_check_batched)
 from stability.analysis.tangents import Linearisation, unroll_tangents_batched
@@ -208,7 +208,8 @@ def test_an_autonomous_map_that_ignores_x0_gets_the_per_sample_results():
 
 def test_the_analysis_reuses_the_prop5_unroll_for_A8_with_the_same_numbers():
     """run_stages: with stage prop5 the A.8 ‖dx_T/de‖ comes from Prop. 5's unroll; without it, from its own."""
-    from stability.analysis.pipeline import AnalysisOptions, parse_stages, run_stages
+    from stability.analysis.options import AnalysisOptions, parse_stages
+    from stability.analysis.pipeline import run_stages
 
     m = contractive_model(seed=13)
     inputs = torch.randint(0, 2, (2, L, 1), generator=torch.Generator().manual_seed(13)).double() - 0.5
