@@ -41,7 +41,7 @@ def sudoku_model(width: int, *, seed: int = 0, recall_scale: float = 0.5):
 
     Untrained: its recall weight is scaled by ``recall_scale`` so that plain iteration reaches a fixed point
     (the benchmark measures the analysis, not a training run)."""
-    from stability.analysis.pipeline import analysis_model
+    from stability.analysis.fixed_point import analysis_model
     from stability.config import ModelConfig
     from stability.model import build_model
 
@@ -274,8 +274,8 @@ def train_checkpoint(directory: Path) -> Path:
 
 def bench_anderson(checkpoint: Path, samples: int = 32, tol: float = 1e-8) -> dict:
     import stability
-    from stability.analysis.pipeline import analysis_model
-    from stability.analysis.sensitivity import fixed_point_distance
+    from stability.analysis.fixed_point import analysis_model
+    from stability.analysis.initial_iterate import fixed_point_distance
     from stability.solvers import solve
 
     loaded = stability.load(checkpoint)
@@ -327,7 +327,7 @@ def _reset_peak_rss() -> None:
 
 def memory_child(route: str, state_path: str, T: int) -> dict:
     """Run one route in this (fresh) process; report peak RSS growth and bytes saved for backward."""
-    from stability.analysis.sensitivity import implicit_input_vjp, unrolled_input_vjp
+    from stability.analysis.prop5 import implicit_input_vjp, unrolled_input_vjp
 
     state = torch.load(state_path)
     m = sudoku_model(256)

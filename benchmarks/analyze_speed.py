@@ -78,10 +78,10 @@ def ensure_checkpoint(path: Path) -> Path:
 
 def bench_split(model, task, split: str, samples: int, seed: int = 0, max_iter: int = 500, probes: int = 4,
                 gmres_tol: float = 1e-10) -> dict:
-    from stability.analysis.sensitivity import (default_T_grid, initial_iterate_sensitivity,
-                                                initial_iterate_sensitivity_batched, input_dependence_frobenius,
-                                                input_dependence_frobenius_batched, prop5_and_initial_iterate_batched,
-                                                prop5_check, prop5_check_batched)
+    from stability.analysis.initial_iterate import (initial_iterate_sensitivity, initial_iterate_sensitivity_batched,
+                                                    prop5_and_initial_iterate_batched)
+    from stability.analysis.input_dependence import input_dependence_frobenius, input_dependence_frobenius_batched
+    from stability.analysis.prop5 import default_T_grid, prop5_check, prop5_check_batched
     from stability.solvers import solve
 
     f = model.step
@@ -307,7 +307,8 @@ def dense_before_after(ckpt: Path, samples: int) -> dict:
     the other in this process; per-stage timings and the numbers each prints."""
     import stability.analysis.recall as recall
     import stability.analysis.spectra as spectra
-    from stability.analysis.pipeline import AnalysisOptions, analyze_checkpoint
+    from stability.analysis.options import AnalysisOptions
+    from stability.analysis.pipeline import analyze_checkpoint
 
     out = {}
     for label, limit, mid in (("before", 32, 0), ("after", spectra.DENSE_MAX, spectra.DENSE_KRYLOV_MAX)):
@@ -344,7 +345,8 @@ def dense_before_after(ckpt: Path, samples: int) -> dict:
 
 
 def full_analysis(ckpt: Path, samples: int) -> dict:
-    from stability.analysis.pipeline import AnalysisOptions, analyze_checkpoint
+    from stability.analysis.options import AnalysisOptions
+    from stability.analysis.pipeline import analyze_checkpoint
 
     rep, wall = _timed(lambda: analyze_checkpoint(ckpt, options=AnalysisOptions(samples=samples)), "full")
     blocks = rep if isinstance(rep, dict) else rep.to_json()
@@ -575,7 +577,7 @@ def main(argv=None) -> int:
         return 0
 
     import stability
-    from stability.analysis.pipeline import analysis_model
+    from stability.analysis.fixed_point import analysis_model
     from stability.atomic import write_text
 
     ckpt = ensure_checkpoint(Path(args.checkpoint))

@@ -18,8 +18,11 @@ import torch
 
 
 def toy(points: int = 200, K: int = 8, seed: int = 0) -> dict:
-    from stability.analysis import geometry as G
-    from stability.analysis.pipeline import AnalysisOptions, analyze
+    from stability.analysis.geometry import Figure5Model, anisotropy, figure5_radius
+    from stability.analysis.options import AnalysisOptions
+    from stability.analysis.perturbation import random_directions
+    from stability.analysis.pipeline import analyze
+    from stability.analysis.radii import T_MAX
     from stability.theory import regions
 
     out = {}
@@ -29,11 +32,11 @@ def toy(points: int = 200, K: int = 8, seed: int = 0) -> dict:
         rows, checks = [], []
         for n, i in enumerate(keep):
             th = (float(x[i]), float(y[i]))
-            D = G.random_directions({"theta": torch.tensor(th, dtype=torch.float64)}, K, 0)["theta"].numpy()
-            radii = [min(G.figure5_radius(placement, th, s * D[j]), G.T_MAX) for j in range(K) for s in (1, -1)]
-            rows.append(G.anisotropy(radii))
+            D = random_directions({"theta": torch.tensor(th, dtype=torch.float64)}, K, 0)["theta"].numpy()
+            radii = [min(figure5_radius(placement, th, s * D[j]), T_MAX) for j in range(K) for s in (1, -1)]
+            rows.append(anisotropy(radii))
             if n < 3:  # the stage on the same point: its radii against the closed form
-                m = G.Figure5Model(placement, *th)
+                m = Figure5Model(placement, *th)
                 o = AnalysisOptions(samples=1, stages=("geometry",), geometry_directions=K,
                                     geometry_group_directions=0)
                 got = analyze(m, torch.zeros(1, 1, dtype=torch.float64), options=o).to_json()["geometry"]
@@ -47,7 +50,8 @@ def toy(points: int = 200, K: int = 8, seed: int = 0) -> dict:
 
 
 def trained(paths: list) -> dict:
-    from stability.analysis.pipeline import AnalysisOptions, analyze_checkpoint
+    from stability.analysis.options import AnalysisOptions
+    from stability.analysis.pipeline import analyze_checkpoint
 
     out = {}
     for path in paths:

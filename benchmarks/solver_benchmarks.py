@@ -65,7 +65,7 @@ def build_maps(checkpoint: Path, quick: bool = False) -> list[dict]:
 
     import stability
     from analysis_benchmarks import sudoku_inputs, sudoku_model
-    from stability.analysis.pipeline import analysis_model
+    from stability.analysis.fixed_point import analysis_model
 
     maps = []
     loaded = stability.load(checkpoint)

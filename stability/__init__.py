@@ -28,8 +28,8 @@ def load(path, *, device: str = "cpu", release_config=None):
 def analyze(model, inputs, targets=None, options=None, *, log=None):
     """The whole analysis of a :class:`~stability.protocols.LoopedModel` on a batch of inputs (reachability,
     ρ(J*), Props. 4–5, App. A.8, accuracy when ``targets`` are given): a
-    :class:`~stability.analysis.pipeline.SplitAnalysis` with ``.to_json()``, ``.summary()`` and ``.plot(dir)``.
-    ``options``: :class:`~stability.analysis.pipeline.AnalysisOptions` (e.g. ``stages=("rho", "prop5")``)."""
+    :class:`~stability.analysis.results.SplitAnalysis` with ``.to_json()``, ``.summary()`` and ``.plot(dir)``.
+    ``options``: :class:`~stability.analysis.options.AnalysisOptions` (e.g. ``stages=("rho", "prop5")``)."""
     from stability.analysis.pipeline import analyze as _analyze
 
     return _analyze(model, inputs, targets, options, log=log)
@@ -37,7 +37,7 @@ def analyze(model, inputs, targets=None, options=None, *, log=None):
 
 #: the public names loaded on first use (``import stability`` stays light: no torch until one is touched)
 _LAZY = {
-    "AnalysisOptions": "stability.analysis.pipeline",  # what `analyze` runs: stages, samples, solver, ...
+    "AnalysisOptions": "stability.analysis.options",  # what `analyze` runs: stages, samples, solver, ...
     "solve": "stability.solvers",  # the fixed-point solvers, one signature
     "LoopedModel": "stability.protocols",  # the model contract
     "check_model": "stability.protocols",  # checks a model of one's own against the contract

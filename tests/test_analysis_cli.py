@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from stability.analysis.pipeline import STAGES
+from stability.analysis.options import STAGES
 from conftest import run_cli
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from stability.analysis.accuracy import accuracy_vs_iteration
+from stability.analysis.fixed_point import analysis_model
+from stability.analysis.initial_iterate import fixed_point_distance
 from stability.analysis.operators import BatchedJacobian, JacobianOperator
-from stability.analysis.pipeline import analysis_model
+from stability.analysis.prop5 import default_T_grid, prop5_check
 from stability.analysis.reachability import reachability
 from stability.analysis.recall import RecallMatrixOperator, prop4, recall_form, rho_W_x
-from stability.analysis.sensitivity import default_T_grid, fixed_point_distance, prop5_check
 from stability.analysis.spectra import batched_spectral_radius, dense_spectrum, spectral_radius
 from stability.config import ModelConfig, TaskConfig
 from stability.model import build_model
@@ -180,7 +181,8 @@ def test_accuracy_curve_follows_the_models_own_forward():
 def test_the_accuracy_scored_during_the_picard_solve_is_the_curve_of_the_models_own_forward():
     """Stage accuracy reads the curve the reachability solve scored (Picard from e): it must be the curve of
     ``model(inputs, T)``, the release's forward, at every T, also past max_iter and after every sample stopped."""
-    from stability.analysis.pipeline import AnalysisOptions, run_stages
+    from stability.analysis.options import AnalysisOptions
+    from stability.analysis.pipeline import run_stages
     from stability.tasks import make_task
 
     task = make_task(TaskConfig(name="prefix-sums", train_size=4, val_size=8, hard_size=4, train_length=L))
@@ -208,7 +210,8 @@ def test_the_accuracy_scored_during_the_picard_solve_is_the_curve_of_the_models_
 def test_analysis_of_a_split_agrees_between_the_arpack_and_the_batched_arnoldi_route():
     """analyze_split end to end on a tiny prefix-sums model; the batched torch Arnoldi route (all three samples in
     one batch, as on CUDA) gives the same spectral radii and σ_max as per-sample ARPACK."""
-    from stability.analysis.pipeline import AnalysisOptions, analyze_split
+    from stability.analysis.options import AnalysisOptions
+    from stability.analysis.pipeline import analyze_split
     from stability.tasks import make_task
 
     task = make_task(TaskConfig(name="prefix-sums", train_size=4, val_size=3, hard_size=2, train_length=L,
@@ -244,7 +247,7 @@ def test_assembled_matrix_follows_the_fixed_point_reasoner_variants(recall, vari
 
 
 def test_analysis_options_refuse_unknown_routes_naming_the_allowed_ones():
-    from stability.analysis.pipeline import AnalysisOptions
+    from stability.analysis.options import AnalysisOptions
     from stability.errors import StabilityError
 
     for key, bad, allowed in (("eig_precision", "half", "mixed, float64"), ("eig_route", "lapack", "arnoldi, arpack"),

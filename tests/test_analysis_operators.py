@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 import torch
 
+from stability.analysis.initial_iterate import fixed_point_distance, initial_iterate_sensitivity
+from stability.analysis.input_dependence import input_dependence_frobenius
 from stability.analysis.operators import BatchedJacobian, JacobianOperator
-from stability.analysis.sensitivity import (KrylovError, default_T_grid, fixed_point_distance,
-                                            implicit_input_jvp, implicit_input_vjp, initial_iterate_sensitivity,
-                                            input_dependence_frobenius, prop5_check, unrolled_input_vjp)
+from stability.analysis.prop5 import (KrylovError, default_T_grid, implicit_input_jvp, implicit_input_vjp, prop5_check,
+                                      unrolled_input_vjp)
 from stability.analysis.spectra import (batched_sigma_max, batched_spectral_radius, certified_spectral_radius,
                                         dense_spectrum, sigma_max, spectral_radius)
 from stability.solvers import solve

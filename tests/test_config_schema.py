@@ -279,7 +279,7 @@ def test_a_record_with_a_schema_1_config_has_the_same_deterministic_view_as_one_
 def test_analyze_takes_its_flag_defaults_from_analysis_options():
     import dataclasses
 
-    from stability.analysis.pipeline import AnalysisOptions
+    from stability.analysis.options import AnalysisOptions
     from stability.cli import build_parser
 
     args = build_parser("analyze").parse_args(["analyze", "ckpt.pt"])

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 import stability
-from stability.analysis.pipeline import DEFAULT_STAGES, STAGES, AnalysisOptions, analysis_model
+from stability.analysis.fixed_point import analysis_model
+from stability.analysis.options import DEFAULT_STAGES, STAGES, AnalysisOptions
 from stability.analysis.recall import RecallMatrixOperator
 from stability.config import ModelConfig
 from stability.errors import StabilityError

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import stability
-from stability.analysis.pipeline import AnalysisOptions
+from stability.analysis.options import AnalysisOptions
 
 FIXTURES = Path(__file__).parent / "fixtures" / "release"
 PREFIX_SUMS = "external_prefix_sums_post_lr0.0001_seed0"

@@ -7,8 +7,10 @@ import pytest
 import torch
 
 import stability.analysis.operators as ops
+from stability.analysis.fixed_point import analysis_model
 from stability.analysis.operators import _colour, batched_dense_jacobian, position_pattern
-from stability.analysis.pipeline import AnalysisOptions, analysis_model, run_stages
+from stability.analysis.options import AnalysisOptions
+from stability.analysis.pipeline import run_stages
 from stability.analysis.recall import RecallMatrixOperator
 from stability.analysis.spectra import dense_krylov_spectra, dense_sigma_max
 from stability.config import ModelConfig
@@ -160,7 +162,7 @@ def test_a8_solves_from_zeros_and_noise_in_one_batch_as_if_solved_apart():
     ref = {k: solve(m.step, s, x0, method=o.solver, tol=o.tol, max_iter=o.max_iter)
            for k, s in {"x0": x0, "zeros": torch.zeros_like(x0), "noise": noise}.items()}
     assert a8["converged_fraction"] == {k: float(r.converged.double().mean()) for k, r in ref.items()}
-    from stability.analysis.sensitivity import fixed_point_distance
+    from stability.analysis.initial_iterate import fixed_point_distance
 
     dist = fixed_point_distance([r.x_best for r in ref.values()])
     assert a8["converged_fraction"]["noise"] == 1.0

@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from stability.analysis.fixed_point import analysis_model
 from stability.analysis.operators import BatchedJacobian, batched_dense_jacobian
-from stability.analysis.pipeline import AnalysisOptions, analysis_model, run_stages
+from stability.analysis.options import AnalysisOptions
+from stability.analysis.pipeline import run_stages
 from stability.analysis.recall import RecallMatrixOperator, prop4
 from stability.analysis.spectra import (DENSE_MAX, batched_sigma_max, dense_batched_spectra,
                                         jacobian_spectral_radius)

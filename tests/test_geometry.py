@@ -1,4 +1,4 @@
-"""The geometry stage (stability/analysis/geometry.py) against independent references.
+"""The geometry stage (stability/analysis/geometry.py, radii.py, perturbation.py) against independent references.
 
 * Closed forms: a linear recall map with a diagonal weight (stable iff every |a_i| < 1) and the single-layer
   external / internal models of Figure 5 (regions of stability/theory/regions.py): every radius equals the
@@ -18,8 +18,12 @@ import pytest
 import torch
 
 from conftest import run_cli
-from stability.analysis import geometry as G
-from stability.analysis.pipeline import DEFAULT_STAGES, STAGES, AnalysisOptions, analyze, verdict
+from stability.analysis.geometry import DiagonalRecall, Figure5Model, anisotropy, diagonal_radius, figure5_radius
+from stability.analysis.options import DEFAULT_STAGES, STAGES, AnalysisOptions
+from stability.analysis.perturbation import loop_parameters, random_directions
+from stability.analysis.pipeline import analyze
+from stability.analysis.radii import T_MAX
+from stability.analysis.verdict import verdict
 
 ACC = 0.01  # the bisection accuracy of the closed-form checks: hi/lo ≤ 1.01, the radius √(lo·hi) within 0.5 %
 
@@ -30,24 +34,24 @@ def stage(model, inputs, **kw):
                                                           **kw)).to_json()["geometry"]
 
 
-def closed(values, cap=G.T_MAX):
+def closed(values, cap=T_MAX):
     return [min(v, cap) for v in values]
 
 
 def assert_radii(got, want, acc=ACC):
     for g, w in zip(got, want):
-        if w >= G.T_MAX:  # censored: the ray stays inside up to T_MAX
-            assert g == G.T_MAX
+        if w >= T_MAX:  # censored: the ray stays inside up to T_MAX
+            assert g == T_MAX
         else:
             assert abs(g - w) <= acc * w, (g, w)
 
 
 def test_diagonal_recall_radii_equal_the_closed_form():
     a = [0.5, -0.3, 0.8, 0.1]
-    m = G.DiagonalRecall(a)
+    m = DiagonalRecall(a)
     geo = stage(m, torch.zeros(1, 4, dtype=torch.float64), geometry_directions=6, geometry_accuracy=ACC)
-    D = G.random_directions({"a": m.a.detach()}, 6, 0)["a"].numpy()
-    want = closed([G.diagonal_radius(a, s * D[j]) for j in range(6) for s in (1, -1)])
+    D = random_directions({"a": m.a.detach()}, 6, 0)["a"].numpy()
+    want = closed([diagonal_radius(a, s * D[j]) for j in range(6) for s in (1, -1)])
     assert geo["attracting_at_theta"] == [True]
     assert_radii(geo["radii"][0], want)
     assert all(r in ("rho", "t_max") for r in geo["reasons"][0])  # x* = 0 throughout: ρ alone decides
@@ -62,15 +66,15 @@ def test_diagonal_recall_radii_equal_the_closed_form():
 def test_figure5_radii_equal_the_closed_form(placement, theta):
     """(The search brackets on the grid T_START·√2^k: a window of instability narrower than that factor, which
     internal recall's band has along some rays, is stepped over; these points' rays leave their region once.)"""
-    m = G.Figure5Model(placement, *theta)
+    m = Figure5Model(placement, *theta)
     geo = stage(m, torch.zeros(1, 1, dtype=torch.float64), geometry_directions=8, geometry_accuracy=ACC)
-    D = G.random_directions({"theta": m.theta.detach()}, 8, 0)["theta"].numpy()
-    want = closed([G.figure5_radius(placement, theta, s * D[j]) for j in range(8) for s in (1, -1)])
+    D = random_directions({"theta": m.theta.detach()}, 8, 0)["theta"].numpy()
+    want = closed([figure5_radius(placement, theta, s * D[j]) for j in range(8) for s in (1, -1)])
     assert_radii(geo["radii"][0], want)
 
 
 def test_a_fixed_point_with_rho_at_least_one_has_radius_zero():
-    m = G.Figure5Model("internal", 0.5, 1.0)  # J* = 1 + 0.5 = 1.5: x* = 0 is a fixed point, but repelling
+    m = Figure5Model("internal", 0.5, 1.0)  # J* = 1 + 0.5 = 1.5: x* = 0 is a fixed point, but repelling
     geo = stage(m, torch.zeros(1, 1, dtype=torch.float64), geometry_directions=4)
     assert geo["attracting_at_theta"] == [False] and geo["rho_at_theta"][0] == pytest.approx(1.5)
     assert geo["radii"] == [[0.0] * 8] and geo["summary"]["unstable_t0"] == 1.0
@@ -89,12 +93,12 @@ def test_anisotropy_ranks_internal_above_external_as_table_3():
         stats, ref = [], []
         for i in pts:
             th = (float(x[i]), float(y[i]))
-            m = G.Figure5Model(placement, *th)
+            m = Figure5Model(placement, *th)
             geo = stage(m, torch.zeros(1, 1, dtype=torch.float64), geometry_directions=8)
             stats.append(geo["per_sample"][0])
-            D = G.random_directions({"theta": m.theta.detach()}, 8, 0)["theta"].numpy()
-            ref.append(G.anisotropy(closed([G.figure5_radius(placement, th, s * D[j]) for j in range(8)
-                                            for s in (1, -1)])))
+            D = random_directions({"theta": m.theta.detach()}, 8, 0)["theta"].numpy()
+            ref.append(anisotropy(closed([figure5_radius(placement, th, s * D[j]) for j in range(8)
+                                          for s in (1, -1)])))
         med[placement] = {k: np.median([s[k] for s in stats]) for k in ("log_iqr", "log_range")}
         med[placement + " closed form"] = {k: np.median([s[k] for s in ref]) for k in ("log_iqr", "log_range")}
     for k in ("log_iqr", "log_range"):
@@ -102,7 +106,7 @@ def test_anisotropy_ranks_internal_above_external_as_table_3():
         assert med["internal closed form"][k] > med["external closed form"][k], med
 
 
-class NoVmap(G.DiagonalRecall):
+class NoVmap(DiagonalRecall):
     """A map whose code vmap cannot batch (a Python float of a tensor): the stage runs it one row at a time."""
 
     def step(self, x, x0):
@@ -112,7 +116,7 @@ class NoVmap(G.DiagonalRecall):
 
 def test_a_map_that_does_not_vmap_gives_the_same_radii():
     a = [0.5, -0.3, 0.8, 0.1]
-    base = stage(G.DiagonalRecall(a), torch.zeros(1, 4, dtype=torch.float64), geometry_directions=2)
+    base = stage(DiagonalRecall(a), torch.zeros(1, 4, dtype=torch.float64), geometry_directions=2)
     slow = stage(NoVmap(a), torch.zeros(1, 4, dtype=torch.float64), geometry_directions=2)
     assert slow["evaluation"].startswith("one row at a time") and base["evaluation"] == "vmap over rows"
     assert slow["radii"] == base["radii"]
@@ -131,7 +135,8 @@ def tiny(tmp_path_factory):
 
 def test_trained_checkpoint_radii_positive_where_attracting_and_zero_elsewhere(tiny):
     import stability
-    from stability.analysis.pipeline import analysis_model, analyze_checkpoint
+    from stability.analysis.fixed_point import analysis_model
+    from stability.analysis.pipeline import analyze_checkpoint
 
     o = AnalysisOptions(samples=4, stages=("rho", "geometry"), geometry_samples=4, geometry_directions=2,
                         geometry_group_directions=1, geometry_accuracy=0.2, max_iter=200)
@@ -146,7 +151,7 @@ def test_trained_checkpoint_radii_positive_where_attracting_and_zero_elsewhere(t
             assert geo["attracting_at_theta"][i] == attracts
             seen.add(attracts)
             if attracts:
-                assert all(0 < r <= G.T_MAX and math.isfinite(r) for r in geo["radii"][i]), geo["radii"][i]
+                assert all(0 < r <= T_MAX and math.isfinite(r) for r in geo["radii"][i]), geo["radii"][i]
             else:
                 assert geo["radii"][i] == [0.0] * 4
         names = [g["name"] for g in geo["groups"]]
@@ -157,8 +162,8 @@ def test_trained_checkpoint_radii_positive_where_attracting_and_zero_elsewhere(t
     after = stability.load(tiny).model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
     m = analysis_model(stability.load(tiny).model)
-    assert G.loop_parameters(m, torch.zeros(1, 8, 1, dtype=torch.float64), torch.zeros(1, 8, 16, dtype=torch.float64),
-                             torch.zeros(1, 8, 16, dtype=torch.float64))[1] == geo["outside_loop"]
+    assert loop_parameters(m, torch.zeros(1, 8, 1, dtype=torch.float64), torch.zeros(1, 8, 16, dtype=torch.float64),
+                           torch.zeros(1, 8, 16, dtype=torch.float64))[1] == geo["outside_loop"]
 
 
 def test_cli_three_axes_and_the_region_picture(tiny, tmp_path):

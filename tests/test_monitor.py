@@ -7,13 +7,13 @@ import torch
 
 import stability
 from stability.analysis.operators import JacobianOperator
-from stability.analysis.sensitivity import implicit_input_jvp
+from stability.analysis.prop5 import implicit_input_jvp
 from stability.analysis.spectra import dense_spectrum
 from stability.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
 from stability.errors import StabilityError
 from stability.model import build_model
 from stability.analysis.monitor import MONITOR_KEYS, input_gradient_norms
-from stability.analysis.sensitivity import implicit_input_jvp_batched
+from stability.analysis.prop5 import implicit_input_jvp_batched
 from stability.solvers import solve
 from stability.train.monitor import StabilityMonitor
 from stability.tasks import make_task

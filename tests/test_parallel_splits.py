@@ -7,7 +7,10 @@ import json
 import pytest
 import torch
 
-from stability.analysis.pipeline import AnalysisOptions, _parallel_splits, analysis_model, analyze_checkpoint
+from stability.analysis.fixed_point import analysis_model
+from stability.analysis.options import AnalysisOptions
+from stability.analysis.pipeline import analyze_checkpoint, analyze_split
+from stability.analysis.pool import parallel_splits
 from stability.errors import StabilityError
 
 OPTIONS = AnalysisOptions(samples=3, max_iter=40, iterations=40, probes=2)
@@ -66,7 +69,7 @@ def test_a_split_that_fails_in_its_process_raises_one_line(tiny, tmp_path):
     model = analysis_model(loaded.model, torch.float64, "cpu")
     missing = tmp_path / "gone.pt"  # the spawned process loads the checkpoint again: here it is not there
     with pytest.raises(StabilityError) as info:
-        _parallel_splits(missing, None, model, loaded.task, ("val", "hard"), OPTIONS, 2, 1, None)
+        parallel_splits(analyze_split, missing, None, model, loaded.task, ("val", "hard"), OPTIONS, 2, 1, None)
     message = str(info.value)
     assert message.startswith("val: ") and "gone.pt" in message and "\n" not in message
     assert torch.get_num_threads() >= 1

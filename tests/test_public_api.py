@@ -7,7 +7,7 @@ import sys
 
 def test_the_public_names_are_the_home_modules_objects():
     import stability
-    from stability.analysis.pipeline import AnalysisOptions
+    from stability.analysis.options import AnalysisOptions
     from stability.protocols import LoopedModel, check_model
     from stability.solvers import solve
 

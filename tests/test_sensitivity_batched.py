@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from stability.analysis.pipeline import analysis_model
-from stability.analysis.sensitivity import (KrylovError, Linearisation, _tangent_step, default_T_grid,
-                                            implicit_input_jvp_batched, initial_iterate_sensitivity,
-                                            initial_iterate_sensitivity_batched, input_dependence_frobenius,
-                                            input_dependence_frobenius_batched, prop5_and_initial_iterate_batched,
-                                            prop5_check, prop5_check_batched, unroll_tangents_batched)
+from stability.analysis.fixed_point import analysis_model
+from stability.analysis.initial_iterate import (initial_iterate_sensitivity, initial_iterate_sensitivity_batched,
+                                                prop5_and_initial_iterate_batched)
+from stability.analysis.input_dependence import input_dependence_frobenius, input_dependence_frobenius_batched
+from stability.analysis.prop5 import (KrylovError, default_T_grid, implicit_input_jvp_batched, prop5_check,
+                                      prop5_check_batched)
+from stability.analysis.tangents import Linearisation, unroll_tangents_batched
 from stability.config import ModelConfig
 from stability.model import build_model
 from stability.solvers import solve
@@ -65,11 +66,14 @@ def test_linearisation_products_equal_the_dense_jacobians(setup):
         assert torch.allclose(lin.JK(v, w)[b].flatten(), J @ v[b].flatten() + K @ w[b].flatten(), atol=1e-12)
 
 
-def test_tangent_step_equals_a_forward_mode_jvp(setup):
+def test_an_unrolled_step_equals_a_forward_mode_jvp(setup):
+    """One step of the unroll (every step exact): (x_1, dx_1) = (f(e, x0), J dx + K U), a double reverse-mode
+    product, against torch.func.jvp."""
     m, x0, xs = setup
     g = torch.Generator().manual_seed(3)
     dx, U = torch.randn(x0.shape, generator=g, dtype=D64), torch.randn(x0.shape, generator=g, dtype=D64)
-    y, dy = _tangent_step(m.step, x0, x0, dx, U)
+    one = unroll_tangents_batched(m.step, x0, x0, [1], input_dir=U, e_tangent=dx, freeze_tol=None)
+    y, dy = one.x[0], one.input_tangent[0]
     y_ref, dy_ref = torch.func.jvp(m.step, (x0, x0), (dx, U))
     assert torch.equal(y, y_ref.detach()) or torch.allclose(y, y_ref, atol=1e-15)
     assert torch.allclose(dy, dy_ref, atol=1e-12)
@@ -204,7 +208,8 @@ def test_an_autonomous_map_that_ignores_x0_gets_the_per_sample_results():
 
 def test_the_analysis_reuses_the_prop5_unroll_for_A8_with_the_same_numbers():
     """run_stages: with stage prop5 the A.8 ‖dx_T/de‖ comes from Prop. 5's unroll; without it, from its own."""
-    from stability.analysis.pipeline import AnalysisOptions, parse_stages, run_stages
+    from stability.analysis.options import AnalysisOptions, parse_stages
+    from stability.analysis.pipeline import run_stages
 
     m = contractive_model(seed=13)
     inputs = torch.randint(0, 2, (2, L, 1), generator=torch.Generator().manual_seed(13)).double() - 0.5

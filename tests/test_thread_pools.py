@@ -5,7 +5,7 @@ import numpy as np
 import torch
 from threadpoolctl import threadpool_info
 
-from stability.analysis.pipeline import THREAD_ENV, _child_thread_env, limit_threads
+from stability.analysis.pool import THREAD_ENV, child_thread_env, limit_threads
 from stability.analysis.spectra import _arpack_dense, dense_sigma_max, serial_blas
 
 
@@ -57,6 +57,6 @@ def test_child_thread_env_is_set_while_processes_start_and_restored(monkeypatch)
 
     monkeypatch.setenv("OMP_NUM_THREADS", "7")
     monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
-    with _child_thread_env(1):
+    with child_thread_env(1):
         assert all(os.environ[k] == "1" for k in THREAD_ENV)
     assert os.environ["OMP_NUM_THREADS"] == "7" and "OPENBLAS_NUM_THREADS" not in os.environ

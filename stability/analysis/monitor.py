@@ -15,7 +15,7 @@ computed on a fixed probe (the first ``samples`` validation samples):
 * ``input_grad_norm_median`` — the median of ‖dx*/dx0‖_F (Prop. 5, the input-dependence axis), by Hutchinson's
   estimator E‖(dx*/dx0) u‖² = ‖dx*/dx0‖_F² over ``probes`` Gaussian directions u. Each w = (dx*/dx0) u solves
   (I − J*) w = (∂f/∂x0) u; the monitor solves it for the whole probe at once by the Neumann series of
-  :func:`stability.linalg.solve_I_minus_J` (through :func:`stability.analysis.sensitivity.implicit_input_jvp_batched`:
+  :func:`stability.linalg.solve_I_minus_J` (through :func:`stability.analysis.prop5.implicit_input_jvp_batched`:
   one batched jvp of f per iteration, to a relative residual of 1e-3 within 100 products; it converges exactly
   when ρ(J*) < 1, the attracting case, and samples that do not are left out of the median). The analysis solves
   the same system by GMRES to a tight tolerance.
@@ -78,7 +78,7 @@ def input_gradient_norms(f, x_star: torch.Tensor, x0: torch.Tensor, *, probes: i
     directions u of ‖(dx*/dx0) u‖², each (dx*/dx0) u = (I − J*)⁻¹ (∂f/∂x0) u by the batched Neumann series of
     :func:`stability.linalg.solve_I_minus_J` to relative residual ``tol`` within ``max_iter`` products. Returns the
     (B,) norms (float64) and a (B,) bool of the samples whose every solve met ``tol``."""
-    from stability.analysis.sensitivity import implicit_input_jvp_batched
+    from stability.analysis.prop5 import implicit_input_jvp_batched
 
     g = torch.Generator(device="cpu").manual_seed(seed)
     sq = torch.zeros(x_star.shape[0], dtype=torch.float64, device=x_star.device)

@@ -1,7 +1,7 @@
 """Reporting the analysis: a text report (the verdict, then one table per split), JSON, and PNG plots.
 
-Everything here reads the JSON of a :class:`~stability.analysis.pipeline.SplitAnalysis` /
-:class:`~stability.analysis.pipeline.CheckpointAnalysis` (``.to_json()``; the objects themselves are accepted
+Everything here reads the JSON of a :class:`~stability.analysis.results.SplitAnalysis` /
+:class:`~stability.analysis.results.CheckpointAnalysis` (``.to_json()``; the objects themselves are accepted
 too); nothing is recomputed. Stages that did not run (``--only``) are ``null`` and left out of the table; a stage
 that does not apply to the model is ``{"applicable": false, "reason": ...}`` and shown as "not applicable".
 Non-finite numbers become ``null`` in the JSON (strict JSON has no NaN).

@@ -23,7 +23,7 @@ HELP = ("analyse a looped model's fixed points on the paper's three axes: reacha
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from stability.analysis.pipeline import STAGES
+    from stability.analysis.options import STAGES
 
     p.add_argument("checkpoint", metavar="CKPT", nargs="?", help="a checkpoint written by `stability train`, or "
                    "one of the paper's release checkpoints (RUN_DIR/model_best.pth)")
@@ -98,7 +98,7 @@ def _option(p: argparse.ArgumentParser, name: str, **kw) -> None:
     """``--NAME`` with its default, help, metavar and choices read from the AnalysisOptions field ``name``."""
     import dataclasses
 
-    from stability.analysis.pipeline import AnalysisOptions
+    from stability.analysis.options import AnalysisOptions
 
     f = {f.name: f for f in dataclasses.fields(AnalysisOptions)}[name]
     meta = dict(f.metadata)
@@ -127,7 +127,7 @@ def check_feasible(args) -> None:
     """Refuse, before any work, a count the analysis cannot finish (:data:`LIMITS`), in one line."""
     from stability.errors import ConfigError
 
-    from stability.analysis.pipeline import parse_stages
+    from stability.analysis.options import parse_stages
     from stability.errors import StabilityError
 
     for name, (limit, why) in LIMITS.items():
@@ -267,7 +267,8 @@ def _own_model(args, options, log):
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from stability.analysis.pipeline import STAGES, AnalysisOptions, analyze_checkpoint
+    from stability.analysis.options import STAGES, AnalysisOptions
+    from stability.analysis.pipeline import analyze_checkpoint
     from stability.analysis.report import text_report, write_json, write_plots
     from stability.atomic import check_writable
     from stability.errors import StabilityError
@@ -294,7 +295,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plots:
         check_writable(args.plots, "dir", "--plots")
     log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    from stability.analysis.pipeline import keep_freed_memory
+    from stability.analysis.pool import keep_freed_memory
 
     keep_freed_memory()  # this process only analyses from here on: keep its large blocks for reuse
     if args.model:

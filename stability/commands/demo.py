@@ -34,7 +34,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"checkpoint: {result.path}")
         print(accuracy_table(result.final))
 
-        from stability.analysis.pipeline import STAGES, AnalysisOptions, analyze_checkpoint, keep_freed_memory
+        from stability.analysis.options import STAGES, AnalysisOptions
+        from stability.analysis.pipeline import analyze_checkpoint
+        from stability.analysis.pool import keep_freed_memory
         from stability.analysis.report import text_report, write_json, write_plots
 
         log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))

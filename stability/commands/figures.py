@@ -64,7 +64,8 @@ def _run(out: Path, args) -> list[Path]:
 
 def _region(out: Path, args) -> list[Path]:
     """The stability region of a trained checkpoint (the geometry stage's plane, val and hard), beside Figure 5."""
-    from stability.analysis.pipeline import AnalysisOptions, analyze_checkpoint
+    from stability.analysis.options import AnalysisOptions
+    from stability.analysis.pipeline import analyze_checkpoint
     from stability.analysis.report import region_axes
     from stability.theory.figures import _figure, save_figure
 

@@ -359,10 +359,9 @@ def _summarise(ckpt_path: Path, results: Path, cell_id: str, options: RunOptions
         m = mon.measure(loaded.model)
         keys = ("rho_Wx", "rho_J_median", "converged_fraction", "input_grad_norm_median", "samples")
         return {"source": "monitor", "split": "val", **{k: m[k] for k in keys}}, None, "summary by the monitor"
-    from stability.analysis.pipeline import AnalysisOptions, analyze_checkpoint
+    from stability.analysis.options import DEFAULT_STAGES, AnalysisOptions
+    from stability.analysis.pipeline import analyze_checkpoint
     from stability.analysis.report import write_json
-
-    from stability.analysis.pipeline import DEFAULT_STAGES
 
     aopts = AnalysisOptions(samples=options.analyze_samples, max_iter=options.analyze_max_iter,
                             stages=DEFAULT_STAGES + (("geometry",) if options.analyze_geometry else ()),

@@ -1,0 +1,256 @@
+"""The analysis' result objects: each stage's result (where it has none of its own module), the analysis of one
+split (:class:`SplitAnalysis`: every stage's result, its JSON block, the verdict, the report and the plots) and of
+a checkpoint (:class:`CheckpointAnalysis`: one SplitAnalysis per split)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+from stability.analysis.options import FORMAT, SCHEMA_VERSION, STAGE_KEYS, STAGES, AnalysisOptions
+from stability.analysis.verdict import Verdict, verdict
+from stability.stats import median
+
+#: the :class:`SplitAnalysis` field that holds each stage's result
+STAGE_FIELDS = {"reachability": "reachability", "rho": "spectra", "prop4": "prop4", "rho_wx": "recall",
+                "prop5": "prop5", "input": "input_dependence", "a8": "initial_iterate", "accuracy": "accuracy",
+                "geometry": "geometry"}
+
+
+def _to_dict(obj) -> Any:
+    return obj.to_dict() if hasattr(obj, "to_dict") else obj
+
+
+# ---- the stages' results ------------------------------------------------------------------------------------
+
+@dataclass
+class NotApplicable:
+    """A stage that does not apply to this model (e.g. Prop. 4 without named recall parts), and why."""
+
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"applicable": False, "reason": self.reason}
+
+
+@dataclass
+class JacobianSpectra:
+    """ρ(J*), σ_max(J*) and the leading eigenvalues per sample (Props. 3–4, App. A.4), at x_best."""
+
+    method: str
+    spectral_radius: list
+    sigma_max: list
+    eigenvalues: list
+    eigen_converged: list
+    converged: list  # the solver's converged mask, for the medians
+
+    def to_dict(self) -> dict:
+        c = self.converged
+        return {
+            "evaluated_at": "x_best: the fixed point where status is converged, else the lowest-residual iterate",
+            "method": self.method,
+            "spectral_radius": self.spectral_radius,
+            "spectral_radius_median": median([r for r, ok in zip(self.spectral_radius, c) if ok]),
+            "spectral_radius_median_all": median(self.spectral_radius),
+            "sigma_max": self.sigma_max,
+            "sigma_max_median": median([s for s, ok in zip(self.sigma_max, c) if ok]),
+            "eigenvalues": self.eigenvalues,
+            "eigen_converged": self.eigen_converged,
+        }
+
+
+@dataclass
+class RecallWeight:
+    """ρ(W_x) and the leading eigenvalues of the recall weight (bias ignored; Figs. 6–7)."""
+
+    rho_Wx: float
+    eigenvalues: list
+
+    def to_dict(self) -> dict:
+        return {"rho_Wx": self.rho_Wx, "eigenvalues": self.eigenvalues}
+
+
+@dataclass
+class Prop5Stage:
+    """Prop. 5 on the first converged sample: :class:`~stability.analysis.prop5.Prop5Check`, or why not."""
+
+    check: Any = None
+    sample: Optional[int] = None
+    x_star_residual: Optional[float] = None
+    skipped: Optional[str] = None
+
+    def to_dict(self) -> dict:
+        base = ({"T": [], "rel_error": [], "gmres_residual": None} if self.check is None else self.check.to_dict())
+        out = {**base, "sample": self.sample}
+        if self.x_star_residual is not None:
+            out["x_star_residual"] = self.x_star_residual
+        if self.skipped:
+            out["skipped"] = self.skipped
+        out["note"] = "dx_T/dx0 unrolled from e held fixed, as Prop. 5 states it (by A.8 the limit is the same)"
+        return out
+
+
+@dataclass
+class InputDependence:
+    """‖dx*/dx0‖_F per converged sample (Hutchinson estimate; Prop. 5), None elsewhere."""
+
+    frobenius: list
+    probes: int
+
+    def to_dict(self) -> dict:
+        return {"frobenius": self.frobenius, "frobenius_median": median(self.frobenius), "probes": self.probes,
+                "quantity": "‖dx*/dx0‖_F (Hutchinson estimate, Prop. 5)"}
+
+
+@dataclass
+class InitialIterate:
+    """App. A.8: the fixed points reached from e ∈ {x0, zeros, noise} and ‖dx_T/de‖ against T."""
+
+    starts: list
+    fixed_point_distance: list
+    converged_fraction: dict
+    noise_std: float
+    T: list = field(default_factory=list)
+    dxT_de_norm: list = field(default_factory=list)
+    sample: Optional[int] = None
+
+    def to_dict(self) -> dict:
+        out = {"starts": self.starts, "fixed_point_distance": self.fixed_point_distance,
+               "fixed_point_distance_max": max([d for d in self.fixed_point_distance if d is not None],
+                                               default=None),
+               "converged_fraction": self.converged_fraction, "noise_std": self.noise_std}
+        if self.sample is not None:
+            out.update({"T": self.T, "dxT_de_norm": self.dxT_de_norm, "sample": self.sample})
+        return out
+
+
+# ---- one split, and a checkpoint -----------------------------------------------------------------------
+
+class _JSONView(Mapping):
+    """Read access to the object's JSON (``analysis["jacobian"]["spectral_radius"]``), as to the file it writes."""
+
+    def __getitem__(self, key):
+        return self.to_json()[key]
+
+    def __iter__(self):
+        return iter(self.to_json())
+
+    def __len__(self):
+        return len(self.to_json())
+
+
+@dataclass(eq=False)
+class SplitAnalysis(_JSONView):
+    """Every stage's result on one split (or one batch of inputs): the object the report, the JSON, the plots and
+    the sweep summary read. Stages that did not run are None; :data:`STAGE_FIELDS` names each stage's field (the
+    table of :mod:`stability.analysis.stages`). ``x0`` and ``x_star`` keep the tensors the numbers were computed at
+    (float64; not part of the JSON)."""
+
+    split: str
+    samples: int
+    state_shape: list
+    stages: tuple
+    options: AnalysisOptions
+    reachability: Any = None
+    spectra: Any = None
+    prop4: Any = None
+    recall: Any = None
+    prop5: Any = None
+    input_dependence: Any = None
+    initial_iterate: Any = None
+    accuracy: Any = None
+    geometry: Any = None
+    timings: dict = field(default_factory=dict)
+    model: Optional[str] = None  # the model's class name
+    x0: Optional[torch.Tensor] = field(default=None, repr=False)  # (B, *S0) the analysed inputs' x0 (not in JSON)
+    x_star: Optional[torch.Tensor] = field(default=None, repr=False)  # (B, *S) x_best of the solve (not in JSON)
+
+    def blocks(self) -> dict:
+        """The stage key → JSON block (None for a stage that did not run)."""
+        objs = {STAGE_KEYS[s]: getattr(self, STAGE_FIELDS[s]) for s in STAGES}
+        return {k: None if v is None else _to_dict(v) for k, v in objs.items()}
+
+    def to_dict(self) -> dict:
+        """The per-split JSON block (the keys of ``stability analyze --json`` under each split's name)."""
+        from stability.atomic import clean
+
+        blocks = self.blocks()
+        out = {"split": self.split, "samples": self.samples, "state_shape": self.state_shape,
+               "stages": list(self.stages), **blocks,
+               "verdict": verdict(blocks, tol=self.options.tol).to_dict(),
+               "timings": dict(self.timings)}
+        return clean(out)
+
+    @property
+    def verdict(self) -> Verdict:
+        return verdict(self.blocks(), tol=self.options.tol)
+
+    def report(self, source: Optional[dict] = None) -> dict:
+        """A whole-report JSON with this one split (what ``stability analyze --model`` writes)."""
+        from stability.atomic import clean
+
+        block = self.to_dict()
+        return clean({"format": FORMAT, "schema_version": SCHEMA_VERSION, "source": source or {"model": self.model},
+                      "options": self.options.to_dict(), "splits": [self.split], self.split: block,
+                      "verdict": {self.split: block["verdict"]}})
+
+    def to_json(self) -> dict:
+        """JSON-ready dict: ``format``, ``schema_version``, ``options`` and the split's block (NaN → null)."""
+        return {"format": FORMAT, "schema_version": SCHEMA_VERSION, "options": self.options.to_dict(),
+                **self.to_dict()}
+
+    def write_json(self, path) -> None:
+        from stability.analysis.report import write_json
+
+        write_json(self.report(), path)
+
+    def summary(self) -> str:
+        """The text report: the verdict, then the table of every quantity."""
+        from stability.analysis.report import text_report
+
+        return text_report(self.report())
+
+    def plot(self, directory) -> list:
+        """Write the PNG plots (residuals, eigenvalues, accuracy, Prop. 5) into ``directory``; returns paths."""
+        from stability.analysis.report import write_plots
+
+        return write_plots(self.report(), directory)
+
+
+@dataclass(eq=False)
+class CheckpointAnalysis(_JSONView):
+    """The analysis of a checkpoint: one :class:`SplitAnalysis` per split, with the checkpoint's config."""
+
+    source: dict
+    config: Optional[dict]
+    options: AnalysisOptions
+    epoch: Any
+    splits: dict  # name → SplitAnalysis
+
+    def to_json(self) -> dict:
+        """``stability analyze --json``: format, schema_version, checkpoint, config, options, epoch, splits, one
+        block per split under its name, and the verdict of each split."""
+        from stability.atomic import clean
+
+        from stability import hardware
+
+        out = {"format": FORMAT, "schema_version": SCHEMA_VERSION, **self.source, "config": self.config,
+               "options": self.options.to_dict(), "epoch": self.epoch, "splits": list(self.splits),
+               "hardware": hardware.signature()}
+        for name, split in self.splits.items():
+            out[name] = split.to_dict()
+        out["verdict"] = {name: out[name]["verdict"] for name in self.splits}
+        return clean(out)
+
+    def summary(self) -> str:
+        from stability.analysis.report import text_report
+
+        return text_report(self.to_json())
+
+    def plot(self, directory) -> list:
+        from stability.analysis.report import write_plots
+
+        return write_plots(self.to_json(), directory)

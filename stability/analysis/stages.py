@@ -1,0 +1,290 @@
+"""The stages of the analysis: each a function from :class:`~stability.analysis.fixed_point.AtFixedPoint` to its
+result, run in this order by :func:`stability.analysis.pipeline.run_stages`.
+
+==================  ====================================================  =====================================
+stage               what                                                  result (JSON key)
+==================  ====================================================  =====================================
+``reachability``    x* by the solver, statuses, cycles (Section 3.2)      :class:`Reachability` (fixed_point)
+``rho``             ρ(J*), σ_max, leading eigenvalues (Props. 3–4)        :class:`JacobianSpectra` (jacobian)
+``prop4``           ρ(M) from the named parts, against autograd           :class:`Prop4Result` (prop4)
+``rho_wx``          ρ(W_x) of the recall weight (Figs. 6–7)               :class:`RecallWeight` (recall)
+``prop5``           the unrolled input-gradient → the implicit one        :class:`Prop5Stage` (prop5)
+``input``           ‖dx*/dx0‖_F (Prop. 5)                                 :class:`InputDependence`
+``a8``              x* from e ∈ {x0, zeros, noise}, ‖dx_T/de‖ (App. A.8)  :class:`InitialIterate`
+``accuracy``        accuracy against iteration and at x* (Fig. 3)         :class:`AccuracyCurve`
+``geometry``        radii of stability in parameter space, anisotropy     :class:`~stability.analysis.geometry.Geometry`
+                    (Section 3.2, App. B.2; opt-in in the library)        (geometry)
+==================  ====================================================  =====================================
+
+Prop. 4 and ρ(W_x) need a model with :class:`~stability.protocols.RecallParts` and are :class:`NotApplicable`
+otherwise; accuracy needs targets. The stages use the :class:`~stability.protocols.LoopedModel` contract only.
+What a stage leaves for a later one is a member of the AtFixedPoint (its module docstring has the table).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+
+from stability.analysis.fixed_point import AtFixedPoint, DenseJacobians
+from stability.analysis.results import (InitialIterate, InputDependence, JacobianSpectra, NotApplicable, Prop5Stage,
+                                        RecallWeight)
+
+
+def stage_reachability(at: AtFixedPoint):
+    """x* per sample by the solver from e (Def. 3.3), and the reachability summary (Section 3.2)."""
+    from stability.analysis.reachability import reachability
+    from stability.solvers import solve
+
+    o = at.options
+    curve = None
+    if "accuracy" in o.stages and at.targets is not None and o.solver == "picard":
+        # Picard from e is the iteration the accuracy curve scores: the solve's evaluations give it (stage accuracy)
+        from stability.analysis.accuracy import CurveRecorder
+
+        curve = CurveRecorder(at.model, at.score, o.iterations, at.targets)
+    at.solution = solve(at.f, at.e, at.x0, method=o.solver, tol=o.tol, max_iter=o.max_iter,
+                        observe=curve.observe if curve else None, observe_steps=o.iterations if curve else 0)
+    if curve is not None:
+        at.accuracy_curve = curve.curve()
+    reach = reachability(at.solution, solver=o.solver, max_iter=o.max_iter)
+    at.log(f"{at.split}: {int(at.converged.sum())}/{at.converged.numel()} converged ({o.solver}, τ={o.tol:g})")
+    return reach
+
+
+def stage_rho(at: AtFixedPoint) -> JacobianSpectra:
+    """ρ(J*), σ_max and the leading eigenvalues of J = ∂step/∂x at x_best (Props. 3–4)."""
+    from stability.analysis.operators import DENSE_BUDGET, BatchedJacobian, JacobianOperator, batched_dense_jacobian
+    from stability.analysis.recall import DenseSpectra
+    from stability.analysis.spectra import (DENSE_KRYLOV_MAX, DENSE_MAX, batched_sigma_max, dense_batched_spectra,
+                                            dense_krylov_spectra, jacobian_spectral_radius, sigma_max, spectral_radius)
+
+    o, f, x_star, x0 = at.options, at.f, at.x_star, at.x0
+    N, dtype, dev = x_star.shape[0], x_star.dtype, x_star.device
+    n = int(np.prod(x_star.shape[1:]))
+    rhos, sigmas, eigs, flags = [], [], [], []
+    keep = N * n * n * 8 <= 4 * DENSE_BUDGET
+    mid = n > DENSE_MAX and n <= DENSE_KRYLOV_MAX and keep and "prop4" in o.stages
+    if o.eig_route == "arnoldi" and (n <= DENSE_MAX or mid):
+        # small states: every sample's dense J (forward-mode columns, compressed where positions reach only their
+        # neighbours, chunked by memory) and LAPACK, exact to rounding;
+        # the dense J go to stage prop4 (its check against autograd) when they fit 4 × the chunk budget. Mid-size
+        # states (``mid``): the same J, ρ by Krylov–Schur on the dense matrices, for Prop. 4 to reuse
+        group = max(1, (DENSE_BUDGET // 4) // (8 * n * n))
+        Js, specs = [], []
+        for i in range(0, N, group):
+            J = batched_dense_jacobian(f, x_star[i:i + group], x0[i:i + group])
+            spec, sig = (dense_krylov_spectra(J, k=o.eig_k, tol=o.eig_tol, seed=o.seed) if mid
+                         else dense_batched_spectra(J, k=o.eig_k))
+            specs.append(spec)
+            rhos += spec.rho.cpu().tolist()
+            sigmas += sig.cpu().tolist()
+            eigs += [[[float(z.real), float(z.imag)] for z in row] for row in spec.eigenvalues.cpu()]
+            flags += (spec.ritz_residual < o.eig_tol).cpu().tolist() if mid else [True] * J.shape[0]
+            if keep:
+                Js.append(J)
+        if keep:
+            route = DenseSpectra.route_for(o.eig_k, o.eig_tol if mid else None, o.seed)
+            at.dense_jacobians = DenseJacobians(torch.cat(Js), DenseSpectra(
+                torch.cat([sp.eigenvalues for sp in specs]), torch.cat([sp.ritz_residual for sp in specs]),
+                torch.cat([sp.products for sp in specs]), route))
+        method = (f"dense (n = {n} ≤ {DENSE_MAX}: every sample's Jacobian by batched forward-mode columns, "
+                  f"eigenvalues by LAPACK, σ_max by λ_max(JᵀJ); exact to rounding, ritz_residual 0)" if not mid else
+                  f"dense Jacobian (n = {n} ≤ {DENSE_KRYLOV_MAX}: every sample's J by batched forward-mode columns), "
+                  f"ρ by ARPACK on each dense J (leading Ritz residual < {o.eig_tol:g}), σ_max by λ_max(JᵀJ)")
+    elif o.eig_route == "arnoldi":
+        chunk = o.eig_batch or (N if dev.type == "cuda" else 1)
+        mixed = o.eig_precision == "mixed" and dtype == torch.float64
+        fast_model = copy.deepcopy(at.model).float() if mixed else None
+        for i in range(0, N, chunk):
+            xs, xb = x_star[i:i + chunk], x0[i:i + chunk]
+            bj = BatchedJacobian(f, xs, xb)
+            spec = jacobian_spectral_radius(f, xs, xb, fast_f=fast_model.step if mixed else None, k=o.eig_k,
+                                            tol=o.eig_tol, seed=o.seed)
+            sig = batched_sigma_max(bj.apply_reuse, bj.rapply, tuple(xs.shape), dtype=dtype, device=dev,
+                                    tol=o.eig_tol, seed=o.seed)
+            rhos += spec.rho.cpu().tolist()
+            sigmas += sig.cpu().tolist()
+            eigs += [[[float(z.real), float(z.imag)] for z in row] for row in spec.eigenvalues.cpu()]
+            flags += (spec.ritz_residual < o.eig_tol).cpu().tolist()
+        method = (f"Krylov–Schur on Jᵀ (torch, {chunk} sample(s) per batch; "
+                  + ("float32 products, each leading Ritz pair certified by float64 products)" if mixed
+                     else "float64 products)"))
+    else:
+        for b in range(N):
+            op = JacobianOperator(f, x_star[b], x0[b], mode="vjp")
+            s = spectral_radius(op, k=o.eig_k, tol=o.eig_tol, transpose=True)
+            rhos.append(s.rho)
+            eigs.append(s.to_dict()["eigenvalues"])
+            flags.append(s.converged)
+            sigmas.append(sigma_max(op, tol=o.eig_tol))
+        method = "ARPACK (scipy eigs on Jᵀ, reused vjp)"
+    at.rho_J = list(rhos)  # for stage geometry: which samples attract at θ*
+    return JacobianSpectra(method=method, spectral_radius=rhos, sigma_max=sigmas, eigenvalues=eigs,
+                           eigen_converged=flags, converged=at.converged.tolist())
+
+
+def stage_prop4(at: AtFixedPoint):
+    """Prop. 4 / App. A.7: ρ(M) of the matrix assembled from the named parts, checked against autograd."""
+    from stability.analysis.recall import prop4
+    from stability.protocols import has_recall_parts, recall_parts_missing
+
+    if not has_recall_parts(at.model):
+        return NotApplicable(f"the model does not expose the named recall parts (RecallParts: missing "
+                             f"{', '.join(recall_parts_missing(at.model))})")
+    if at.model.recall == "none":
+        return NotApplicable("no recall (recall none): Prop. 4 concerns recall models")
+    o, dense = at.options, at.dense_jacobians  # stage rho's dense Jacobians, when it took the dense route
+    return prop4(at.model, at.x_star, at.x0, columns=o.prop4_columns, k=o.eig_k, tol=o.eig_tol,
+                 J=None if dense is None else dense.J, J_spectra=None if dense is None else dense.spectra)
+
+
+def stage_rho_wx(at: AtFixedPoint):
+    """ρ(W_x) of the recall weight (bias ignored), the one quantity the paper's release computes."""
+    from stability.analysis.recall import rho_W_x
+    from stability.protocols import has_recall_parts
+
+    if not has_recall_parts(at.model):
+        return NotApplicable("the model does not expose the named recall parts (RecallParts), so no W_x")
+    w = rho_W_x(at.model)
+    if w is None:
+        return NotApplicable("no recall weight (W_x is None)")
+    return RecallWeight(rho_Wx=w.rho, eigenvalues=w.to_dict()["eigenvalues"])
+
+
+def stage_prop5(at: AtFixedPoint) -> Prop5Stage:
+    """Prop. 5 on the first converged sample: dx_T/dx0·u (unrolled from e, held fixed) against the implicit
+    (I − J)⁻¹ ∂f/∂x0 u (GMRES), by the batched routes of :mod:`stability.analysis.prop5`."""
+    from stability.analysis.initial_iterate import prop5_and_initial_iterate_batched
+    from stability.analysis.prop5 import KrylovError
+    from stability.solvers import solve
+
+    o, first = at.options, at.first_converged
+    if first is None:
+        return Prop5Stage(skipped="no sample converged: Prop. 5 needs a fixed point")
+    # polish x* of that sample by further Picard steps, so that the error floor is set by GMRES and the
+    # unrolled T, not by the solver's τ
+    sl = slice(first, first + 1)
+    polish = solve(at.f, at.x_star[sl], at.x0[sl], tol=1e-13, max_iter=o.max_iter, max_period=0)
+    # one unroll from e carries both tangents: dx_T/dx0·u here and A.8's dx_T/de·u (kept for stage a8)
+    p5, at.initial_iterate_tangent = prop5_and_initial_iterate_batched(at.f, polish.x_best, at.x0[sl], at.e[sl],
+                                                                       at.T_grid, tol=o.gmres_tol, seed=o.seed)
+    try:
+        chk = p5.sample(0)
+    except KrylovError as exc:
+        return Prop5Stage(sample=first, skipped=str(exc))
+    return Prop5Stage(check=chk, sample=first, x_star_residual=float(polish.best_residual[0]))
+
+
+def stage_input(at: AtFixedPoint) -> InputDependence:
+    """‖dx*/dx0‖_F per converged sample (Hutchinson; Prop. 5), every sample's probes in one batched solve."""
+    from stability.analysis.input_dependence import input_dependence_frobenius_batched
+
+    o, conv = at.options, at.converged
+    frob: list = [None] * conv.numel()
+    idx = conv.nonzero().flatten()
+    if idx.numel():
+        dev = at.x_star.device
+        est = input_dependence_frobenius_batched(at.f, at.x_star[idx.to(dev)], at.x0[idx.to(dev)],
+                                                 probes=o.probes, tol=max(o.gmres_tol, 1e-8), seed=o.seed)
+        for j, b in enumerate(idx.tolist()):
+            frob[b] = float(est.value[j]) if bool(est.converged[j]) else None
+    return InputDependence(frobenius=frob, probes=o.probes)
+
+
+def stage_a8(at: AtFixedPoint) -> InitialIterate:
+    """App. A.8: solve from e ∈ {x0, zeros, noise}; x* should not depend on e. Noise of std ``noise_std``;
+    ‖dx_T/de·u‖ against T on the first converged sample (batched route)."""
+    from stability.analysis.initial_iterate import fixed_point_distance
+    from stability.solvers import solve
+
+    o, x0, e = at.options, at.x0, at.e
+    std = 1.0 if o.noise_std is None else float(o.noise_std)
+    gen = torch.Generator().manual_seed(o.seed)
+    starts = {"x0": x0 if x0.shape == e.shape else None, "zeros": torch.zeros_like(e),
+              "noise": torch.randn(e.shape, generator=gen, dtype=torch.float64).to(e) * std}
+    starts = {k: v for k, v in starts.items() if v is not None}  # e = x0 needs a state shaped like x0
+    # the starts other than e are solved together, as one batch of len(new) · B samples (the samples of step are
+    # independent, so this is the same per-sample iteration at a fraction of the per-iteration overhead)
+    new = [k for k, v in starts.items() if not torch.equal(v, e)]
+    B = e.shape[0]
+    both = (solve(at.f, torch.cat([starts[k] for k in new]), torch.cat([x0] * len(new)), method=o.solver, tol=o.tol,
+                  max_iter=o.max_iter) if new else None)
+    x_best, conv = {}, {}
+    for k in starts:
+        if k in new:
+            i = new.index(k)
+            x_best[k], conv[k] = both.x_best[i * B:(i + 1) * B], both.converged[i * B:(i + 1) * B]
+        else:
+            x_best[k], conv[k] = at.x_star, at.converged
+    all_conv = torch.stack(list(conv.values())).all(0)
+    dist = fixed_point_distance(list(x_best.values()))
+    a8 = InitialIterate(starts=list(starts), fixed_point_distance=[float(d) if bool(c) else None
+                                                                   for d, c in zip(dist, all_conv)],
+                        converged_fraction={k: float(c.double().mean()) for k, c in conv.items()},
+                        noise_std=std)
+    first = at.first_converged
+    if first is not None:
+        sens = at.initial_iterate_tangent.sample(0)  # from stage prop5's unroll, or computed now
+        a8.T, a8.dxT_de_norm, a8.sample = sens["T"], sens["norm"], first
+    return a8
+
+
+def stage_accuracy(at: AtFixedPoint):
+    """Accuracy against the iteration count 1..T and at x* (Fig. 3), by the task's (or argmax) scoring. With the
+    Picard solver the curve was scored during stage reachability's solve (the same iterates from e; its time is in
+    that stage's)."""
+    from stability.analysis.accuracy import accuracy_at, accuracy_vs_iteration
+
+    if at.targets is None:
+        return NotApplicable("no targets given")
+    acc = at.accuracy_curve
+    if acc is not None:
+        acc.scored_in = "reachability"
+    else:
+        acc = accuracy_vs_iteration(at.model, at.score, at.x0, at.e, at.targets, at.options.iterations)
+    acc.at_fixed_point = accuracy_at(at.model, at.score, at.x_star, at.targets)
+    acc.at_fixed_point_converged = accuracy_at(at.model, at.score, at.x_star, at.targets, at.converged)
+    return acc
+
+
+def stage_geometry(at: AtFixedPoint):
+    """Section 3.2's third axis: radii of stability along random directions in parameter space, their anisotropy
+    (App. B.2), per parameter group, and (``geometry_plane``) the ρ(J*) picture over a plane, on the first
+    ``geometry_samples`` samples (:mod:`stability.analysis.geometry`)."""
+    from stability.analysis.geometry import measure
+
+    o = at.options
+    N = at.x_star.shape[0]
+    samples = list(range(min(o.geometry_samples, N)))
+    rho = at.rho_J
+    if rho is None:  # stage rho did not run: ρ(J*) at θ* of the geometry samples by its routine
+        from stability.analysis.spectra import jacobian_spectral_radius
+
+        sel = torch.tensor(samples, device=at.x_star.device)
+        got = jacobian_spectral_radius(at.f, at.x_star[sel], at.x0[sel], tol=o.eig_tol, k=o.eig_k, seed=o.seed)
+        rho = [None] * N
+        for b, v in zip(samples, got.rho.tolist()):
+            rho[b] = float(v)
+    status = at.solution.status
+    attracting = [status[b] == "converged" and rho[b] is not None and np.isfinite(rho[b]) and rho[b] < 1.0
+                  for b in range(N)]
+    return measure(at.model, at.inputs, at.x_star, at.x0, attracting, rho, samples=samples,
+                   directions=o.geometry_directions, accuracy=o.geometry_accuracy,
+                   group_directions=o.geometry_group_directions, certify=o.geometry_certify,
+                   plane=o.geometry_plane if o.geometry_directions >= 2 else 0, tol=o.tol, max_iter=o.max_iter,
+                   eig_tol=o.eig_tol, eig_k=o.eig_k, seed=o.seed,
+                   log=lambda m: at.log(f"{at.split}: {m}"))
+
+
+STAGE_FUNCTIONS = {"reachability": stage_reachability, "rho": stage_rho, "prop4": stage_prop4,
+                   "rho_wx": stage_rho_wx, "prop5": stage_prop5, "input": stage_input, "a8": stage_a8,
+                   "accuracy": stage_accuracy, "geometry": stage_geometry}
+
+
+#: the function of each stage (:data:`stability.analysis.options.STAGES`)
+STAGE_FUNCTIONS = {"reachability": stage_reachability, "rho": stage_rho, "prop4": stage_prop4,
+                   "rho_wx": stage_rho_wx, "prop5": stage_prop5, "input": stage_input, "a8": stage_a8,
+                   "accuracy": stage_accuracy, "geometry": stage_geometry}
