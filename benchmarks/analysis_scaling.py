@@ -191,7 +191,7 @@ def main(argv=None) -> int:
     if args.child:
         print(json.dumps(child(json.loads(Path(args.child).read_text()))))
         return 0
-    from stability.analysis.pipeline import STAGES
+    from stability.analysis.options import STAGES
 
     configs = {**CONFIGS, **(PAPER if args.paper else {})}
     names = args.only or list(configs)

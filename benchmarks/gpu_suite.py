@@ -178,7 +178,7 @@ def check_full_analysis(device, dry: bool, partial: dict) -> dict:
     from analysis_scaling import build
 
     from stability import AnalysisOptions
-    from stability.analysis.pipeline import STAGES
+    from stability.analysis.options import STAGES
 
     samples = 2 if dry else 500
     partial.update({"samples": samples, "goal_s": 30.0, "tasks": {}})
