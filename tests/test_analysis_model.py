@@ -65,7 +65,7 @@ def test_assembled_recall_matrix_equals_autograd_jacobian_of_step(recall, norm):
         J = JacobianOperator(m.step, x[b], x0[b]).dense()
         assert M.shape == (L * 16, L * 16)
         assert (M - J).abs().max() < 1e-12 * max(1.0, float(J.abs().max()))
-    result = prop4(m, x, x0, columns=None)
+    result = prop4(m, x, x0)
     if recall == "none":
         assert result is None
     else:

@@ -25,7 +25,7 @@ from stability.model import build_model
 from stability.protocols import LoopedModel, RecallParts, check_model, has_recall_parts, is_looped
 
 L = 6  # tokens
-FAST = dict(max_iter=60, iterations=4, probes=2, eig_precision="float64", eig_tol=1e-8, prop4_columns=1000)
+FAST = dict(max_iter=60, iterations=4, probes=2, eig_precision="float64", eig_tol=1e-8)
 
 
 def dense_rho(model, x, x0) -> float:

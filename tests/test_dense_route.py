@@ -97,10 +97,10 @@ def test_prop4_dense_M_is_the_operator_and_its_rho_equals_the_krylov_rho(recall,
         Mv = RecallMatrixOperator(m, x[b], x0[b]).apply(v).reshape(5, -1)
         assert (Mv - v.reshape(5, -1) @ M[b].T).abs().max() <= 1e-12
     dense = prop4(m, x, x0, k=3)
-    arpack = prop4(m, x, x0, k=3, tol=1e-12, columns=None, dense_max=0)
-    assert dense.columns_checked == x[0].numel() == arpack.columns_checked
+    free = prop4(m, x, x0, k=3, tol=1e-12, dense_max=0)  # the matrix-free route: Krylov–Schur on M, probes
+    assert dense.columns_checked == x[0].numel() and free.columns_checked == 0 and free.probes_checked == 4
     assert [s.method for s in dense.spectra] == ["dense"] * 3
-    assert np.allclose(dense.rho_M, arpack.rho_M, rtol=0, atol=1e-8)
+    assert np.allclose(dense.rho_M, free.rho_M, rtol=0, atol=1e-8)
     assert dense.max_abs_diff_vs_autograd <= 1e-12
     # the dense Jacobian handed over (stage rho's) gives the same check
     J = batched_dense_jacobian(m.step, x, x0)
@@ -157,10 +157,10 @@ def test_mid_size_states_reuse_the_dense_J_with_krylov_on_the_dense_matrices(mon
     assert np.allclose(js["jacobian"]["sigma_max"], [np.linalg.norm(J, 2) for J in ref], rtol=0, atol=1e-12)
     assert np.allclose(js["prop4"]["rho_M"], js["jacobian"]["spectral_radius"], rtol=0, atol=1e-8)
     assert js["prop4"]["columns_checked"] == 48 and js["prop4"]["max_abs_diff_vs_autograd"] <= 1e-12
-    # without stage rho there is no dense J to reuse: Prop. 4 keeps the matrix-free route (random columns)
+    # without stage rho there is no dense J to reuse: Prop. 4 keeps the matrix-free route (Gaussian probes)
     alone = run_stages(m, inputs, None, AnalysisOptions(samples=3, stages=("prop4",), eig_tol=1e-10,
-                                                        prop4_columns=16)).to_dict()
-    assert alone["prop4"]["columns_checked"] == 16
+                                                        prop4_probes=2)).to_dict()
+    assert alone["prop4"]["columns_checked"] == 0 and alone["prop4"]["probes_checked"] == 2
     assert np.allclose(alone["prop4"]["rho_M"], js["prop4"]["rho_M"], rtol=0, atol=1e-8)
 
 
@@ -195,3 +195,62 @@ def test_prop4_takes_stage_rhos_spectra_only_where_M_equals_J_entry_by_entry(mid
     # spectra of another route are not taken
     other = DenseSpectra(spec.eigenvalues, spec.ritz_residual, spec.products, ("krylov", 3, 1e-6, 1))
     assert prop4_dense(m, x, x0, k=3, J=J, krylov_tol=tol, J_spectra=other).spectra_of_J == 0
+
+
+# ---- the matrix-free route (states above DENSE_KRYLOV_MAX): M checked against J by Gaussian probes ---------------
+def _numpy_rho(m, x, x0):
+    """ρ of each sample's dense autograd Jacobian by numpy (the independent reference)."""
+    return [float(np.abs(np.linalg.eigvals(jacrev(m, x, x0, b).numpy())).max()) for b in range(x.shape[0])]
+
+
+@pytest.mark.parametrize("recall,norm", [("external", "pre"), ("internal", "post"), ("external", "gru")])
+@pytest.mark.parametrize("mixed", [False, True])
+def test_matrix_free_rho_M_equals_the_dense_eigenvalues(recall, norm, mixed):
+    import copy
+
+    m = small_model(recall, norm)
+    x, x0 = point(m)
+    fast = copy.deepcopy(m).float() if mixed else None
+    res = prop4(m, x, x0, k=3, tol=1e-6 if mixed else 1e-10, dense_max=0, fast_model=fast)
+    assert res.spectra_of_J == 0  # no stage-rho spectra given: M's own
+    assert np.allclose(res.rho_M, _numpy_rho(m, x, x0), rtol=0, atol=1e-5 if mixed else 1e-8)
+    assert res.max_abs_diff_vs_autograd <= 1e-12 and all(s.converged for s in res.spectra)
+
+
+def test_matrix_free_prop4_takes_stage_rhos_spectra_exactly_where_every_probe_agrees_bit_for_bit():
+    from stability.analysis.recall import probe_check
+
+    m = small_model("external", "pre")
+    x, x0 = point(m)
+    diff, equal = probe_check(m, x, x0, probes=3)
+    rho_J = [0.123, 0.456, 0.789]  # markers: taken over only where M = J bit for bit on every probe
+    eigs = [[[r, 0.0]] for r in rho_J]
+    res = prop4(m, x, x0, k=3, dense_max=0, J_rho=(rho_J, eigs), probes=3)
+    assert res.spectra_of_J == int(equal.sum())
+    for b in range(3):
+        if bool(equal[b]):
+            assert res.rho_M[b] == rho_J[b] and res.spectra[b].matvecs == 0 and float(diff[b]) == 0.0
+        else:
+            assert abs(res.rho_M[b] - _numpy_rho(m, x, x0)[b]) < 1e-8
+    assert bool(equal.any())  # the toolkit builds M from the same forward-mode products as J
+
+
+def test_probe_check_finds_a_difference_confined_to_one_entry_of_M(monkeypatch):
+    from stability.analysis import recall as R
+
+    m = small_model("external", "pre")
+    x, x0 = point(m)
+    original = R.RecallMatrixOperator.apply_M
+
+    def off_by_one_entry(self, V):
+        out = original(self, V).clone()
+        if out.shape[0] == 3:  # the whole batch (the probe check): (M − J)_{7,3} = 1e-9 on sample 1
+            out.view(3, -1)[1, 7] += 1e-9 * V.reshape(3, -1)[1, 3]
+        return out
+
+    monkeypatch.setattr(R.RecallMatrixOperator, "apply_M", off_by_one_entry)
+    diff, equal = R.probe_check(m, x, x0, probes=2)
+    assert bool(equal[0]) and not bool(equal[1]) and bool(equal[2])
+    assert 0 < float(diff[1]) <= 1e-9 * 5  # |1e-9 · v_3| for Gaussian v
+    res = R.prop4(m, x, x0, k=3, dense_max=0, J_rho=([0.5] * 3, [[[0.5, 0.0]]] * 3), probes=2)
+    assert res.spectra_of_J == 2 and res.rho_M[1] != 0.5  # sample 1's spectra are M's own

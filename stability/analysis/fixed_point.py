@@ -11,7 +11,9 @@ member                         set by                                 read by
 =============================  =====================================  ===========================================
 ``accuracy_curve``             ``reachability`` (Picard from e)       ``accuracy`` (else it iterates on its own)
 ``dense_jacobians``            ``rho`` (its dense route)              ``prop4`` (else its matrix-free route)
-``rho_J``                      ``rho``                                ``geometry`` (else ρ on its own samples)
+``jacobian_spectra``           ``rho``                                ``prop4`` (its matrix-free route, where
+                                                                      M = J), ``geometry`` (which samples
+                                                                      attract; else ρ on its own samples)
 ``initial_iterate_tangent``    ``prop5`` (its unroll carries it)      ``a8`` (else computed on first use)
 =============================  =====================================  ===========================================
 """
@@ -27,9 +29,11 @@ import torch
 
 if TYPE_CHECKING:
     from stability.analysis.accuracy import AccuracyCurve
+    from stability.analysis.cost import Progress
     from stability.analysis.initial_iterate import InitialIterateBatched
     from stability.analysis.options import AnalysisOptions
     from stability.analysis.recall import DenseSpectra
+    from stability.analysis.results import JacobianSpectra
     from stability.solvers import SolveResult
 
 
@@ -72,7 +76,13 @@ class AtFixedPoint:
     solution: Optional[SolveResult] = None  # the solve from e (stage reachability)
     accuracy_curve: Optional[AccuracyCurve] = None  # Fig. 3's curve, scored during that solve
     dense_jacobians: Optional[DenseJacobians] = None
-    rho_J: Optional[list] = None  # ρ(J*) per sample (Props. 3–4: x* attracts iff ρ(J*) < 1)
+    jacobian_spectra: Optional[JacobianSpectra] = None  # ρ(J*), σ_max, eigenvalues per sample (Props. 3–4)
+    progress: Optional[Progress] = None  # stage-by-stage progress with the time left (stability.analysis.cost)
+
+    def tick(self, done: int, total: int, what: str = "samples") -> None:
+        """Inside a long stage: ``done`` of ``total`` units finished (a progress line now and then)."""
+        if self.progress is not None:
+            self.progress.tick(done, total, what)
 
     @property
     def f(self) -> Callable:

@@ -65,7 +65,7 @@ class AnalysisOptions:
     eig_tol: float = 1e-6
     gmres_tol: float = 1e-10
     probes: int = field(default=4, metadata={"metavar": "K", "help": "random probes of the ‖dx*/dx0‖_F estimate"})
-    prop4_columns: int = 256
+    prop4_probes: int = 4  # Prop. 4 on states too large for dense matrices: Gaussian probes of M against J
     seed: int = 0
     eig_route: str = field(default="arnoldi", metadata={
         "choices": ("arnoldi", "arpack"), "help": "ρ(J*) and σ_max by the torch Krylov–Schur iteration (arnoldi: "

@@ -20,6 +20,7 @@ from typing import Callable, Optional
 
 import torch
 
+from stability.analysis.cost import Progress, forecast, predict
 from stability.analysis.fixed_point import AtFixedPoint, analysis_model
 from stability.analysis.options import AnalysisOptions
 from stability.analysis.pool import parallel_splits
@@ -44,13 +45,18 @@ def run_stages(model, inputs: torch.Tensor, targets: Optional[torch.Tensor], opt
     with torch.no_grad():
         x0 = model.embed(inputs)
         e = model.initial_state(x0, generator=torch.Generator(device=dev).manual_seed(options.seed))
+    n = int(e[0].numel())
+    progress = Progress(split, predict(n, int(x0.shape[0]), options.stages, geometry_samples=options.geometry_samples,
+                                       threads=torch.get_num_threads()), say)
     at = AtFixedPoint(model=model, options=options, inputs=inputs, x0=x0, e=e, targets=targets, score=score, log=say,
-                      split=split)
+                      split=split, progress=progress)
     out = SplitAnalysis(split=split, samples=int(x0.shape[0]), state_shape=list(e.shape[1:]), stages=options.stages,
                         options=options, model=type(model).__name__)
     for name in options.stages:
         t = time.perf_counter()
+        progress.begin(name)
         setattr(out, STAGE_FIELDS[name], STAGE_FUNCTIONS[name](at))
+        progress.end(name)
         out.timings[name] = time.perf_counter() - t
     out.x0, out.x_star = x0, at.x_star
     return out
@@ -121,6 +127,17 @@ def analyze_checkpoint(path, *, splits=("val", "hard"), options: AnalysisOptions
     threads = torch.get_num_threads()
     workers = min(len(splits), options.workers or threads) if options.device == "cpu" else 1
     # (the numbers do not depend on it: tests/test_parallel_splits.py)
+    if log is not None:
+        inputs, _ = loaded.task.dataset(splits[0])
+        with torch.no_grad():
+            x0 = model.embed(inputs[:1].to(options.device, torch.float64) if inputs.is_floating_point()
+                             else inputs[:1].to(options.device))
+            shape = tuple(model.initial_state(x0).shape[1:])
+        line = forecast(int(torch.Size(shape).numel()), shape, options.samples, len(splits), options.stages,
+                        workers=max(1, workers), threads=max(1, threads // max(1, workers)),
+                        geometry_samples=options.geometry_samples, device=options.device)
+        if line:
+            log(line)
     if workers <= 1:
         for split in splits:
             out.splits[split] = analyze_split(model, loaded.task, split, options, log=log)

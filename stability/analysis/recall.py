@@ -183,11 +183,15 @@ class Prop4Result:
     columns_checked: int
     spectra: list = field(default_factory=list)
     spectra_of_J: int = 0  # samples whose M equalled J entry by entry, so their spectra are J's (stage rho's)
+    probes_checked: int = 0  # the matrix-free route: Gaussian probe products per sample (columns_checked 0)
 
     def to_dict(self) -> dict:
-        return {"form": self.form, "rho_M": self.rho_M, "max_abs_diff_vs_autograd": self.max_abs_diff_vs_autograd,
-                "columns_checked": self.columns_checked, "spectra_of_J": self.spectra_of_J,
-                "eigenvalues": [s.to_dict()["eigenvalues"] for s in self.spectra]}
+        out = {"form": self.form, "rho_M": self.rho_M, "max_abs_diff_vs_autograd": self.max_abs_diff_vs_autograd,
+               "columns_checked": self.columns_checked, "spectra_of_J": self.spectra_of_J,
+               "eigenvalues": [s.to_dict()["eigenvalues"] for s in self.spectra]}
+        if self.probes_checked:
+            out["probes_checked"] = self.probes_checked
+        return out
 
 
 class DenseSpectra(NamedTuple):
@@ -298,15 +302,82 @@ def _merge(given: Optional[DenseSpectra], own: torch.Tensor, mine) -> DenseSpect
     return DenseSpectra(eig, res, prod, given.route)
 
 
-def prop4(model, x_star: torch.Tensor, x0: torch.Tensor, *, columns: Optional[int] = 256, k: int = 3,
+def probe_check(model, x_star: torch.Tensor, x0: torch.Tensor, *, probes: int = 4, seed: int = 0) -> tuple:
+    """M against the autograd Jacobian of ``step`` by products, every sample at once: for ``probes`` Gaussian
+    vectors v (seeded), max |M_b v − J_b v| per sample, (B,) float64, and whether every probe agreed bit for bit,
+    (B,) bool. A matrix D ≠ 0 has Dv ≠ 0 for a Gaussian v with probability 1, so equal products on random probes
+    certify M = J as the checked columns of the dense route do, at a cost of 2 · ``probes`` products a sample."""
+    from stability.linalg import BatchedJacobian
+
+    M = RecallMatrixOperator(model, x_star, x0, batched=True)
+    J = BatchedJacobian(model.step, x_star, x0)
+    g = torch.Generator().manual_seed(seed)
+    diff = torch.zeros(x_star.shape[0], dtype=torch.float64)
+    equal = torch.ones(x_star.shape[0], dtype=torch.bool)
+    with torch.no_grad():
+        for _ in range(probes):
+            V = torch.randn(x_star.shape, generator=g, dtype=torch.float64).to(x_star)
+            D = (M.apply_M(V) - J.apply(V)).flatten(1)
+            diff = torch.maximum(diff, D.abs().amax(1).double().cpu())
+            equal &= (D == 0).all(1).cpu()
+    return diff, equal
+
+
+def prop4_matrix_free(model, x_star: torch.Tensor, x0: torch.Tensor, *, probes: int = 4, k: int = 3,
+                      tol: float = 1e-6, seed: int = 0, fast_model=None, chunk: int = 1,
+                      J_spectra: Optional[tuple] = None, tick=None) -> Prop4Result:
+    """Prop. 4 / App. A.7 on states too large for dense matrices, every sample matrix-free: M checked against J by
+    :func:`probe_check`; where M = J bit for bit on every probe and ``J_spectra`` (stage rho's (ρ, eigenvalues)
+    per sample, at the same x*) is given, M's spectra are J's; elsewhere ρ(M) by the Krylov–Schur method stage
+    rho runs on J (:func:`~stability.linalg.certified_spectral_radius`: float32 products of ``fast_model``'s M,
+    each leading Ritz pair certified by float64 products; float64 alone without it), ``chunk`` samples a batch."""
+    from stability.linalg import batched_spectral_radius, certified_spectral_radius
+
+    B = x_star.shape[0]
+    diff, equal = probe_check(model, x_star, x0, probes=probes, seed=seed)
+    reuse = equal.clone() if J_spectra is not None else torch.zeros(B, dtype=torch.bool)
+    spectra: list = [None] * B
+    for b in torch.nonzero(reuse).flatten().tolist():
+        rho, eigs = J_spectra[0][b], J_spectra[1][b]
+        spectra[b] = Spectrum(rho=float(rho), eigenvalues=[complex(re, im) for re, im in eigs],
+                              method="M = J on every probe: stage rho's spectra", converged=True, matvecs=0)
+    own = torch.nonzero(~reuse).flatten().tolist()
+    for i in range(0, len(own), chunk):
+        idx = torch.tensor(own[i:i + chunk], device=x_star.device)
+        xs, xb = x_star[idx], x0[idx]
+        exact = RecallMatrixOperator(model, xs, xb, batched=True).apply_M
+        shape = tuple(xs.shape)
+        if fast_model is not None:
+            M32 = RecallMatrixOperator(fast_model, xs.float(), xb.float(), batched=True)
+            res = certified_spectral_radius(lambda V: M32.apply_M(V.float()), exact, shape, tol=tol, k=k, seed=seed, dtype=xs.dtype,
+                                            device=xs.device)
+            how = "Krylov–Schur on M (float32 products, certified by float64 products)"
+        else:
+            res = batched_spectral_radius(exact, shape, tol=tol, k=k, seed=seed, dtype=xs.dtype, device=xs.device)
+            how = "Krylov–Schur on M (float64 products)"
+        if tick is not None:
+            tick(min(i + chunk, len(own)), len(own), "samples of M's own spectra")
+        for j, b in enumerate(idx.tolist()):
+            row = res.eigenvalues[j].cpu()
+            spectra[b] = Spectrum(rho=float(res.rho[j]), eigenvalues=[complex(z) for z in row[:k].tolist()],
+                                  method=how, converged=bool(res.ritz_residual[j] < tol),
+                                  matvecs=int(res.products[j]))
+    return Prop4Result(form=recall_form(model), rho_M=[s.rho for s in spectra],
+                       max_abs_diff_vs_autograd=float(diff.max()) if B else 0.0, columns_checked=0,
+                       spectra=spectra, spectra_of_J=int(reuse.sum()), probes_checked=probes)
+
+
+def prop4(model, x_star: torch.Tensor, x0: torch.Tensor, *, probes: int = 4, k: int = 3,
           tol: float = 1e-10, J: Optional[torch.Tensor] = None, dense_max: Optional[int] = None,
-          J_spectra: Optional[DenseSpectra] = None) -> Optional[Prop4Result]:
-    """Prop. 4 / App. A.7 on a batch of fixed points x_star (B, *S): ρ(M) per sample, and the largest entry-wise
-    difference between M and the autograd Jacobian of ``step``. States of n ≤ ``dense_max`` (default
+          J_spectra: Optional[DenseSpectra] = None, J_rho: Optional[tuple] = None, fast_model=None,
+          chunk: int = 1, seed: int = 0, tick=None) -> Optional[Prop4Result]:
+    """Prop. 4 / App. A.7 on a batch of fixed points x_star (B, *S): ρ(M) per sample, and the largest difference
+    between M and the autograd Jacobian of ``step``. States of n ≤ ``dense_max`` (default
     :data:`~stability.analysis.spectra.DENSE_MAX`): :func:`prop4_dense` (dense M, LAPACK, all n columns checked;
-    ``J`` the dense Jacobians when already built, ``J_spectra`` their spectra). Larger states: ARPACK on the assembled operator per sample, the
-    check over ``columns`` random columns per sample (all columns when None). None without recall.
-    """
+    ``J`` the dense Jacobians when already built, ``J_spectra`` their spectra); mid-size states with ``J`` at
+    hand likewise, ρ by Krylov–Schur on the dense M. Larger states: :func:`prop4_matrix_free` (``probes`` Gaussian
+    probe products per sample; ``J_rho`` = stage rho's (ρ, eigenvalues) per sample, taken where M = J). None
+    without recall."""
     if model.recall not in ("external", "internal"):
         return None
     n = int(torch.tensor(x_star.shape[1:]).prod())
@@ -314,12 +385,5 @@ def prop4(model, x_star: torch.Tensor, x0: torch.Tensor, *, columns: Optional[in
         return prop4_dense(model, x_star, x0, k=k, J=J, J_spectra=J_spectra)
     if J is not None and n <= DENSE_KRYLOV_MAX:  # mid-size: the dense J is at hand (stage rho's), so is dense M
         return prop4_dense(model, x_star, x0, k=k, J=J, krylov_tol=max(tol, 1e-10), J_spectra=J_spectra)
-    rhos, spectra, diff, cols = [], [], 0.0, 0
-    for b in range(x_star.shape[0]):
-        spec = spectral_radius(RecallMatrixOperator(model, x_star[b], x0[b]), k=k, tol=tol, transpose=True)
-        spectra.append(spec)
-        rhos.append(spec.rho)
-        d, c = assembled_vs_autograd(model, x_star[b], x0[b], columns=columns)
-        diff, cols = max(diff, d), c
-    return Prop4Result(form=recall_form(model), rho_M=rhos, max_abs_diff_vs_autograd=diff, columns_checked=cols,
-                       spectra=spectra)
+    return prop4_matrix_free(model, x_star, x0, probes=probes, k=k, tol=tol, seed=seed, fast_model=fast_model,
+                             chunk=chunk, J_spectra=J_rho, tick=tick)

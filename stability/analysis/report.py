@@ -74,7 +74,9 @@ def split_table(block: dict) -> str:
         conv_rho_M = [r for r, st in zip(p4["rho_M"], fp["status"]) if st in FIXED_POINT_STATUSES]
         rows.append(("ρ(M) median", _fmt(_med(conv_rho_M)),
                      f"{p4['form']}; max |M − J_autograd| = {_fmt(p4['max_abs_diff_vs_autograd'], '.2e')}"
-                     + ("; M = J entry by entry, so J's spectra" if p4.get("spectra_of_J") == len(p4["rho_M"])
+                     + (f" on {p4['probes_checked']} Gaussian probes a sample" if p4.get("probes_checked") else "")
+                     + (("; M = J on every probe, so J's spectra" if p4.get("probes_checked")
+                         else "; M = J entry by entry, so J's spectra") if p4.get("spectra_of_J") == len(p4["rho_M"])
                         else "")))
     elif p4 is not None:
         rows.append(("ρ(M) (Prop. 4)", "not applicable", p4.get("reason", "")))

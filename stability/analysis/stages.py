@@ -109,6 +109,7 @@ def stage_rho(at: AtFixedPoint) -> JacobianSpectra:
             sigmas += sig.cpu().tolist()
             eigs += [[[float(z.real), float(z.imag)] for z in row] for row in spec.eigenvalues.cpu()]
             flags += (spec.ritz_residual < o.eig_tol).cpu().tolist()
+            at.tick(min(i + chunk, N), N)
         method = (f"Krylov–Schur on Jᵀ (torch, {chunk} sample(s) per batch; "
                   + ("float32 products, each leading Ritz pair certified by float64 products)" if mixed
                      else "float64 products)"))
@@ -121,9 +122,9 @@ def stage_rho(at: AtFixedPoint) -> JacobianSpectra:
             flags.append(s.converged)
             sigmas.append(sigma_max(op, tol=o.eig_tol))
         method = "ARPACK (scipy eigs on Jᵀ, reused vjp)"
-    at.rho_J = list(rhos)  # for stage geometry: which samples attract at θ*
-    return JacobianSpectra(method=method, spectral_radius=rhos, sigma_max=sigmas, eigenvalues=eigs,
-                           eigen_converged=flags, converged=at.converged.tolist())
+    at.jacobian_spectra = JacobianSpectra(method=method, spectral_radius=rhos, sigma_max=sigmas, eigenvalues=eigs,
+                                          eigen_converged=flags, converged=at.converged.tolist())
+    return at.jacobian_spectra
 
 
 def stage_prop4(at: AtFixedPoint):
@@ -137,8 +138,14 @@ def stage_prop4(at: AtFixedPoint):
     if at.model.recall == "none":
         return NotApplicable("no recall (recall none): Prop. 4 concerns recall models")
     o, dense = at.options, at.dense_jacobians  # stage rho's dense Jacobians, when it took the dense route
-    return prop4(at.model, at.x_star, at.x0, columns=o.prop4_columns, k=o.eig_k, tol=o.eig_tol,
-                 J=None if dense is None else dense.J, J_spectra=None if dense is None else dense.spectra)
+    spec = at.jacobian_spectra  # stage rho's spectra at this x*, for the matrix-free route to take where M = J
+    mixed = o.eig_precision == "mixed" and at.x_star.dtype == torch.float64
+    return prop4(at.model, at.x_star, at.x0, probes=o.prop4_probes, k=o.eig_k, tol=o.eig_tol,
+                 J=None if dense is None else dense.J, J_spectra=None if dense is None else dense.spectra,
+                 J_rho=None if spec is None else (spec.spectral_radius, spec.eigenvalues),
+                 fast_model=copy.deepcopy(at.model).float() if mixed else None,
+                 chunk=o.eig_batch or (at.x_star.shape[0] if at.x_star.device.type == "cuda" else 1), seed=o.seed,
+                 tick=at.tick)
 
 
 def stage_rho_wx(at: AtFixedPoint):
@@ -259,7 +266,7 @@ def stage_geometry(at: AtFixedPoint):
     o = at.options
     N = at.x_star.shape[0]
     samples = list(range(min(o.geometry_samples, N)))
-    rho = at.rho_J
+    rho = None if at.jacobian_spectra is None else at.jacobian_spectra.spectral_radius
     if rho is None:  # stage rho did not run: ρ(J*) at θ* of the geometry samples by its routine
         from stability.analysis.spectra import jacobian_spectral_radius
 
