@@ -223,16 +223,16 @@ def test_matrix_free_prop4_takes_stage_rhos_spectra_exactly_where_every_probe_ag
     m = small_model("external", "pre")
     x, x0 = point(m)
     diff, equal = probe_check(m, x, x0, probes=3)
-    rho_J = [0.123, 0.456, 0.789]  # markers: taken over only where M = J bit for bit on every probe
+    rho_J = [0.123, 0.456, 0.789]  # markers: taken over only where M = J (to rounding) on every probe
     eigs = [[[r, 0.0]] for r in rho_J]
     res = prop4(m, x, x0, k=3, dense_max=0, J_rho=(rho_J, eigs), probes=3)
     assert res.spectra_of_J == int(equal.sum())
     for b in range(3):
         if bool(equal[b]):
-            assert res.rho_M[b] == rho_J[b] and res.spectra[b].matvecs == 0 and float(diff[b]) == 0.0
+            assert res.rho_M[b] == rho_J[b] and res.spectra[b].matvecs == 0 and float(diff[b]) <= 1e-12
         else:
             assert abs(res.rho_M[b] - _numpy_rho(m, x, x0)[b]) < 1e-8
-    assert bool(equal.any())  # the toolkit builds M from the same forward-mode products as J
+    assert bool(equal.all())  # the toolkit's M is J to rounding
 
 
 def test_probe_check_finds_a_difference_confined_to_one_entry_of_M(monkeypatch):

@@ -75,7 +75,7 @@ def split_table(block: dict) -> str:
         rows.append(("ρ(M) median", _fmt(_med(conv_rho_M)),
                      f"{p4['form']}; max |M − J_autograd| = {_fmt(p4['max_abs_diff_vs_autograd'], '.2e')}"
                      + (f" on {p4['probes_checked']} Gaussian probes a sample" if p4.get("probes_checked") else "")
-                     + (("; M = J on every probe, so J's spectra" if p4.get("probes_checked")
+                     + (("; M = J on every probe (to rounding), so J's spectra" if p4.get("probes_checked")
                          else "; M = J entry by entry, so J's spectra") if p4.get("spectra_of_J") == len(p4["rho_M"])
                         else "")))
     elif p4 is not None:
