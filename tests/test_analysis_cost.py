@@ -20,7 +20,8 @@ def test_the_forecast_is_said_only_above_its_threshold_and_says_how_to_shorten_i
     assert cost.forecast(256, (8, 32), 4, 1, stages, workers=1, threads=1) is None  # a small analysis: quiet
     line = cost.forecast(20736, (81, 256), 32, 2, stages, workers=2, threads=1)
     assert line.startswith("analysis: 2 split(s) × 32 samples, state 81 × 256 (n = 20,736), 9 stages: about ")
-    assert "--samples 8" in line and "--only" in line and "--device cuda" in line
+    assert "--samples 8" in line and "--device cuda" in line
+    assert "--only rho,prop4,rho_wx,prop5,input,a8,accuracy (all but geometry, about " in line
     assert cost.forecast(20736, (81, 256), 32, 2, stages, workers=2, threads=1, device="cuda") is None
 
 
@@ -55,3 +56,20 @@ def test_a_short_split_stays_quiet():
     p.tick(1, 2)
     p.end("rho")
     assert lines == []
+
+
+def test_analyze_says_its_forecast_and_each_stages_time_left_on_stderr_and_quiet_silences_them(tmp_path,
+                                                                                              monkeypatch):
+    from conftest import run_cli
+
+    ckpt = tmp_path / "t.pt"
+    run_cli("train", "--task", "prefix-sums", "--width", "16", "--heads", "2", "--epochs", "1", "--train-size", "32",
+            "--val-size", "4", "--hard-size", "4", "--hard-length", "12", "--test-iterations", "8", "--out", ckpt,
+            "--quiet", env={"OMP_NUM_THREADS": "1"})
+    # a tiny analysis is predicted to take well under a minute: make the machine "slow" instead
+    monkeypatch.setattr(cost, "COSTS", {k: (a * 1000, b, u) for k, (a, b, u) in cost.COSTS.items()})
+    args = ("analyze", ckpt, "--split", "val", "--samples", "2", "--only", "rho,prop5", "--workers", "1")
+    err = run_cli(*args, env={"OMP_NUM_THREADS": "1"}).stderr
+    assert "analysis: 1 split(s) × 2 samples, state 32 × 16 (n = 512), 3 stages: about " in err
+    assert "val: rho (2/3), about " in err and " left in val" in err
+    assert run_cli(*args, "--quiet", env={"OMP_NUM_THREADS": "1"}).stderr == ""

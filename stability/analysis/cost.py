@@ -15,21 +15,22 @@ import time
 from typing import Callable, Optional
 
 #: stage -> (a: seconds per unit at n = 1,000 on one thread, b: exponent in n, unit: "sample" | "one");
-#: fitted by benchmarks/analysis_scaling.py (benchmarks/results-analysis-scaling.json)
+#: fitted by benchmarks/analysis_scaling.py on n = 1,280 … 16,384, 2 samples each, one thread of this project's
+#: 2-core machines beside other work (benchmarks/RESULTS.md, "Paper-size analysis")
 COSTS = {
-    "reachability": (0.05, 1.0, "sample"),
-    "rho": (0.6, 1.2, "sample"),
-    "prop4": (0.3, 1.0, "sample"),
+    "reachability": (0.15, 0.63, "sample"),
+    "rho": (1.23, 0.49, "sample"),
+    "prop4": (0.22, 0.17, "sample"),
     "rho_wx": (0.001, 0.0, "one"),
-    "prop5": (1.0, 1.0, "one"),
-    "input": (0.2, 1.0, "sample"),
-    "a8": (0.1, 1.0, "sample"),
-    "accuracy": (0.01, 1.0, "sample"),
-    "geometry": (5.0, 1.0, "one"),
+    "prop5": (0.98, 1.04, "one"),
+    "input": (0.093, 1.25, "sample"),
+    "a8": (0.036, 1.30, "sample"),
+    "accuracy": (0.001, 1.0, "sample"),
+    "geometry": (7.9, 1.22, "one"),
 }
 
 #: a prediction above this many seconds is said before the analysis starts, with how to shorten it
-SAY_ABOVE = 30.0
+SAY_ABOVE = 60.0
 
 
 def predict(n: int, samples: int, stages, *, geometry_samples: int = 1, threads: int = 1) -> dict:
@@ -65,9 +66,11 @@ def forecast(n: int, shape, samples: int, splits: int, stages, *, workers: int, 
         return None
     shape = " × ".join(str(d) for d in shape)
     shorter = [f"--samples {max(1, samples // 4)}"] if samples > 4 else []
-    big = sorted(predict(n, samples, stages, geometry_samples=geometry_samples).items(), key=lambda kv: -kv[1])
-    shorter.append(f"--only {','.join(s for s, _ in big[1:4] if s != 'reachability') or 'rho'} (the costliest "
-                   f"stage is {big[0][0]})")
+    cost = predict(n, samples, stages, geometry_samples=geometry_samples, threads=threads)
+    costliest = max(cost, key=cost.get)
+    rest = [s for s in stages if s not in (costliest, "reachability")]
+    if rest:
+        shorter.append(f"--only {','.join(rest)} (all but {costliest}, about {clock(cost[costliest])} a split)")
     shorter.append("--device cuda")
     return (f"analysis: {splits} split(s) × {samples} samples, state {shape} (n = {n:,}), {len(stages)} stages: "
             f"about {clock(total)} on {threads * max(1, min(workers, splits))} CPU thread(s) (predicted); "
