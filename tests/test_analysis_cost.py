@@ -66,10 +66,12 @@ def test_analyze_says_its_forecast_and_each_stages_time_left_on_stderr_and_quiet
     run_cli("train", "--task", "prefix-sums", "--width", "16", "--heads", "2", "--epochs", "1", "--train-size", "32",
             "--val-size", "4", "--hard-size", "4", "--hard-length", "12", "--test-iterations", "8", "--out", ckpt,
             "--quiet", env={"OMP_NUM_THREADS": "1"})
-    # a tiny analysis is predicted to take well under a minute: make the machine "slow" instead
-    monkeypatch.setattr(cost, "COSTS", {k: (a * 1000, b, u) for k, (a, b, u) in cost.COSTS.items()})
+    # a tiny analysis is predicted to take well under a minute: predict 100 s for each stage after reachability
+    monkeypatch.setattr(cost, "COSTS", {"reachability": (0.0, 0.0, "one"), "rho": (100.0, 0.0, "one"),
+                                        "prop5": (100.0, 0.0, "one")})
     args = ("analyze", ckpt, "--split", "val", "--samples", "2", "--only", "rho,prop5", "--workers", "1")
     err = run_cli(*args, env={"OMP_NUM_THREADS": "1"}).stderr
     assert "analysis: 1 split(s) × 2 samples, state 32 × 16 (n = 512), 3 stages: about " in err
-    assert "val: rho (2/3), about " in err and " left in val" in err
+    assert "about 3 min on 1 CPU thread(s) (predicted)" in err
+    assert "val: rho (2/3), about 2 min; about 3 min left in val" in err
     assert run_cli(*args, "--quiet", env={"OMP_NUM_THREADS": "1"}).stderr == ""

@@ -15,18 +15,18 @@ import time
 from typing import Callable, Optional
 
 #: stage -> (a: seconds per unit at n = 1,000 on one thread, b: exponent in n, unit: "sample" | "one");
-#: fitted by benchmarks/analysis_scaling.py on n = 1,280 … 16,384, 2 samples each, one thread of this project's
+#: fitted by benchmarks/analysis_scaling.py on n = 1,280 … 20,736, 2 samples each, one thread of this project's
 #: 2-core machines beside other work (benchmarks/RESULTS.md, "Paper-size analysis")
 COSTS = {
-    "reachability": (0.15, 0.63, "sample"),
-    "rho": (1.23, 0.49, "sample"),
-    "prop4": (0.22, 0.17, "sample"),
+    "reachability": (0.15, 0.60, "sample"),
+    "rho": (1.1, 0.60, "sample"),
+    "prop4": (0.18, 0.36, "sample"),
     "rho_wx": (0.001, 0.0, "one"),
-    "prop5": (0.98, 1.04, "one"),
-    "input": (0.093, 1.25, "sample"),
-    "a8": (0.036, 1.30, "sample"),
+    "prop5": (1.0, 1.02, "one"),
+    "input": (0.079, 1.32, "sample"),
+    "a8": (0.032, 1.30, "sample"),
     "accuracy": (0.001, 1.0, "sample"),
-    "geometry": (7.9, 1.22, "one"),
+    "geometry": (7.8, 1.23, "one"),
 }
 
 #: a prediction above this many seconds is said before the analysis starts, with how to shorten it
