@@ -390,6 +390,8 @@ class TrainConfig(_Config):
     monitor_every: int = _f(0, "log ρ(W_x), median ρ(J*), converged fraction, ‖dx*/dx0‖ every N epochs (0: off)",
                             metavar="N", ge=0)
     monitor_samples: int = _f(16, "probe size of the stability monitor", metavar="N", ge=1)
+    train_accuracy_samples: int = _f(0, "after every epoch, whole-answer accuracy on the first N training inputs at "
+                                     "iteration T, the training depth (0: off)", metavar="N", ge=0)
 
     @model_validator(mode="before")
     @classmethod

@@ -471,3 +471,43 @@ def test_stability_claims_on_the_first_edition_records(tmp_path):
     assert table.count("\n| `") == len(spec_.claim) and "Generated, never edited by hand" in table
     for cid, c in v.items():
         assert f"| `{cid}` |" in table and f"**{c['verdict']}**" in table
+
+
+def test_each_claim_figure_draws_the_per_unit_values_its_verdict_rests_on(tmp_path):
+    """The values a figure draws are the test's units: for a paired sign claim, a − b per unit reproduces the
+    counts ahead/behind/tied, and `--figures` writes one PNG per claim that has values (nothing for one without)."""
+    r = judge(EXT_VS_INT, pairs([50, 60, 70, 10, 0, 5], [40, 40, 40, 20, 0, 5]))
+    a, b = (dict((tuple(u), v) for u, v in r.detail["values"][k]) for k in ("a", "b"))
+    assert r.detail["unit_keys"] == ["model.norm", "train.lr", "train.seed"] and set(a) == set(b) and len(a) == 6
+    diffs = [a[u] - b[u] for u in a]
+    assert (sum(d > 0 for d in diffs), sum(d < 0 for d in diffs), sum(d == 0 for d in diffs)) == (3, 1, 2)
+    assert (r.detail["above"], r.detail["below"], r.detail["tied"]) == (3, 1, 2)
+
+    figs = tmp_path / "figs"
+    res = run_cli("claims", FIRST, "--claims", CLAIMS, "--figures", figs)
+    data_claims = C.evaluate(C.load_claims(CLAIMS)[0], _first_records())
+    with_values = {x.id for x in data_claims if x.detail.get("values", {}).get("a")
+                   and (x.detail.get("values", {}).get("b") or x.detail.get("values", {}).get("a"))}
+    written = {p.stem for p in figs.glob("*.png")}
+    assert written and written <= with_values and f"wrote {len(written)} figures" in res.stdout
+    assert "rho-wx-small-through-training-low-lr" not in written          # not measured: nothing to draw
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in figs.glob("*.png"))
+    assert not list(tmp_path.glob(".figs.*"))                             # no staging folder left behind
+
+
+def test_the_claims_tables_in_the_readme_and_replication_page_are_the_output_of_stability_claims(tmp_path):
+    """docs/replication.md's verdict table and the README's are generated blocks: rerendering them with
+    `stability claims RESULTS --markdown PAGE` from the committed records changes nothing (a stale or hand-edited
+    table fails here), and the rest of each page is kept as it is."""
+    import shutil
+
+    pages = {"README.md": True, "docs/replication.md": False}  # page -> has a compact block
+    for page, compact in pages.items():
+        text = (ROOT / page).read_text(encoding="utf-8")
+        blocks = C.generated_blocks(text)
+        assert blocks and any(c == compact for _, c in blocks), page
+        for source in {s for s, _ in blocks}:
+            copy = tmp_path / page.replace("/", "_")
+            shutil.copy(ROOT / page, copy)
+            run_cli("claims", source, "--claims", "experiments/claims.toml", "--markdown", copy, cwd=ROOT)
+            assert copy.read_text(encoding="utf-8") == text, f"{page}: the {source} block is stale"

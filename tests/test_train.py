@@ -453,3 +453,33 @@ def test_device_names_are_checked_before_training(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_train_accuracy_each_epoch_is_the_whole_answer_accuracy_at_the_training_depth(tmp_path):
+    """``train_accuracy_samples = N`` logs, after every epoch, the share of the first N training inputs whose every
+    position is right after T loop steps — recomputed here from the final weights by hand (embed, T steps from the
+    initial iterate, readout, argmax), with no call into the evaluation code."""
+    from stability.train import train
+
+    cfg = RunConfig(model=ModelConfig(width=16, heads=2),
+                    task=TaskConfig(train_size=10, val_size=4, hard_size=4, train_length=4, hard_length=6),
+                    train=TrainConfig(epochs=3, batch_size=5, iterations=3, test_iterations=3, lr=3e-3, device="cpu",
+                                      train_accuracy_samples=7))
+    result = train(cfg, tmp_path / "a.pt", progress=False)
+    assert [("train_accuracy" in r) for r in result.history] == [True] * 3
+    loaded = stability.load(tmp_path / "a.pt")
+    model, task = loaded.model.eval(), make_task(cfg.task)
+    inputs, targets = task.dataset("train")
+    with torch.no_grad():
+        x0 = model.embed(inputs[:7])
+        x = model.initial_state(x0)
+        for _ in range(3):
+            x = model.step(x, x0)
+        right = (model.readout(x).argmax(-1) == targets[:7]).all(dim=1)
+    assert result.history[-1]["train_accuracy"] == pytest.approx(right.float().mean().item(), abs=1e-12)
+    off = train(cfg.model_copy(update={"train": cfg.train.model_copy(update={"train_accuracy_samples": 0})}),
+                tmp_path / "b.pt", progress=False)
+    assert all("train_accuracy" not in r for r in off.history)
+    b = stability.load(tmp_path / "b.pt").model
+    for (n, p), q in zip(loaded.model.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(p, q), n    # logging the fit does not change the training

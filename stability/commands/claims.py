@@ -2,7 +2,8 @@
 
 Reads the claims file (default ``experiments/claims.toml``), computes each verdict by the file's rule
 (:mod:`stability.sweep.claims`) and prints one line per claim: id, verdict, n, effect, CI, p, reason. ``--json``
-writes every number; ``--markdown`` the table docs/replication.md includes (generated, never hand-written).
+writes every number; ``--markdown`` the table docs/replication.md includes (generated, never hand-written);
+``--figures DIR`` one figure per claim (:mod:`stability.sweep.claim_figures`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--claims", metavar="FILE", default=None,
                    help=f"the claims file (default {DEFAULT_CLAIMS}, here or in the toolkit's checkout)")
     p.add_argument("--json", metavar="OUT", help="write every verdict with its numbers as JSON")
-    p.add_argument("--markdown", metavar="OUT", help="write the verdict table (Markdown) for docs/replication.md")
+    p.add_argument("--markdown", metavar="OUT", help="write the verdict table (Markdown); in a page with generated "
+                   "claims blocks of RESULTS (<!-- stability claims RESULTS: begin [compact] --> ... <!-- stability "
+                   "claims: end -->), re-render those blocks and keep the rest of the page")
+    p.add_argument("--figures", metavar="DIR", help="write one figure per claim (DIR/<claim id>.png): every unit's "
+                                                   "value as the test sees it, with the verdict, n, effect, CI and p")
 
 
 def _claims_path(arg):
@@ -35,6 +40,36 @@ def _claims_path(arg):
     return checkout if checkout.exists() else here
 
 
+def _markdown(out, spec, results, meta) -> str:
+    """The whole table as a new file; in a page with generated blocks (``<!-- stability claims RESULTS: begin
+    [compact] -->`` ... ``<!-- stability claims: end -->``), those of these results re-rendered and the rest of the
+    page kept as it is."""
+    from pathlib import Path
+
+    from stability.errors import StabilityError
+    from stability.sweep import claims
+
+    out = Path(out)
+    text = out.read_text(encoding="utf-8") if out.is_file() else ""
+    blocks = claims.generated_blocks(text)
+    if not blocks:
+        return claims.markdown(spec, results, **meta)
+    mine = Path(meta["source"])
+    if not any(Path(src) == mine for src, _ in blocks):
+        raise StabilityError(f"{out}: its generated claims blocks are of {', '.join(sorted({s for s, _ in blocks}))}, "
+                             f"not of {meta['source']}")
+
+    def render(source: str, compact: bool) -> str:
+        if Path(source) != mine:
+            return None
+        m = dict(meta, source=source)
+        if compact:
+            return claims.compact_markdown(results, records=m["records"], source=source, sha256=m["sha256"])
+        return claims.markdown(spec, results, **m)
+
+    return claims.splice(text, render)
+
+
 def run(args: argparse.Namespace) -> int:
     from stability import atomic
     from stability.sweep import claims
@@ -42,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
     path = _claims_path(args.claims)
     outputs = [(atomic.check_writable(o, "file", flag), kind) for o, flag, kind in
                ((args.json, "--json", "json"), (args.markdown, "--markdown", "md")) if o]
+    if args.figures:
+        atomic.check_writable(args.figures, "dir", "--figures")
     spec, sha = claims.load_claims(path)
     records = claims.read_results(args.results)
     results = claims.evaluate(spec, records)
@@ -55,6 +92,12 @@ def run(args: argparse.Namespace) -> int:
         if kind == "json":
             atomic.write_json(out, claims.verdicts_json(spec, results, **meta), indent=2, sort_keys=True)
         else:
-            atomic.write_text(out, claims.markdown(spec, results, **meta))
+            atomic.write_text(out, _markdown(out, spec, results, meta))
         print(f"wrote {out}")
+    if args.figures:
+        from stability.sweep.claim_figures import draw_all
+
+        with atomic.staged_dir(args.figures) as stage:
+            written = draw_all(spec, results, stage)
+        print(f"wrote {len(written)} figures to {args.figures}")
     return 0

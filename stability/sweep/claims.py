@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 import typing
 import warnings
 import zlib
@@ -676,6 +677,10 @@ def _evaluate(claim: Claim, spec: ClaimsFile, records: list[dict]) -> Result:
                     continue
                 units.setdefault(tuple(k[u] for u in claim.unit) + ((m,) if len(metrics) > 1 else ()), []).append(v)
         per_arm.append({u: sum(v) / len(v) for u, v in units.items()})
+    # every unit's value per arm, for the claim's figure (stability/sweep/claim_figures.py) and the JSON
+    detail["values"] = {name: [[list(u), v] for u, v in sorted(values.items(), key=lambda kv: repr(kv[0]))]
+                        for name, values in zip(names, per_arm)}
+    detail["unit_keys"] = list(claim.unit) + (["metric"] if len(metrics) > 1 else [])
 
     def cluster_of(u: tuple) -> tuple:
         return tuple(u[claim.unit.index(c)] for c in cluster_keys) + ((u[-1],) if len(metrics) > 1 else ())
@@ -884,6 +889,37 @@ def markdown(spec: ClaimsFile, results: list[Result], *, claims_path: str = "", 
     return head + "\n\n" + "\n".join(rows) + f"\n\n{len(results)} claims: {tail}.\n"
 
 
+def compact_markdown(results: list[Result], *, records: int = 0, source: str = "", sha256: str = "") -> str:
+    """The short verdict table the README shows: claim, verdict, n, effect, interval, p (generated)."""
+    rows = [f"Computed by `stability claims {source}` from {records} records (claims file sha256 {sha256[:12]}); "
+            "generated, never edited by hand.", "",
+            "| claim | verdict | n | effect | 90% CI | p |", "|---|---|---:|---:|---|---:|"]
+    for r in results:
+        effect = "–" if r.effect is None else f"{r.effect:+.3g} {r.unit}"
+        rows.append("| " + " | ".join(_md(x) for x in (f"`{r.id}`", f"**{r.verdict}**", _n(r), effect, _ci(r.ci),
+                                                        _p(r.p))) + " |")
+    return "\n".join(rows) + "\n"
+
+
+#: a generated block inside a hand-written page: ``<!-- stability claims RESULTS: begin [compact] -->`` ... end
+BLOCK = re.compile(r"(<!-- stability claims (?P<source>\S+): begin(?P<compact> compact)? -->\n)(?P<body>.*?)"
+                   r"(<!-- stability claims: end -->)", re.S)
+
+
+def generated_blocks(text: str) -> list[tuple[str, bool]]:
+    """(results source, compact?) of every generated claims block of a page."""
+    return [(m["source"], bool(m["compact"])) for m in BLOCK.finditer(text)]
+
+
+def splice(text: str, render) -> str:
+    """``text`` with every generated block's body replaced by ``render(source, compact)`` (None: left as it is)."""
+    def one(m) -> str:
+        body = render(m["source"], bool(m["compact"]))
+        return m[0] if body is None else m[1] + body + m[5]
+
+    return BLOCK.sub(one, text)
+
+
 def verdicts_json(spec: ClaimsFile, results: list[Result], *, claims_path: str = "", sha256: str = "",
                   records: int = 0, source: str = "") -> dict:
     return {"format": VERDICTS_FORMAT, "claims_file": claims_path, "claims_sha256": sha256, "records": records,
@@ -911,5 +947,5 @@ def read_results(path) -> list[dict]:
 
 
 __all__ = ["ClaimsFile", "Claim", "Arm", "Result", "load_claims", "parse_claims", "evaluate", "evaluate_claim",
-           "metric_value", "never_trained", "run_keys", "markdown", "lines", "verdicts_json", "read_results",
+           "metric_value", "never_trained", "run_keys", "markdown", "compact_markdown", "splice", "generated_blocks", "lines", "verdicts_json", "read_results",
            "METRICS"]

@@ -322,6 +322,10 @@ def run_cell(cell, results: Path, options: RunOptions = RunOptions(), *, grid_na
             "final": final_metrics(final),
             "loss_last": history[-1]["loss"] if history else None,
             "monitor": monitor_history(history),
+            # per-epoch training curves: the loss, and the accuracy on training inputs where train_accuracy_samples
+            # asked for it (how well each run fits what it was trained on, beside what it generalises to)
+            "curves": {"epoch": [r.get("epoch") for r in history], "loss": [r.get("loss") for r in history],
+                       "train_accuracy": [r.get("train_accuracy") for r in history]},
             "stability": stability_summary,
             "analysis": analysis,
             "analysis_note": analysis_note,

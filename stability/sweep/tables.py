@@ -29,7 +29,7 @@ TASK_TITLE = {"chess": "Chess", "sudoku": "Sudoku", "prefix-sums": "Prefix sums"
 RECALL_ORDER = ("internal", "external", "none", "fixed")
 #: options that may differ between the seeds of one cell (they do not change the experiment)
 IGNORED = {"train.seed", "train.device", "train.compile", "train.eval_batch_size", "train.monitor_every",
-           "train.monitor_samples", "task.data_path", "task.cache_dir", "task.engine"}
+           "train.monitor_samples", "train.train_accuracy_samples", "task.data_path", "task.cache_dir", "task.engine"}
 KEY = ("task.name", "model.norm", "model.recall", "train.lr")
 
 

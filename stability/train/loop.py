@@ -610,6 +610,10 @@ def _train(config: RunConfig, out: Path, *, resume: bool, progress: bool, callba
             record = {"epoch": epoch + 1, "step": step, "loss": total / count, "lr": lr, "seconds": seconds,
                       "samples_per_s": count / seconds}
             record.update({name: acc.summary() for name, acc in epoch_stats.items()})
+            if cfg.train_accuracy_samples:  # the fit at the training depth, on inputs the model was trained on
+                fit = evaluate(model, task, "train", cfg.iterations, limit=cfg.train_accuracy_samples,
+                               batch_size=cfg.eval_batch_size, device=device, bf16=use_bf16)
+                record["train_accuracy"] = fit["accuracy"][-1]
             if cfg.eval_every and (epoch + 1) % cfg.eval_every == 0 and epoch + 1 < cfg.epochs:
                 record["eval"] = {s: _summary(evaluate(model, task, s, cfg.eval_iterations,
                                                        batch_size=cfg.eval_batch_size, device=device, bf16=use_bf16,
