@@ -511,3 +511,17 @@ def test_the_claims_tables_in_the_readme_and_replication_page_are_the_output_of_
             shutil.copy(ROOT / page, copy)
             run_cli("claims", source, "--claims", "experiments/claims.toml", "--markdown", copy, cwd=ROOT)
             assert copy.read_text(encoding="utf-8") == text, f"{page}: the {source} block is stale"
+
+
+def test_figure3_draws_the_configuration_the_registered_rule_selects():
+    """Figure 3 and the claim no-overthinking-best-autonomous select by one rule (best mean hard, then val): on the
+    first edition's records both pick post / 1e-3, and a tie on hard is broken by val, not by the sort order."""
+    from stability.sweep.figures import best_autonomous
+
+    records = _first_records()
+    s, _ = C.load_claims(CLAIMS)
+    claim = next(r for r in C.evaluate(s, records) if r.id == "no-overthinking-best-autonomous")
+    norm, lr, runs = best_autonomous(records, "prefix-sums")
+    assert {"model.norm": norm, "train.lr": lr} == claim.detail["selected"] == {"model.norm": "post", "train.lr": 1e-3}
+    tie = [rec("gru", "none", 1e-3, 0, val=40, hard=0), rec("post", "none", 1e-3, 0, val=90, hard=0)]
+    assert best_autonomous(tie, "prefix-sums")[0] == "post"

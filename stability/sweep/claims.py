@@ -473,6 +473,16 @@ def _meets(rec: dict, conditions: list[Condition]) -> tuple[bool, Optional[str]]
     return True, None
 
 
+#: Figure 3's "best configuration" (Section 4): the autonomous norm x lr with the best mean hard accuracy, ties by
+#: mean val accuracy, as registered in experiments/claims.toml (no-overthinking-best-autonomous); the figure uses it
+FIGURE3_RULE = Select(rule="max-mean", over=["model.norm", "train.lr"], by=["hard.accuracy", "val.accuracy"])
+
+
+def select_runs(runs: list[dict], sel: Select = FIGURE3_RULE) -> tuple[list[dict], dict]:
+    """The runs of the group a selection rule picks, and what it picked (``selected``, ``selected_by``)."""
+    return _select(runs, sel)
+
+
 def _select(runs: list[dict], sel: Select) -> tuple[list[dict], dict]:
     """Figure 3's rule, fixed in advance: the group of ``over`` with the largest mean of ``by`` (tie-breakers in
     order; then the first group in sorted order)."""
@@ -947,5 +957,5 @@ def read_results(path) -> list[dict]:
 
 
 __all__ = ["ClaimsFile", "Claim", "Arm", "Result", "load_claims", "parse_claims", "evaluate", "evaluate_claim",
-           "metric_value", "never_trained", "run_keys", "markdown", "compact_markdown", "splice", "generated_blocks", "lines", "verdicts_json", "read_results",
+           "metric_value", "never_trained", "run_keys", "select_runs", "FIGURE3_RULE", "markdown", "compact_markdown", "splice", "generated_blocks", "lines", "verdicts_json", "read_results",
            "METRICS"]

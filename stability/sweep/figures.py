@@ -134,16 +134,16 @@ NORM_ORDER = ("none", "pre", "peri", "post", "gru")
 
 # ---- Figure 3 ------------------------------------------------------------------------------------------------
 def best_autonomous(records: list[dict], task: str) -> Optional[tuple[str, float, list[dict]]]:
-    """(norm, lr, records) of the autonomous configuration with the best mean hard accuracy on ``task``."""
-    groups: dict[tuple, list] = {}
-    for r in records:
-        c = r["config"]
-        if c["task"]["name"] == task and c["model"]["recall"] == "none":
-            groups.setdefault((c["model"]["norm"], c["train"]["lr"]), []).append(r)
-    if not groups:
+    """(norm, lr, records) of the autonomous configuration Figure 3 draws on ``task``: the registered rule
+    (:data:`stability.sweep.claims.FIGURE3_RULE`: best mean hard accuracy, ties by mean val accuracy), the same
+    selection the claim ``no-overthinking-best-autonomous`` tests."""
+    from stability.sweep.claims import select_runs
+
+    runs = [r for r in records if r["config"]["task"]["name"] == task and r["config"]["model"]["recall"] == "none"]
+    if not runs:
         return None
-    key = max(sorted(groups), key=lambda k: _mean([_acc(r, "hard") for r in groups[k]]))
-    return key[0], key[1], groups[key]
+    chosen, how = select_runs(runs)
+    return how["selected"]["model.norm"], how["selected"]["train.lr"], chosen
 
 
 def figure3(records: list[dict]):
