@@ -65,6 +65,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from stability import threads
+
+    threads.apply()  # the OpenMP wait for a busy machine, before anything loads torch (stability/threads.py)
     from stability import hardware
     from stability.errors import StabilityError
 
