@@ -19,9 +19,9 @@ def test_the_forecast_is_said_only_above_its_threshold_and_says_how_to_shorten_i
     stages = list(cost.COSTS)
     assert cost.forecast(256, (8, 32), 4, 1, stages, workers=1, threads=1) is None  # a small analysis: quiet
     line = cost.forecast(20736, (81, 256), 32, 2, stages, workers=2, threads=1)
-    assert line.startswith("analysis: 2 split(s) × 32 samples, state 81 × 256 (n = 20,736), 9 stages: about ")
+    assert line.startswith("analysis: 2 split(s) × 32 samples, state 81 × 256 (n = 20,736), 10 stages: about ")
     assert "--samples 8" in line and "--device cuda" in line
-    assert "--only rho,prop4,rho_wx,prop5,input,a8,accuracy (all but geometry, about " in line
+    assert "--only rho,prop4,rho_wx,prop5,input,a8,repelling,accuracy (all but geometry, about " in line
     assert cost.forecast(20736, (81, 256), 32, 2, stages, workers=2, threads=1, device="cuda") is None
 
 

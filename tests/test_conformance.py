@@ -63,9 +63,14 @@ def assert_verdict_consistent(block):
         assert v["input_dependent"] == "no"
     d = (block["initial_iterate"] or {}).get("fixed_point_distance_max")
     assert nums["e_distance_max"] == d
-    if d is not None:  # A.8's check from every start: a fact of the reachable line, not an axis
-        assert (v["from_every_start"] == "no") == (d > th["e_distance_max"])
-        assert "from every start (A.8)" in v["reasons"]["reachable"]
+    glo = (block["initial_iterate"] or {}).get("global")
+    if glo is not None and glo["compared"]:  # from every start: a fact of the reachable line, not an axis
+        # decided by the global comparison (basins, converged starts only), A.8's local numbers said beside it
+        assert (v["from_every_start"] == "no") == (glo["differ"] > 0)
+        assert nums["e_global_differ"] == glo["differ"]
+        assert "from every start:" in v["reasons"]["reachable"] and "local (A.8)" in v["reasons"]["reachable"]
+        if d is not None and d > th["e_distance_max"]:
+            assert v["from_every_start"] == "no"
     for axis in ("reachable", "input_dependent", "geometry"):
         assert v[axis] in ("yes", "no", "partly", "not measured")
     assert "independent_of_e" not in v

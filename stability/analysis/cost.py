@@ -25,6 +25,9 @@ COSTS = {
     "prop5": (1.0, 1.02, "one"),
     "input": (0.079, 1.32, "sample"),
     "a8": (0.032, 1.30, "sample"),
+    # not in the fit: measured on two width-32 prefix-sums checkpoints, 4 samples, n = 256 and 1,024, one thread
+    # (0.13–1.1 s a split; the ρ(J) at every distinct root found dominates where there are many)
+    "repelling": (0.12, 0.8, "sample"),
     "accuracy": (0.001, 1.0, "sample"),
     "geometry": (7.8, 1.23, "one"),
 }

@@ -13,8 +13,11 @@ member                         set by                                 read by
 ``dense_jacobians``            ``rho`` (its dense route)              ``prop4`` (else its matrix-free route)
 ``jacobian_spectra``           ``rho``                                ``prop4`` (its matrix-free route, where
                                                                       M = J), ``geometry`` (which samples
-                                                                      attract; else ρ on its own samples)
-``initial_iterate_tangent``    ``prop5`` (its unroll carries it)      ``a8`` (else computed on first use)
+                                                                      attract; else ρ on its own samples),
+                                                                      ``repelling`` (ρ at a root that is x*)
+``initial_iterate_tangent``    ``prop5`` (its unroll carries it)      ``a8`` (the first converged sample's
+                                                                      local A.8 number; else computed on first
+                                                                      use)
 =============================  =====================================  ===========================================
 """
 

@@ -5,6 +5,16 @@ against T for one sample, :func:`initial_iterate_sensitivity_batched` for a batc
 :func:`stability.analysis.tangents.unroll_tangents_batched`), and :func:`prop5_and_initial_iterate_batched` gives it
 with Prop. 5's check from the same unroll. :func:`fixed_point_distance` compares the fixed points reached from
 different e.
+
+Two questions, reported apart (stage ``a8``):
+
+* **local** (App. A.8, :func:`local_dependence`): does the reached x* move when e moves a little? The measure is
+  A.8's own, ‖dx_T/de · u‖ for a unit direction u of e at the largest T of the grid (x0 held fixed), per sample
+  whose solve converged; A.8 proves it → 0 where ρ(J*) < 1. Counted: samples above a stated threshold.
+* **global** (basins, :func:`global_dependence`): do different initial iterates (the model's e, x0, zeros,
+  Gaussian noise) end in different fixed points? Per sample, the largest relative L∞ distance between the x*
+  reached from two starts *whose solves both converged* (a start that did not converge is no basin), against a
+  stated tolerance relative to ‖x*‖∞. A difference here is basin selection, not a failure of A.8's local claim.
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ import torch
 from stability.analysis.prop5 import prop5_check_batched
 from stability.analysis.tangents import Linearisation, Unroll, seeded_direction, unroll_tangents_batched
 from stability.errors import ConfigError
+from stability.stats import distinct_clusters, median
 
 
 def initial_iterate_sensitivity(f: Callable, e: torch.Tensor, x0: torch.Tensor, Ts: Sequence[int], *,
@@ -105,3 +116,70 @@ def prop5_and_initial_iterate_batched(f: Callable, x_star: torch.Tensor, x0: tor
                              unroll=unroll, linearisation=linearisation)
     a8 = initial_iterate_sensitivity_batched(f, e, x0, Ts, unroll=unroll)
     return p5, a8
+
+
+def local_dependence(norms: Sequence[Optional[float]], T: int, threshold: float) -> dict:
+    """App. A.8's local question as a JSON block: ``norms`` is ‖dx_T/de · u‖ at T per sample (None where the solve
+    did not converge: no x* to be sensitive); ``exceed`` counts the measured samples above ``threshold``."""
+    got = [v for v in norms if v is not None]
+    return {"quantity": "‖dx_T/de · u‖ at the largest T, u a unit direction of e, x0 held fixed (App. A.8: → 0 "
+                        "where ρ(J*) < 1); per converged sample", "T": T, "sensitivity": list(norms),
+            "threshold": threshold, "measured": len(got), "exceed": sum(1 for v in got if v > threshold),
+            "max": max(got, default=None), "median": median(got)}
+
+
+def global_dependence(starts: Sequence[str], xs: Sequence[torch.Tensor], converged: Sequence[torch.Tensor],
+                      tol: float, eps: float = 1e-8) -> dict:
+    """The global question (basins) as a JSON block. ``xs``: the x_best (B, *S) reached from each start,
+    ``converged``: (B,) bool per start. Per sample: ``distance`` = the largest ‖a − b‖∞ / (max(‖a‖∞, ‖b‖∞) + ε)
+    over pairs of starts that both converged (None with fewer than two), ``basins`` = the distinct fixed points
+    among its converged starts (linked within ``tol`` relative, :func:`stability.stats.distinct_clusters`);
+    ``compared`` counts samples with two or more converged starts, ``differ`` those whose distance > ``tol``."""
+    B = xs[0].shape[0]
+    flat = [x.flatten(1).double().cpu() for x in xs]
+    conv = [c.cpu().bool() for c in converged]
+    dist, n_conv, basins = [], [], []
+    for b in range(B):
+        ok = [k for k in range(len(xs)) if bool(conv[k][b])]
+        n_conv.append(len(ok))
+        d = None
+        for i in range(len(ok)):
+            for j in range(i + 1, len(ok)):
+                u, v = flat[ok[i]][b], flat[ok[j]][b]
+                r = float((u - v).abs().max() / (torch.maximum(u.abs().max(), v.abs().max()) + eps))
+                d = r if d is None else max(d, r)
+        dist.append(d)
+        basins.append(distinct_clusters(torch.stack([flat[k][b] for k in ok]), atol=eps, rtol=tol)[0] if ok else 0)
+    compared = [d for d in dist if d is not None]
+    return {"quantity": "largest relative L∞ distance between the x* reached from two starts whose solves both "
+                        "converged (basins; a start that did not converge is not compared)", "starts": list(starts),
+            "tol": tol, "distance": dist, "converged_starts": n_conv, "basins": basins, "compared": len(compared),
+            "differ": sum(1 for d in compared if d > tol), "max": max(compared, default=None)}
+
+
+def report_rows(a8: Optional[dict]) -> list:
+    """The text report's rows of stage ``a8`` (quantity, value, meaning): the global (basins) and the local (A.8)
+    questions on rows of their own, then ‖dx_T/de‖ against T on the first converged sample (a report without the
+    two, written before them: its largest distance where every start converged, as it was shown then)."""
+    if a8 is None:
+        return []
+    rows = []
+    glo, loc = a8.get("global"), a8.get("local")
+    if glo is not None:
+        rows.append(("x* across starts (global)", f"{glo['differ']} of {glo['compared']} samples differ",
+                     f"basins: e ∈ {{{', '.join(glo['starts'])}}}, converged starts only, > {glo['tol']:g} relative "
+                     f"L∞ (max {glo['max']:.3g})" if glo.get("max") is not None else
+                     "basins: no sample converged from two starts"))
+    else:
+        d = a8.get("fixed_point_distance_max")
+        rows.append(("x* distance across e", "—" if d is None else f"{d:.3g}",
+                     f"max over samples, e ∈ {{{', '.join(a8.get('starts', []))}}} (A.8)"))
+    if loc is not None:
+        rows.append(("x* sensitivity to e (local)",
+                     f"{loc['exceed']} of {loc['measured']} samples > {loc['threshold']:g}",
+                     f"A.8: ‖dx_T/de·u‖ at T = {loc['T']} per converged sample"
+                     + (f" (median {loc['median']:.3g}, max {loc['max']:.3g})" if loc.get("max") is not None else "")))
+    if a8.get("dxT_de_norm"):
+        rows.append(("‖dx_T/de‖", f"{a8['dxT_de_norm'][0]:.3g} (T={a8['T'][0]}) → {a8['dxT_de_norm'][-1]:.3g} "
+                     f"(T={a8['T'][-1]})", "A.8: → 0 in the stable regime"))
+    return rows

@@ -1,6 +1,7 @@
 """What the analysis runs and how: the stages, their JSON blocks, and :class:`AnalysisOptions`.
 
-``reachability`` always runs (every other stage reads x*). ``geometry`` perturbs the parameters and re-solves, so
+``reachability`` always runs (every other stage reads x*); ``repelling`` searches for the fixed points plain
+iteration cannot reach (:mod:`stability.analysis.repelling`). ``geometry`` perturbs the parameters and re-solves, so
 it is not among the library's and the sweep's default stages (:data:`DEFAULT_STAGES`); ``stability analyze`` runs
 every stage (:data:`STAGES`) unless ``--only`` says otherwise. What each stage computes:
 :mod:`stability.analysis.stages`.
@@ -16,14 +17,14 @@ import numpy as np
 from stability.errors import StabilityError
 
 #: stage names, in the order they run
-STAGES = ("reachability", "rho", "prop4", "rho_wx", "prop5", "input", "a8", "accuracy", "geometry")
+STAGES = ("reachability", "rho", "prop4", "rho_wx", "prop5", "input", "a8", "repelling", "accuracy", "geometry")
 #: the stages of ``AnalysisOptions()`` (the library's and the sweep's default): all but geometry, which a grid or
 #: a caller asks for (``stability analyze`` runs :data:`STAGES`)
 DEFAULT_STAGES = tuple(s for s in STAGES if s != "geometry")
 #: the JSON block of each stage
 STAGE_KEYS = {"reachability": "fixed_point", "rho": "jacobian", "prop4": "prop4", "rho_wx": "recall",
-              "prop5": "prop5", "input": "input_dependence", "a8": "initial_iterate", "accuracy": "accuracy",
-              "geometry": "geometry"}
+              "prop5": "prop5", "input": "input_dependence", "a8": "initial_iterate", "repelling": "repelling",
+              "accuracy": "accuracy", "geometry": "geometry"}
 FORMAT = "stability-analysis"
 #: 3: the geometry stage and the verdict on the paper's three axes (reachable, input-dependent, geometry); A.8's
 #: independence of e is a fact of the reachable line. 2 (and files without a version) are still read by compare.
@@ -96,6 +97,15 @@ class AnalysisOptions:
     geometry_certify: int = field(default=4, metadata={
         "metavar": "N", "help": "geometry: radii whose ρ(J*) is certified at both ends of the final bracket "
         "(the first N that ρ decided)"})
+    # the repelling stage (stability/analysis/repelling.py): Broyden on f(x) − x from x_best and repelling_starts
+    # Gaussian perturbations of it (relative size repelling_scale), each for at most repelling_budget iterations
+    repelling_starts: int = field(default=3, metadata={
+        "metavar": "K", "help": "repelling: perturbed starts of the root-finder per sample, besides the Picard "
+        "iterate"})
+    repelling_scale: float = field(default=0.5, metadata={
+        "metavar": "F", "help": "repelling: relative size of each perturbation, ‖δ‖₂ = F · max(‖x_best‖₂, √n)"})
+    repelling_budget: int = field(default=100, metadata={
+        "metavar": "N", "help": "repelling: Broyden iterations per start"})
     # the ρ(J*) picture over the plane of two directions, N × N cells (0: none); not a flag with this default:
     # `stability analyze --geometry-plane N` defaults to 15 with --plots and to 0 without
     geometry_plane: int = 0
@@ -108,12 +118,14 @@ class AnalysisOptions:
         object.__setattr__(self, "stages", parse_stages(self.stages))
         if self.noise_std is not None and not (np.isfinite(self.noise_std) and self.noise_std >= 0):
             raise StabilityError(f"noise_std must be a finite number ≥ 0, got {self.noise_std!r}")
-        for name in ("geometry_directions", "geometry_samples"):
+        for name in ("geometry_directions", "geometry_samples", "repelling_budget"):
             if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
                 raise StabilityError(f"{name} must be an integer ≥ 1, got {getattr(self, name)!r}")
-        for name in ("geometry_group_directions", "geometry_certify", "geometry_plane"):
+        for name in ("geometry_group_directions", "geometry_certify", "geometry_plane", "repelling_starts"):
             if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 0):
                 raise StabilityError(f"{name} must be an integer ≥ 0, got {getattr(self, name)!r}")
+        if not (np.isfinite(self.repelling_scale) and self.repelling_scale > 0):
+            raise StabilityError(f"repelling_scale must be a finite number > 0, got {self.repelling_scale!r}")
         if not (np.isfinite(self.geometry_accuracy) and 0 < self.geometry_accuracy < 1):
             raise StabilityError(f"geometry_accuracy must be in (0, 1), got {self.geometry_accuracy!r}")
         if self.workers is not None and not (isinstance(self.workers, int) and self.workers >= 1):

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from stability import atomic
+from stability.analysis.initial_iterate import report_rows as initial_iterate_rows
+from stability.analysis.repelling import report_rows as repelling_rows
 from stability.stats import FIXED_POINT_STATUSES, median
 from stability.atomic import atomic_path
 
@@ -94,13 +96,7 @@ def split_table(block: dict) -> str:
     ind = block.get("input_dependence")
     if ind is not None:
         rows.append(("‖dx*/dx0‖_F median", _fmt(ind.get("frobenius_median")), f"Hutchinson, {ind.get('probes')} probes"))
-    a8 = block.get("initial_iterate")
-    if a8 is not None:
-        rows.append(("x* distance across e", _fmt(a8["fixed_point_distance_max"], ".3g"),
-                     f"max over samples, e ∈ {{{', '.join(a8.get('starts', []))}}} (A.8)"))
-        if a8.get("dxT_de_norm"):
-            rows.append(("‖dx_T/de‖", f"{a8['dxT_de_norm'][0]:.3g} (T={a8['T'][0]}) → {a8['dxT_de_norm'][-1]:.3g} "
-                         f"(T={a8['T'][-1]})", "A.8: → 0 in the stable regime"))
+    rows += initial_iterate_rows(block.get("initial_iterate")) + repelling_rows(block.get("repelling"))
     acc = block.get("accuracy")
     if _applies(acc):
         curve = acc["accuracy"]
@@ -181,8 +177,10 @@ def verdict_text(report: dict) -> str:
             lines.append(f"  {split:<6} {label + ':':<19} {v[key].upper():<12} {v['reasons'].get(key, '')}")
     if th:
         lines.append(f"  thresholds: reachable if ≥ {th['reachable_share']:.0%} of samples converge under plain "
-                     f"iteration and median ρ(J*) < {1 - th['rho_margin']:g} (from every start: x* from each e within "
-                     f"{th['e_distance_max']:g}, relative L∞); input-dependent if median ‖dx*/dx0‖_F ≥ "
+                     f"iteration and median ρ(J*) < {1 - th['rho_margin']:g} (from every start: x* from each "
+                     + (f"converged start within {th['e_distance_max']:g}, relative L∞; local, A.8: ‖dx_T/de·u‖ ≤ "
+                        f"{th['e_local_max']:g}" if "e_local_max" in th else
+                        f"e within {th['e_distance_max']:g}, relative L∞") + "); input-dependent if median ‖dx*/dx0‖_F ≥ "
                      f"{th['input_grad_min']:g} and the converged samples reach more than one fixed point (Prop. 5 "
                      f"agrees if the unrolled gradient is within {th['prop5_rel_error_max']:g})"
                      + (f"; geometry: yes if the median radius of stability (relative step in parameter space at "

@@ -16,8 +16,8 @@ from stability.stats import median
 
 #: the :class:`SplitAnalysis` field that holds each stage's result
 STAGE_FIELDS = {"reachability": "reachability", "rho": "spectra", "prop4": "prop4", "rho_wx": "recall",
-                "prop5": "prop5", "input": "input_dependence", "a8": "initial_iterate", "accuracy": "accuracy",
-                "geometry": "geometry"}
+                "prop5": "prop5", "input": "input_dependence", "a8": "initial_iterate", "repelling": "repelling",
+                "accuracy": "accuracy", "geometry": "geometry"}
 
 
 def _to_dict(obj) -> Any:
@@ -107,7 +107,11 @@ class InputDependence:
 
 @dataclass
 class InitialIterate:
-    """App. A.8: the fixed points reached from e ∈ {x0, zeros, noise} and ‖dx_T/de‖ against T."""
+    """App. A.8 and basins: the fixed points reached from e ∈ {x0, zeros, noise} and ‖dx_T/de‖ against T on one
+    sample, and the two questions apart (:mod:`stability.analysis.initial_iterate`): ``local`` (A.8's ‖dx_T/de·u‖
+    per converged sample, against a threshold) and ``global_`` (JSON ``global``: x* from different starts, compared
+    between converged solves only, against a tolerance relative to ‖x*‖∞). ``fixed_point_distance``: as before, the
+    largest distance per sample where every start converged."""
 
     starts: list
     fixed_point_distance: list
@@ -116,6 +120,8 @@ class InitialIterate:
     T: list = field(default_factory=list)
     dxT_de_norm: list = field(default_factory=list)
     sample: Optional[int] = None
+    local: Optional[dict] = None
+    global_: Optional[dict] = None
 
     def to_dict(self) -> dict:
         out = {"starts": self.starts, "fixed_point_distance": self.fixed_point_distance,
@@ -124,6 +130,10 @@ class InitialIterate:
                "converged_fraction": self.converged_fraction, "noise_std": self.noise_std}
         if self.sample is not None:
             out.update({"T": self.T, "dxT_de_norm": self.dxT_de_norm, "sample": self.sample})
+        if self.local is not None:
+            out["local"] = self.local
+        if self.global_ is not None:
+            out["global"] = self.global_
         return out
 
 
@@ -161,6 +171,7 @@ class SplitAnalysis(_JSONView):
     prop5: Any = None
     input_dependence: Any = None
     initial_iterate: Any = None
+    repelling: Any = None
     accuracy: Any = None
     geometry: Any = None
     timings: dict = field(default_factory=dict)

@@ -10,7 +10,10 @@ stage               what                                                  result
 ``rho_wx``          ρ(W_x) of the recall weight (Figs. 6–7)               :class:`RecallWeight` (recall)
 ``prop5``           the unrolled input-gradient → the implicit one        :class:`Prop5Stage` (prop5)
 ``input``           ‖dx*/dx0‖_F (Prop. 5)                                 :class:`InputDependence`
-``a8``              x* from e ∈ {x0, zeros, noise}, ‖dx_T/de‖ (App. A.8)  :class:`InitialIterate`
+``a8``              A.8 local: ‖dx_T/de·u‖ per converged sample;          :class:`InitialIterate` (initial_iterate)
+                    global: x* from e ∈ {e, x0, zeros, noise} (basins)
+``repelling``       roots of f(x) − x by Broyden from x_best and          :class:`RepellingSearch` (repelling)
+                    perturbations, classified by ρ(J) (App. A.1)
 ``accuracy``        accuracy against iteration and at x* (Fig. 3)         :class:`AccuracyCurve`
 ``geometry``        radii of stability in parameter space, anisotropy     :class:`~stability.analysis.geometry.Geometry`
                     (Section 3.2, App. B.2; opt-in in the library)        (geometry)
@@ -202,9 +205,13 @@ def stage_input(at: AtFixedPoint) -> InputDependence:
 
 
 def stage_a8(at: AtFixedPoint) -> InitialIterate:
-    """App. A.8: solve from e ∈ {x0, zeros, noise}; x* should not depend on e. Noise of std ``noise_std``;
-    ‖dx_T/de·u‖ against T on the first converged sample (batched route)."""
-    from stability.analysis.initial_iterate import fixed_point_distance
+    """App. A.8 and basins, reported apart (:mod:`stability.analysis.initial_iterate`). Local (A.8): ‖dx_T/de·u‖
+    at the largest T per converged sample, against T on the first (batched route). Global: solve from e ∈ {x0,
+    zeros, noise} (noise of std ``noise_std``) besides the model's e; x* from starts whose solves converged are
+    compared (basins)."""
+    from stability.analysis.initial_iterate import (fixed_point_distance, global_dependence,
+                                                    initial_iterate_sensitivity_batched, local_dependence)
+    from stability.analysis.verdict import THRESHOLDS
     from stability.solvers import solve
 
     o, x0, e = at.options, at.x0, at.e
@@ -232,11 +239,40 @@ def stage_a8(at: AtFixedPoint) -> InitialIterate:
                                                                    for d, c in zip(dist, all_conv)],
                         converged_fraction={k: float(c.double().mean()) for k, c in conv.items()},
                         noise_std=std)
-    first = at.first_converged
+    # global: the model's e and every other start, x* compared only between converged solves
+    alias = [k for k in starts if k not in new]
+    names = [f"e (= {alias[0]})" if alias else "e", *new]
+    a8.global_ = global_dependence(names, [at.x_star, *[x_best[k] for k in new]],
+                                   [at.converged, *[conv[k] for k in new]],
+                                   tol=max(THRESHOLDS["e_distance_max"], 100 * o.tol))
+    # local (A.8): ‖dx_T/de·u‖ at the largest T on every converged sample (the first one's from stage prop5's unroll)
+    first, norms = at.first_converged, [None] * B
     if first is not None:
         sens = at.initial_iterate_tangent.sample(0)  # from stage prop5's unroll, or computed now
         a8.T, a8.dxT_de_norm, a8.sample = sens["T"], sens["norm"], first
+        norms[first] = sens["norm"][-1]
+        rest = [b for b in at.converged.nonzero().flatten().tolist() if b != first]
+        if rest:
+            sel = torch.tensor(rest, device=e.device)
+            more = initial_iterate_sensitivity_batched(at.f, e[sel], x0[sel], at.T_grid, seed=o.seed)
+            for j, b in enumerate(rest):
+                norms[b] = float(more.norm[j, -1])
+    a8.local = local_dependence(norms, at.T_grid[-1], THRESHOLDS["e_local_max"])
     return a8
+
+
+def stage_repelling(at: AtFixedPoint):
+    """Repelling fixed points (ρ(J) > 1, App. A.1 case 2), which plain iteration cannot reach: roots of
+    f(x, x0) − x by Broyden from x_best and ``repelling_starts`` perturbations of it, classified by ρ(J) at each
+    distinct root (:mod:`stability.analysis.repelling`); stage ``rho``'s ρ is reused at x* itself."""
+    from stability.analysis.repelling import search
+    from stability.analysis.verdict import THRESHOLDS
+
+    o, spec = at.options, at.jacobian_spectra
+    return search(at.f, at.x_star, at.x0, starts=o.repelling_starts, scale=o.repelling_scale,
+                  budget=o.repelling_budget, tol=o.tol, distinct_tol=max(THRESHOLDS["e_distance_max"], 100 * o.tol),
+                  seed=o.seed, rho_at_best=None if spec is None else spec.spectral_radius, eig_tol=o.eig_tol,
+                  eig_k=o.eig_k)
 
 
 def stage_accuracy(at: AtFixedPoint):
@@ -286,12 +322,7 @@ def stage_geometry(at: AtFixedPoint):
                    log=lambda m: at.log(f"{at.split}: {m}"))
 
 
-STAGE_FUNCTIONS = {"reachability": stage_reachability, "rho": stage_rho, "prop4": stage_prop4,
-                   "rho_wx": stage_rho_wx, "prop5": stage_prop5, "input": stage_input, "a8": stage_a8,
-                   "accuracy": stage_accuracy, "geometry": stage_geometry}
-
-
 #: the function of each stage (:data:`stability.analysis.options.STAGES`)
 STAGE_FUNCTIONS = {"reachability": stage_reachability, "rho": stage_rho, "prop4": stage_prop4,
                    "rho_wx": stage_rho_wx, "prop5": stage_prop5, "input": stage_input, "a8": stage_a8,
-                   "accuracy": stage_accuracy, "geometry": stage_geometry}
+                   "repelling": stage_repelling, "accuracy": stage_accuracy, "geometry": stage_geometry}

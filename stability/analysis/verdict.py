@@ -1,6 +1,9 @@
 """The verdict: the paper's three axes (Section 3.2), reachable, input-dependent and geometry, decided from the
-stages' JSON blocks against stated thresholds (:data:`THRESHOLDS`). Independence of the initial iterate (App. A.8)
-is a fact of the reachable line, not an axis."""
+stages' JSON blocks against stated thresholds (:data:`THRESHOLDS`). Independence of the initial iterate is a fact
+of the reachable line, not an axis, in two parts said apart: local (App. A.8: ‖dx_T/de·u‖ → 0 at the reached x*)
+and global (basins: the x* reached from different starts, compared between converged solves only). So is the
+search for repelling fixed points (ρ(J) > 1, App. A.1 case 2): "none found" is said only when stage ``repelling``
+ran, with its number of root-finder starts per sample; plain iteration alone cannot find one."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ THRESHOLDS = {
     "input_grad_min": 1e-3,  # median ‖dx*/dx0‖_F at least this
     "prop5_rel_error_max": 1e-4,  # the unrolled gradient at T_max within this of the implicit one
     "e_distance_max": 1e-3,  # largest relative distance between the x* from different e (or 100·τ if larger)
+    "e_local_max": 1e-3,  # A.8's ‖dx_T/de·u‖ at the largest T (unit u) at most this: x* locally independent of e
     "geometry_radius_min": 0.1,  # median radius of stability (relative step in parameter space) at least this
     "geometry_log_iqr_max": 0.4,  # anisotropy: interquartile range of log r over the directions at most this
 }
@@ -81,6 +85,51 @@ def _geometry_axis(geo: Optional[dict], th: dict) -> tuple:
     return dec, text, nums
 
 
+def _from_every_start(a8: Optional[dict], glo: Optional[dict], loc: Optional[dict], th: dict,
+                      reasons: dict) -> Optional[str]:
+    """"yes" / "partly" / "no" / None from the global comparison (x* from different starts, converged solves only;
+    a report without it: the largest distance where every start converged), with the local A.8 numbers beside it
+    in ``reasons["from_every_start"]``."""
+    if a8 is None:
+        return None
+    fr = a8.get("converged_fraction", {})
+    all_conv = bool(fr) and all(v == 1.0 for v in fr.values())
+    if glo is not None:
+        n, k, tol = glo.get("compared", 0), glo.get("differ", 0), glo.get("tol", th["e_distance_max"])
+        every = None if not n else "no" if k else ("yes" if all_conv else "partly")
+        text = (f"global (basins): x* from e ∈ {{{', '.join(glo.get('starts', []))}}} differ by > {tol:g} (relative "
+                f"L∞) on {k} of {n} samples with two or more converged starts"
+                + ("" if all_conv else ", not every start converged") if n else
+                "global (basins): no sample converged from two starts")
+    else:
+        d = a8.get("fixed_point_distance_max")
+        every = None if d is None else "no" if d > th["e_distance_max"] else ("yes" if all_conv else "partly")
+        text = ("no sample converged from every start" if d is None else
+                f"x* from e ∈ {{{', '.join(fr)}}} within {d:.3g} {'≤' if d <= th['e_distance_max'] else '>'} "
+                f"{th['e_distance_max']:g}" + ("" if all_conv else ", not every start converged"))
+    if loc is not None:
+        text += (f"; local (A.8): ‖dx_T/de·u‖ at T = {loc.get('T')} > {loc.get('threshold', th['e_local_max']):g} "
+                 f"on {loc.get('exceed', 0)} of {loc.get('measured', 0)} converged samples")
+    reasons["from_every_start"] = text
+    return every
+
+
+def _repelling_reason(rep: Optional[dict]) -> str:
+    """What the reachable line says about repelling fixed points: only what stage ``repelling`` measured."""
+    if rep is None:
+        return "repelling fixed points: not searched (stage repelling not run; plain iteration cannot reach one)"
+    n, k, out = rep.get("searched", 0), rep.get("samples_with_repelling", 0), rep.get("samples_ran_out", 0)
+    starts = rep.get("starts")
+    tail = f" ({out} of {n} samples ran out of budget)" if out else ""
+    if rep.get("marginal_total"):
+        tail += (f"; {rep['marginal_total']} marginal root(s), |ρ(J) − 1| ≤ {rep.get('margin', 0):g}, on "
+                 f"{rep.get('samples_with_marginal')} sample(s)")
+    if k:
+        return (f"repelling fixed point (ρ(J) > 1) found on {k} of {n} samples by {starts} root-finder starts per "
+                f"sample{tail}")
+    return f"no repelling fixed point found by {starts} root-finder starts per sample ({n} samples){tail}"
+
+
 def verdict(results: dict, *, tol: float) -> Verdict:
     """Decide the three axes from the stages' JSON blocks (``results``: stage key → block or None)."""
     th = {**THRESHOLDS, "e_distance_max": max(THRESHOLDS["e_distance_max"], 100 * tol)}
@@ -94,6 +143,11 @@ def verdict(results: dict, *, tol: float) -> Verdict:
             "input_grad_median": (ind or {}).get("frobenius_median"),
             "prop5_rel_error": (p5 or {}).get("rel_error", [None])[-1] if (p5 or {}).get("rel_error") else None,
             "e_distance_max": (a8 or {}).get("fixed_point_distance_max")}
+    loc, glo, rep = (a8 or {}).get("local"), (a8 or {}).get("global"), results.get("repelling")
+    nums.update({"e_local_exceed": (loc or {}).get("exceed"), "e_local_measured": (loc or {}).get("measured"),
+                 "e_global_differ": (glo or {}).get("differ"), "e_global_compared": (glo or {}).get("compared"),
+                 "repelling_found": (rep or {}).get("samples_with_repelling"),
+                 "repelling_searched": (rep or {}).get("searched"), "repelling_starts": (rep or {}).get("starts")})
     reasons = {}
     # reachable: share converged, median ρ(J*) < 1 − margin
     limit = 1.0 - th["rho_margin"]
@@ -110,20 +164,11 @@ def verdict(results: dict, *, tol: float) -> Verdict:
         reach = "yes" if share >= th["reachable_share"] else "partly"
         reasons["reachable"] = (f"{share:.0%} converged (threshold {th['reachable_share']:.0%}), median ρ(J*) = "
                                 f"{rho:.4g}, margin {1 - rho:.3g} to 1")
-    # from every start (A.8): a fact of the reachable line, not an axis
-    d = nums["e_distance_max"]
-    every = None
-    if a8 is not None and d is not None:
-        fr = a8.get("converged_fraction", {})
-        all_conv = all(v == 1.0 for v in fr.values())
-        every = "no" if d > th["e_distance_max"] else ("yes" if all_conv else "partly")
-        reasons["from_every_start"] = (f"x* from e ∈ {{{', '.join(fr)}}} within {d:.3g} "
-                                       f"{'≤' if d <= th['e_distance_max'] else '>'} {th['e_distance_max']:g}"
-                                       + ("" if all_conv else ", not every start converged"))
-    elif a8 is not None:
-        reasons["from_every_start"] = "no sample converged from every start"
+    # from every start: a fact of the reachable line, not an axis; global (basins) decides it, local (A.8) is said
+    every = _from_every_start(a8, glo, loc, th, reasons)
     if "from_every_start" in reasons:
-        reasons["reachable"] += f"; from every start (A.8): {every or 'not measured'}, {reasons['from_every_start']}"
+        reasons["reachable"] += f"; from every start: {every or 'not measured'}, {reasons['from_every_start']}"
+    reasons["reachable"] += "; " + _repelling_reason(rep)
     # input-dependent: ‖dx*/dx0‖_F, distinct fixed points, Prop. 5 agreement
     g = nums["input_grad_median"]
     distinct, conv_n = nums["distinct_fixed_points"], nums["converged"] or 0

@@ -60,6 +60,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     geo.add_argument("--geometry-plane", metavar="N", type=_non_negative_int, default=None,
                      help="the ρ(J*) picture over the plane of two directions, N × N cells (default: 15 with "
                           "--plots, otherwise none; 0: none)")
+    rep = p.add_argument_group("repelling (the root-finder search for fixed points with ρ(J) > 1, which plain "
+                               "iteration cannot reach; docs/analysis.md)")
+    _option(rep, "repelling_starts", type=_non_negative_int)
+    _option(rep, "repelling_scale", type=positive_float)
+    _option(rep, "repelling_budget", type=positive_int)
     p.add_argument("--json", metavar="PATH", help="write the full results as JSON")
     p.add_argument("--plots", metavar="DIR", help="write PNG plots (residuals, eigenvalues, accuracy, Prop. 5, "
                    "and the geometry stage's stability region)")
@@ -288,6 +293,8 @@ def run(args: argparse.Namespace) -> int:
                               geometry_accuracy=args.geometry_accuracy,
                               geometry_group_directions=args.geometry_group_directions,
                               geometry_certify=args.geometry_certify,
+                              repelling_starts=args.repelling_starts, repelling_scale=args.repelling_scale,
+                              repelling_budget=args.repelling_budget,
                               geometry_plane=(args.geometry_plane if args.geometry_plane is not None
                                               else PLOT_PLANE if args.plots else 0))
     if args.json:

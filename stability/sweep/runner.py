@@ -191,6 +191,20 @@ def analysis_summary(report: dict) -> dict:
             "accuracy_at_fixed_point": (b.get("accuracy") or {}).get("at_fixed_point"),
             "timings_s": b.get("timings_s") or b.get("timings"),
         }
+        a8 = b.get("initial_iterate") or {}
+        loc, glo, rep = a8.get("local"), a8.get("global"), b.get("repelling")
+        if loc is not None:  # App. A.8's local question: ‖dx_T/de·u‖ at the largest T, per converged sample
+            out[split].update({"e_local_exceed": loc.get("exceed"), "e_local_measured": loc.get("measured"),
+                               "e_local_threshold": loc.get("threshold"), "e_local_max": loc.get("max"),
+                               "e_local_T": loc.get("T")})
+        if glo is not None:  # the global one (basins): x* from different starts, converged solves only
+            out[split].update({"e_global_differ": glo.get("differ"), "e_global_compared": glo.get("compared"),
+                               "e_global_tol": glo.get("tol"), "e_global_distance_max": glo.get("max")})
+        if rep is not None:  # the root-finder search for repelling fixed points (stage repelling)
+            out[split].update({"repelling_found": rep.get("samples_with_repelling"),
+                               "repelling_searched": rep.get("searched"), "repelling_starts": rep.get("starts"),
+                               "repelling_budget": rep.get("budget"), "repelling_ran_out": rep.get("samples_ran_out"),
+                               "repelling_roots": rep.get("roots_total")})
         geo = (b.get("geometry") or {}).get("summary")
         if geo:  # only where the grid asked for the geometry stage: other records keep their shape
             out[split].update({f"geometry_{k}": geo.get(k) for k in ("median_radius", "log_iqr", "log_range",

@@ -1,0 +1,164 @@
+"""The search for repelling fixed points (stage ``repelling``): roots of g(x) = f(x, x0) − x that plain iteration
+cannot reach.
+
+Why a search: a fixed point x* with ρ(J*) > 1, J* = ∂f/∂x at x* (App. A.1, case 2: the center-stable manifold has
+measure zero, so almost every start is repelled; Props. 3–4), is practically never reached by Picard iteration,
+so "no repelling fixed point" is not a measurement when the fixed points were found by iterating. A root-finder
+on g can converge to one. :func:`search` runs limited-memory Broyden (``solve(method="broyden")``,
+:mod:`stability.solvers`) per sample from the Picard iterate x_best (x* where the solve converged, else its
+lowest-residual iterate) and from ``starts`` Gaussian perturbations of it, δ = s · max(‖x_best‖₂, √n) · ξ / ‖ξ‖₂
+(relative size s, ξ seeded), each with a budget of ``budget`` iterations and the analysis' residual τ. The roots
+found are merged up to ``distinct_tol`` (relative L∞, :func:`stability.stats.distinct_clusters`) and each
+distinct root is classified by ρ(J) there: *repelling* ρ > 1 + m, *attracting* ρ < 1 − m, else *marginal*
+(App. A.1 case 3, non-hyperbolic; m = max(1e-4, 10 τ): a root known to residual τ cannot be told from ρ = 1
+closer than that, and a neutral direction of f gives a continuum of roots with ρ = 1 to about 1e-6). ρ is
+computed by the dense route or the certified Krylov–Schur route of
+:func:`stability.analysis.spectra.jacobian_spectral_radius`; at the Picard x* itself stage ``rho``'s value is
+reused. A start that ends without a root after spending its budget (max-iterations or stalled) makes the sample
+``ran_out``: the search there is incomplete. Finding no repelling root is evidence only up to these starts and
+this budget, which is what the report says.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from stability.stats import distinct_clusters
+
+#: the band |ρ − 1| ≤ max(MARGIN, 10 τ) of roots classified marginal (neither repelling nor attracting)
+MARGIN = 1e-4
+#: statuses of a start that spent its whole budget without reaching a root (the search there ran out)
+RAN_OUT = ("max-iterations", "stalled")
+
+
+@dataclass
+class RepellingSearch:
+    """Per sample: the distinct roots found, ρ(J) at each, how many repel (ρ > 1 + m), attract (ρ < 1 − m) or are
+    marginal, the status
+    of every start, and whether a start ran out of budget; the split's summary in :meth:`to_dict`."""
+
+    starts: int  # perturbed starts per sample (besides the Picard iterate)
+    scale: float
+    budget: int
+    tol: float
+    distinct_tol: float
+    roots: list = field(default_factory=list)  # per sample: number of distinct roots found
+    rho: list = field(default_factory=list)  # per sample: ρ(J) at each distinct root
+    repelling: list = field(default_factory=list)  # per sample: roots with ρ > 1 + margin
+    attracting: list = field(default_factory=list)  # per sample: roots with ρ < 1 − margin
+    marginal: list = field(default_factory=list)  # per sample: roots with |ρ − 1| ≤ margin (or ρ not finite)
+    margin: float = MARGIN
+    ran_out: list = field(default_factory=list)  # per sample: a start spent its budget without a root
+    start_status: list = field(default_factory=list)  # per sample: the solver's status of each start
+    nfe: list = field(default_factory=list)  # per sample: evaluations of f over its starts
+    rho_products: int = 0
+    points: list = field(default_factory=list, repr=False)  # per sample: the distinct roots (tensors; not in JSON)
+
+    @property
+    def searched(self) -> int:
+        return len(self.roots)
+
+    def summary(self) -> dict:
+        """The split's numbers: samples searched, with a repelling root found, that ran out; roots in all."""
+        return {"searched": self.searched, "samples_with_repelling": sum(1 for r in self.repelling if r),
+                "samples_ran_out": sum(1 for r in self.ran_out if r), "roots_total": sum(self.roots),
+                "repelling_total": sum(self.repelling), "attracting_total": sum(self.attracting),
+                "marginal_total": sum(self.marginal), "samples_with_marginal": sum(1 for r in self.marginal if r),
+                "starts_per_sample": 1 + self.starts}
+
+    def to_dict(self) -> dict:
+        m = self.margin
+        return {"method": "broyden on g(x) = f(x, x0) − x", "starts": 1 + self.starts,
+                "start_points": f"x_best (the Picard iterate) and {self.starts} Gaussian perturbations of relative "
+                                f"size {self.scale:g} (‖δ‖₂ = {self.scale:g} · max(‖x_best‖₂, √n))",
+                "perturbation_scale": self.scale, "budget": self.budget, "tol": self.tol,
+                "distinct_tol": self.distinct_tol, "margin": m,
+                "classified_by": f"ρ(J) at the root: repelling > 1 + {m:g}, attracting < 1 − {m:g}, else marginal",
+                **self.summary(), "roots": self.roots, "repelling": self.repelling, "attracting": self.attracting,
+                "marginal": self.marginal, "rho": self.rho, "ran_out": self.ran_out,
+                "start_status": self.start_status, "nfe": self.nfe, "rho_products": self.rho_products}
+
+
+def perturbed_starts(x_best: torch.Tensor, starts: int, scale: float, seed: int) -> torch.Tensor:
+    """(1 + starts, B, *S): x_best, then ``starts`` Gaussian perturbations of relative size ``scale`` each
+    (‖δ‖₂ = scale · max(‖x_best‖₂, √n) per sample; ξ from ``Generator().manual_seed(seed)``, drawn on the CPU)."""
+    B, n = x_best.shape[0], x_best[0].numel()
+    gen = torch.Generator().manual_seed(seed)
+    ref = x_best.flatten(1).double().norm(dim=1).clamp_min(math.sqrt(n)).cpu()  # (B,)
+    out = [x_best]
+    for _ in range(starts):
+        xi = torch.randn((B, n), generator=gen, dtype=torch.float64)
+        delta = xi * (scale * ref / xi.norm(dim=1)).unsqueeze(1)
+        out.append(x_best + delta.view_as(x_best).to(x_best))
+    return torch.stack(out)
+
+
+def search(f: Callable, x_best: torch.Tensor, x0: torch.Tensor, *, starts: int = 3, scale: float = 0.5,
+           budget: int = 100, tol: float = 1e-5, distinct_tol: float = 1e-3, seed: int = 0,
+           rho_at_best: Optional[list] = None, eig_tol: float = 1e-6, eig_k: int = 3) -> RepellingSearch:
+    """Roots of f(x, x0) − x from x_best and ``starts`` perturbations of it, per sample, classified by ρ(J)
+    (module docstring). ``rho_at_best``: ρ(J) at x_best per sample where already known (stage ``rho``), reused
+    for a root that is x_best itself. Every start of every sample is one row of one batched Broyden solve."""
+    from stability.analysis.spectra import jacobian_spectral_radius
+    from stability.solvers import solve
+
+    B = x_best.shape[0]
+    S = 1 + starts
+    X = perturbed_starts(x_best, starts, scale, seed)  # (S, B, *shape)
+    sol = solve(f, X.flatten(0, 1), torch.cat([x0] * S), method="broyden", tol=tol, max_iter=budget,
+                max_period=0, certify_rho=False)
+    roots = sol.x_best.view(S, B, *x_best.shape[1:])
+    conv = sol.converged.view(S, B)
+    status = [sol.status[k * B:(k + 1) * B] for k in range(S)]
+    nfe = sol.nfe.view(S, B).sum(0).tolist()
+    m = max(MARGIN, 10 * tol)
+    out = RepellingSearch(starts=starts, scale=scale, budget=budget, tol=tol, distinct_tol=distinct_tol, nfe=nfe,
+                          margin=m)
+    reps, known = [], []  # (sample, start) of each distinct root; ρ reused where the root is x_best itself
+    for b in range(B):
+        found = [k for k in range(S) if bool(conv[k, b])]
+        _, labels = distinct_clusters(roots[found, b], atol=1e-8, rtol=distinct_tol) if found else (0, [])
+        firsts = [found[labels.index(c)] for c in range(len(set(labels)))]
+        for k in firsts:
+            same = rho_at_best is not None and rho_at_best[b] is not None and torch.equal(roots[k, b], x_best[b])
+            reps.append((b, k))
+            known.append(float(rho_at_best[b]) if same and math.isfinite(rho_at_best[b]) else None)
+        out.roots.append(len(firsts))
+        out.start_status.append([status[k][b] for k in range(S)])
+        out.ran_out.append(any(status[k][b] in RAN_OUT for k in range(S)))
+    todo = [i for i, r in enumerate(known) if r is None]
+    rho = list(known)
+    if todo:
+        xs = torch.stack([roots[reps[i][1], reps[i][0]] for i in todo])
+        xb = torch.stack([x0[reps[i][0]] for i in todo])
+        spec = jacobian_spectral_radius(f, xs, xb, tol=eig_tol, k=eig_k, seed=seed)
+        for i, v in zip(todo, spec.rho.detach().double().cpu().tolist()):
+            rho[i] = float(v)
+        out.rho_products = int(getattr(spec, "matvecs", 0) or 0)
+    for b in range(B):
+        mine = [r for (s, _), r in zip(reps, rho) if s == b]
+        out.rho.append(mine)
+        out.points.append([roots[k, s] for (s, k) in reps if s == b])
+        out.repelling.append(sum(1 for r in mine if r > 1.0 + m))
+        out.attracting.append(sum(1 for r in mine if r < 1.0 - m))
+        out.marginal.append(len(mine) - out.repelling[-1] - out.attracting[-1])
+    return out
+
+
+def report_rows(block: Optional[dict]) -> list:
+    """The text report's row of the stage (quantity, value, meaning); none when the stage did not run."""
+    if block is None:
+        return []
+    n, k = block.get("searched", 0), block.get("samples_with_repelling", 0)
+    value = (f"{k} of {n} samples" if k else f"none found in {n} samples") + (
+        f" ({block.get('repelling_total', 0)} of {block.get('roots_total', 0)} distinct roots"
+        + (f", {block['marginal_total']} marginal" if block.get("marginal_total") else "") + ")")
+    out = block.get("samples_ran_out", 0)
+    return [("repelling fixed points", value,
+             f"Broyden on f(x) − x from x_best + {block.get('starts', 1) - 1} perturbations (relative size "
+             f"{block.get('perturbation_scale', 0):g}), ≤ {block.get('budget')} iterations each; ρ(J) > 1 + "
+             f"{block.get('margin', 0):g} at the root" + (f"; {out} sample(s) ran out of budget" if out else ""))]
