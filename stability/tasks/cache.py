@@ -341,8 +341,9 @@ def cached_real_split(task: str, path: str, params: dict, build_fn: Callable[[],
     """Arrays split from a real file, read once: keyed by the file's absolute path, size, mtime and ``params``.
     ``build_fn`` returns (arrays, meta). If the cache cannot be written the split is still returned."""
     st = os.stat(path)
-    key_src = json.dumps({"format": FORMAT, "split_rule": REAL_SPLIT_RULE, "task": task, "path": os.path.abspath(path), "size": st.st_size,
-                          "mtime_ns": st.st_mtime_ns, "params": params}, sort_keys=True)
+    key_src = json.dumps({"format": FORMAT, "split_rule": REAL_SPLIT_RULE, "task": task,
+                          "path": os.path.abspath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                          "params": params}, sort_keys=True)
     key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
     directory = root_of(config.cache_dir) / "real"
     npz, meta_path = directory / f"{task}-{key}.npz", directory / f"{task}-{key}.json"
