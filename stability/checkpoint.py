@@ -120,6 +120,6 @@ def load(path: Path | str, *, device: str = "cpu", release_config: Optional[Path
     except RuntimeError as exc:
         raise CheckpointError(f"{path}: weights do not match the config ({first_line(exc)})") from None
     model.to(device).eval()
-    return Loaded(model=model, config=cfg, task=make_task(cfg.task), path=Path(path), epoch=int(obj["epoch"]),
-                  history=list(obj["history"]), final=obj.get("final"),
+    return Loaded(model=model, config=cfg, task=make_task(cfg.task, check=False), path=Path(path),
+                  epoch=int(obj["epoch"]), history=list(obj["history"]), final=obj.get("final"),
                   package_version=str(obj.get("package_version", "")))

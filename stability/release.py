@@ -307,8 +307,8 @@ def load_release(path: Path | str, obj: Optional[dict] = None, *, release_config
     cfg_path = config_path(path, release_config)
     cfg = run_config(read_config(cfg_path), where=str(cfg_path))
     model = model_from_release(obj, cfg, str(path)).to(device)
-    return Loaded(model=model, config=cfg, task=make_task(cfg.task), path=path, epoch=completed_epochs(obj),
-                       history=[], final=None, package_version="release")
+    return Loaded(model=model, config=cfg, task=make_task(cfg.task, check=False), path=path,
+                  epoch=completed_epochs(obj), history=[], final=None, package_version="release")
 
 
 def completed_epochs(obj: dict) -> int:

@@ -156,7 +156,7 @@ def stability_config():
 
 def _tiny_grid(path: Path, epochs: int = 1) -> Path:
     path.write_text('name = "tiny"\n[fixed.task]\nname = "prefix-sums"\ntrain_size = 40\nval_size = 8\n'
-                    'hard_size = 8\ntrain_length = 4\nhard_length = 6\n[fixed.model]\nwidth = 16\nheads = 2\n'
+                    'hard_size = 8\ntrain_length = 6\nhard_length = 8\n[fixed.model]\nwidth = 16\nheads = 2\n'
                     f'[fixed.train]\nepochs = {epochs}\nbatch_size = 20\niterations = 3\ntest_iterations = 4\n'
                     'device = "cpu"\nmonitor_samples = 2\n[axes.train]\nseed = [0]\n')
     return path

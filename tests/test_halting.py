@@ -55,7 +55,7 @@ def test_halting_stops_converged_samples_and_only_them():
 
 def test_halting_report_spends_less_compute_for_looser_tolerances():
     model = tiny()
-    task = make_task(TaskConfig(val_size=12, train_length=6))
+    task = make_task(TaskConfig(train_size=40, val_size=12, train_length=6))
     rep = halting_report(model.float(), task, "val", taus=(0.3, 0.1, 0.01), max_iter=30)
     rows = rep["rows"]
     assert rows[0]["tau"] is None and rows[0]["compute"] == 1.0 and rows[0]["halted_fraction"] == 0.0

@@ -34,7 +34,7 @@ class Float64Loss:
 
 
 def data(n=6, bits=6, seed=0):
-    task = make_task(TaskConfig(train_size=n, train_length=bits, seed=seed))
+    task = make_task(TaskConfig(train_size=n, val_size=2, train_length=bits, seed=seed))
     x, y = task.dataset("train")
     return Float64Loss(task), x.double(), y
 
@@ -295,7 +295,7 @@ def test_jacobian_regularisation_lowers_the_jacobian_frobenius_norm(tmp_path):
 
     def run(jac_reg, name):
         cfg = RunConfig(model=ModelConfig(recall="external", norm="pre", width=16, heads=2),
-                        task=TaskConfig(train_size=96, val_size=8, hard_size=8, train_length=6, hard_length=8),
+                        task=TaskConfig(train_size=96, val_size=8, hard_size=8, train_length=7, hard_length=8),
                         train=TrainConfig(method="implicit", lr=3e-3, epochs=5, batch_size=32, iterations=30,
                                           warmup_epochs=0, jac_reg=jac_reg, device="cpu", test_iterations=2,
                                           eval_batch_size=8))

@@ -9,7 +9,7 @@ import pytest
 import stability
 
 SMALL = ["--task", "prefix-sums", "--width", "8", "--heads", "2", "--train-size", "96", "--val-size", "16",
-         "--hard-size", "8", "--train-length", "4", "--hard-length", "8", "--batch-size", "48", "--epochs", "2",
+         "--hard-size", "8", "--train-length", "7", "--hard-length", "8", "--batch-size", "48", "--epochs", "2",
          "--iterations", "8", "--test-iterations", "10", "--eval-batch-size", "16", "--device", "cpu", "--quiet"]
 
 METHOD_FLAGS = {

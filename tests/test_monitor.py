@@ -18,7 +18,7 @@ from stability.solvers import solve
 from stability.train.monitor import StabilityMonitor
 from stability.tasks import make_task
 
-TASK = TaskConfig(train_size=100, val_size=20, hard_size=20, train_length=4, hard_length=6)
+TASK = TaskConfig(train_size=100, val_size=20, hard_size=20, train_length=7, hard_length=9)
 
 
 def small_model(recall="external", norm="pre", dtype=torch.float64):

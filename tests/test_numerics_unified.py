@@ -68,7 +68,7 @@ def _tiny_model(dtype=torch.float32):
     from stability.model import build_model
     from stability.tasks import make_task
 
-    task = make_task(TaskConfig(train_size=40, val_size=24, hard_size=8, train_length=4, hard_length=6))
+    task = make_task(TaskConfig(train_size=40, val_size=24, hard_size=8, train_length=7, hard_length=9))
     torch.manual_seed(0)
     model = build_model(ModelConfig(recall="external", norm="pre", width=16, heads=2, **task.model_options()))
     model.attention_impl = "math"

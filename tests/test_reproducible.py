@@ -173,7 +173,7 @@ def test_a_training_checkpoint_and_a_sweep_record_carry_the_signature(tmp_path):
 
     grid = tmp_path / "g.toml"
     grid.write_text('name = "g"\n[fixed.task]\nname = "prefix-sums"\ntrain_size = 100\nval_size = 10\n'
-                    'hard_size = 10\ntrain_length = 6\nhard_length = 8\n[fixed.model]\nwidth = 16\nheads = 2\n'
+                    'hard_size = 10\ntrain_length = 7\nhard_length = 8\n[fixed.model]\nwidth = 16\nheads = 2\n'
                     'mlp_ratio = 2\nrecall = "external"\nnorm = "pre"\n[fixed.train]\nepochs = 1\nbatch_size = 50\n'
                     'iterations = 4\ntest_iterations = 4\nwarmup_epochs = 0\ndevice = "cpu"\n'
                     '[summary]\nsummary = "monitor"\n')

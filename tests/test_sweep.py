@@ -21,8 +21,8 @@ from conftest import run_cli
 ROOT = Path(__file__).resolve().parents[1]
 
 TINY = {
-    "task": {"name": "prefix-sums", "train_size": 200, "val_size": 50, "hard_size": 50, "train_length": 4,
-             "hard_length": 6},
+    "task": {"name": "prefix-sums", "train_size": 200, "val_size": 50, "hard_size": 50, "train_length": 8,
+             "hard_length": 10},
     "model": {"width": 16, "heads": 2},
     "train": {"epochs": 6, "batch_size": 25, "iterations": 6, "warmup_epochs": 1, "test_iterations": 10,
               "eval_batch_size": 100, "device": "cpu", "monitor_samples": 4},
@@ -75,7 +75,7 @@ def test_grid_expands_the_product_of_its_axes_with_stable_unique_ids(tmp_path):
     combos = {(c.config.model.recall, c.config.model.norm, c.config.train.lr, c.config.train.seed) for c in g.cells}
     assert len(combos) == len(g)
     # fixed options reach every cell; axes are applied in file order
-    assert all(c.config.task.train_length == 4 and c.config.model.width == 16 for c in g.cells)
+    assert all(c.config.task.train_length == 8 and c.config.model.width == 16 for c in g.cells)
     first = g.cells[0]
     assert (first.config.model.recall, first.config.model.norm, first.config.train.lr) == ("internal", "pre", 1e-4)
     assert first.id.startswith("prefix-sums_internal_pre_lr1e-4_seed0--")

@@ -28,7 +28,7 @@ def small_model():
 
 def test_progressive_loss_backpropagates_through_the_last_k_iterations_only():
     model = small_model()
-    task = make_task(TaskConfig(train_size=8, train_length=8))
+    task = make_task(TaskConfig(train_size=8, val_size=8, train_length=8))
     x, y = task.dataset("train")
     x = x.double()
     calls = []
@@ -64,7 +64,7 @@ def test_progressive_loss_backpropagates_through_the_last_k_iterations_only():
 
 def test_progressive_loss_with_alpha_below_one_adds_the_full_depth_term():
     model = small_model()
-    task = make_task(TaskConfig(train_size=8, train_length=8))
+    task = make_task(TaskConfig(train_size=8, val_size=8, train_length=8))
     x, y = task.dataset("train")
     x = x.double()
     a = progressive_loss(model, task, x, y, n=2, k=2, alpha=1.0, iterations=6)

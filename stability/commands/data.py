@@ -123,13 +123,18 @@ def _info(args) -> int:
                 damaged |= bool(d["corrupt"])
                 print(f"    {s:5s} {d['rows']:>6d} rows ({state}, {d['shards']} shards)  {_fmt_stats(d['rating'])}  "
                       f"sha256 {d['sha256'][:16]}{bad}")
+            if e.get("val_repeats_of_train"):
+                print(f"    val: {e['val_repeats_of_train']} row(s) repeat a train puzzle; they are dropped when the "
+                      f"splits are read (val never holds a training input)")
         else:
             sizes = ", ".join(f"{s} {n}" for s, n in (e["sizes"] or {}).items())
             bad = "  CORRUPT" if e["corrupt"] else ""
             damaged |= bool(e["corrupt"])
             malformed = sum((e.get("malformed") or {}).values())
+            repeats = e.get("val_repeats_dropped") or 0
+            dropped = f"{repeats} val rows repeating a train puzzle dropped; " if repeats else ""
             print(f"  {e['path']}  {e['task']} split of {e['source']}: {sizes}; {malformed} malformed rows skipped; "
-                  f"sha256 {str(e['sha256'])[:16]}{bad}")
+                  f"{dropped}sha256 {str(e['sha256'])[:16]}{bad}")
     return 1 if damaged else 0
 
 

@@ -222,6 +222,10 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--tensorboard: the tensorboard package is not installed (pip install tensorboard), "
                               "or leave --tensorboard out")
 
+    from stability.tasks import make_task
+
+    make_task(config.task)  # sizes the task cannot make (prefix sums: val disjoint from train) end here, one line
+
     from stability.errors import DivergenceError
     from stability.train.loop import EXIT_DIVERGED, check_resumable, schedule_warning, train
     from stability.train.report import accuracy_table

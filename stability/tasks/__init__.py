@@ -14,10 +14,15 @@ TASKS = {
 }
 
 
-def make_task(config):
-    """The task named by ``config.name`` (a TaskConfig), ready to give its splits."""
+def make_task(config, *, check: bool = True):
+    """The task named by ``config.name`` (a TaskConfig), ready to give its splits. ``check``: refuse (a one-line
+    ConfigError) sizes the task cannot make (``Task.check``) now; loading a checkpoint passes False, so that an
+    old checkpoint whose val could not be disjoint from train still loads (making that split then refuses)."""
     module, cls = TASKS[config.name].split(":")
-    return getattr(importlib.import_module(module), cls)(config)
+    task = getattr(importlib.import_module(module), cls)(config)
+    if check:
+        task.check()
+    return task
 
 
 def __getattr__(name):

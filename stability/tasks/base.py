@@ -1,6 +1,7 @@
 """The task interface: data as tensors laid out (batch, *spatial, channels), and how answers are scored.
 
-A task turns a :class:`~stability.config.TaskConfig` into three fixed-order splits:
+A task turns a :class:`~stability.config.TaskConfig` into three fixed-order splits (train, val, hard; val never
+holds a training input: every task makes it disjoint from train, :mod:`stability.tasks.splits`):
 ``dataset(split) -> (inputs, targets)`` with ``inputs`` float32 of shape (N, *spatial, in_channels) and
 ``targets`` int64 of shape (N, *spatial) holding a class per position. A sample counts as correct only if
 every position is right (App. B.5: "total" accuracy).
@@ -53,6 +54,11 @@ class Task(ABC):
         if split not in self._cache:
             self._cache[split] = self._build(split)
         return self._cache[split]
+
+    def check(self) -> None:
+        """Raise a ConfigError (one line) if the config asks for splits the task cannot make (prefix sums: more
+        distinct strings than there are). :func:`stability.tasks.make_task` calls it, so a run fails before any
+        work; tasks made without it (an old checkpoint's) refuse when the split is made."""
 
     @abstractmethod
     def _build(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:

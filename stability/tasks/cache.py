@@ -4,14 +4,18 @@ Layout under the cache root (``TaskConfig.cache_dir``, else ``$STABILITY_DATA``,
 
     <task>-seed<S>/manifest.json       what was asked, the generator and its options, one entry per shard
     <task>-seed<S>/<split>-<k>.npz     shard k of a split: arrays whose first axis is the row
-    real/<task>-<key>.npz (+ .json)    a split read from a real file, keyed by the file's path, size, mtime and
-                                       the split options (so 3.8M sudoku rows are read once)
+    real/<task>-<key>.npz (+ .json)    a split read from a real file, keyed by the file's path, size, mtime,
+                                       the split options and the split rule (so 3.8M sudoku rows are read once)
 
 A split is a stream of shards; shard k of split s is generated from ``SeedSequence([seed, s, k])`` alone, so the
 dataset is deterministic from the seed whatever the number of workers or the order shards finish in, the first
 N rows of a split are the same whatever size was asked, and a killed build resumes where it stopped (every shard
 and the manifest are written to a temporary file, then renamed). Each shard's sha256 is in the manifest and is
 checked when the shard is read.
+
+Val never holds a training input: a generated val split is the first rows of the val stream whose input is not
+one of train's (a repeat is dropped when the splits are read, :func:`load_generated`; the shards themselves are
+as before); a real file's val is cut so by its reader (:mod:`stability.tasks.splits`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ from stability import atomic
 from stability.errors import DataError
 
 FORMAT = 1
+#: the version of how a real file is cut into splits, part of a cached real split's key: 2 = val holds no input
+#: of train (issue 27; split caches of rule 1 are ignored, and rebuilt on first use)
+REAL_SPLIT_RULE = 2
 ENV = "STABILITY_DATA"
 SPLITS = ("train", "val", "hard")
 SPLIT_INDEX = {"train": 0, "val": 1, "hard": 2}
@@ -265,6 +272,10 @@ def load_generated(task: str, config, sizes: dict) -> tuple[dict, dict]:
     holding them; a small offline set (``min(sizes, SMALL_SIZES)``) from the cache or the package's set; a small
     offline set generated now. Anything but the first is announced in one line on stderr.
 
+    Val is the first rows of the val stream whose input is not a train input (``gen.INPUT_KEY``): a val row
+    repeating one of the first ``sizes["train"]`` train rows is dropped and the next one read in its place;
+    how many were dropped is ``info["val_repeats_dropped"]`` (absent when none were).
+
     Returns ({"<split>/<key>": array}, info).
     """
     gen = _generator(task)
@@ -280,17 +291,44 @@ def load_generated(task: str, config, sizes: dict) -> tuple[dict, dict]:
             if manifest is None or not gen.usable(manifest, options):
                 continue
             if all(available_rows(manifest, s) >= want[s] for s in SPLITS):
-                arrays = {f"{s}/{k}": v for s in SPLITS for k, v in read_split(directory, manifest, s, want[s]).items()}
+                arrays, dropped = _disjoint_splits(
+                    gen, want, lambda s, rows, d=directory, m=manifest: read_split(d, m, s, rows),
+                    available_rows(manifest, "val"))
                 if packaged or want is small:
                     what = "the small set shipped with the package" if packaged else f"the partial set in {directory}"
                     print(f"stability: no full {task} dataset of seed {seed} in {where}; using {what} "
                           f"({_sizes_text(want)}); {build_hint}", file=sys.stderr)
-                return arrays, {"source": f"generated, {directory}", **manifest.get("describe", {})}
+                return arrays, {"source": f"generated, {directory}", **manifest.get("describe", {}),
+                                **_dropped_info(dropped, arrays, want)}
     print(f"stability: no {task} dataset of seed {seed} in {where}; generating a small offline set "
           f"({_sizes_text(small)}) now; {build_hint}", file=sys.stderr)
     resolved = gen.resolve_options(options)
-    arrays = {f"{s}/{k}": v for s in SPLITS for k, v in generate_rows(task, s, small[s], seed, resolved).items()}
-    return arrays, {"source": "generated now (small offline set)", **gen.describe_options(resolved)}
+    arrays, dropped = _disjoint_splits(gen, small, lambda s, rows: generate_rows(task, s, rows, seed, resolved),
+                                       10 * small["val"])
+    return arrays, {"source": "generated now (small offline set)", **gen.describe_options(resolved),
+                    **_dropped_info(dropped, arrays, small)}
+
+
+def _disjoint_splits(gen, want: dict, fetch: Callable[[str, int], dict], val_limit: int) -> tuple[dict, int]:
+    """The splits of ``want`` rows from ``fetch(split, rows)`` (the first rows of a split's stream), val being the
+    first rows of its stream whose input is not a train input (:func:`stability.tasks.splits.disjoint_val`);
+    returns (arrays keyed "<split>/<name>", val rows dropped as repeats of train)."""
+    from stability.tasks.splits import disjoint_val
+
+    parts = {s: fetch(s, want[s]) for s in ("train", "hard")}
+    parts["val"], dropped = disjoint_val(parts["train"][gen.INPUT_KEY], lambda rows: fetch("val", rows),
+                                         want["val"], gen.INPUT_KEY, limit=max(val_limit, want["val"]))
+    return {f"{s}/{k}": v for s in SPLITS for k, v in parts[s].items()}, dropped
+
+
+def _dropped_info(dropped: int, arrays: dict, want: dict) -> dict:
+    """What :meth:`describe` says of the val rows dropped as repeats of train (nothing when none were), and a
+    line on stderr when val came out short."""
+    got = len(next(v for k, v in arrays.items() if k.startswith("val/")))
+    if got < want["val"]:
+        print(f"stability: val holds {got} of {want['val']} rows: {dropped} of the val rows there are repeat a "
+              f"training input and are dropped", file=sys.stderr)
+    return {"val_repeats_dropped": dropped} if dropped else {}
 
 
 def _sizes_text(sizes: dict) -> str:
@@ -303,8 +341,9 @@ def cached_real_split(task: str, path: str, params: dict, build_fn: Callable[[],
     """Arrays split from a real file, read once: keyed by the file's absolute path, size, mtime and ``params``.
     ``build_fn`` returns (arrays, meta). If the cache cannot be written the split is still returned."""
     st = os.stat(path)
-    key_src = json.dumps({"format": FORMAT, "task": task, "path": os.path.abspath(path), "size": st.st_size,
-                          "mtime_ns": st.st_mtime_ns, "params": params}, sort_keys=True)
+    key_src = json.dumps({"format": FORMAT, "split_rule": REAL_SPLIT_RULE, "task": task,
+                          "path": os.path.abspath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                          "params": params}, sort_keys=True)
     key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
     directory = root_of(config.cache_dir) / "real"
     npz, meta_path = directory / f"{task}-{key}.npz", directory / f"{task}-{key}.json"
@@ -345,6 +384,8 @@ def summarize(root: Path) -> list[dict]:
             continue
         entry = {"path": str(directory), "kind": "generated", "task": manifest["task"], "seed": manifest["seed"],
                  "generator": manifest["generator"], "describe": manifest.get("describe", {}), "splits": {}}
+        inputs = {}
+        key = getattr(_generator(manifest["task"]), "INPUT_KEY", None) if manifest["task"] in GENERATORS else None
         for s in SPLITS:
             shards = manifest["shards"].get(s, [])
             bad = [e["file"] for e in shards if not (directory / e["file"]).is_file()
@@ -355,9 +396,16 @@ def summarize(root: Path) -> list[dict]:
                 data = read_split(directory, manifest, s, rows)
                 if "rating" in data:
                     stats = rating_stats(data["rating"])
+                if key in data:
+                    inputs[s] = data[key]
             digest = hashlib.sha256("".join(e["sha256"] for e in shards).encode()).hexdigest()
             entry["splits"][s] = {"rows": rows, "asked": manifest["sizes"].get(s, 0), "shards": len(shards),
                                   "sha256": digest, "corrupt": bad, "rating": stats}
+        if "train" in inputs and "val" in inputs:  # dropped from val when the splits are read
+            from stability.tasks.splits import row_keys
+
+            train = set(row_keys(inputs["train"]))
+            entry["val_repeats_of_train"] = sum(k in train for k in row_keys(inputs["val"]))
         out.append(entry)
     real = root / "real"
     if real.is_dir():
@@ -371,6 +419,7 @@ def summarize(root: Path) -> list[dict]:
             out.append({"path": str(npz), "kind": "real split", "task": meta.get("task"),
                         "source": meta.get("source"), "sizes": meta.get("sizes"), "sha256": meta.get("sha256"),
                         "corrupt": [] if ok else [npz.name], "malformed": meta.get("malformed", {}),
+                        "val_repeats_dropped": meta.get("val_repeats_dropped", 0),
                         "params": meta.get("params")})
     return out
 

@@ -11,7 +11,9 @@ squares of the class-1 logit; a sample is correct only if both are right.
 
 Sources, in order: a Lichess puzzle CSV given by ``TaskConfig.data_path`` (train/val: rating ≤ 1600, hard:
 1601–2000, in file order; the split is cached); else a dataset built by ``stability data make --task chess`` in
-the cache; else a small offline set generated now (with a one-line message). See ``docs/data.md``.
+the cache; else a small offline set generated now (with a one-line message). See ``docs/data.md``. Whatever the
+source, val never holds a training input: a val puzzle whose encoded position is a train input is skipped (and
+counted in ``describe()["val_repeats_dropped"]`` when there are any).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 from stability.errors import DataError
 from stability.tasks import cache
 from stability.tasks.base import SPLITS, ArrayTask
+from stability.tasks.splits import TrainVal
 
 PIECE_SYMBOLS = "PNBRQKpnbrqk"  # plane order: white P N B R Q K, then black
 PAPER_SIZES = {"train": 40000, "val": 10000, "hard": 10000}
@@ -143,6 +146,7 @@ class LichessSplits:
     rows_read: int = 0
     malformed: dict = field(default_factory=dict)  # reason -> count
     examples: dict = field(default_factory=dict)   # reason -> first line number
+    val_repeats_dropped: int = 0                   # val rows skipped: their position is a train input
 
 
 def _reason_key(message: str) -> str:
@@ -205,36 +209,37 @@ def iter_lichess_rows(path: str) -> Iterable[tuple[int, Optional[tuple[str, list
 def read_lichess(path: str, sizes: dict[str, int], *, easy_max: int = 1600, hard_min: int = 1601,
                  hard_max: int = 2000) -> LichessSplits:
     """The paper's splits from a Lichess puzzle CSV, in file order: train then val from the rows rated
-    ≤ ``easy_max``, hard from the rows rated in [``hard_min``, ``hard_max``]. Reading stops once every split is
-    full. Malformed rows (bad FEN, illegal move, wrong columns, bad rating) are counted, never kept."""
+    ≤ ``easy_max``, hard from the rows rated in [``hard_min``, ``hard_max``]. Val skips a row whose position
+    (the encoded input) is a train input, counted in ``val_repeats_dropped``, so val never holds a training
+    input (:class:`stability.tasks.splits.TrainVal`). Reading stops once every split is full. Malformed rows
+    (bad FEN, illegal move, wrong columns, bad rating) are counted, never kept."""
     out = LichessSplits()
-    wanted = {"easy": sizes["train"] + sizes["val"], "hard": sizes["hard"]}
-    got: dict[str, list] = {"easy": [], "hard": []}
+    easy = TrainVal(sizes["train"], sizes["val"])
+    hard: list = []
     for line, parsed, error in iter_lichess_rows(path):
-        if all(len(got[k]) >= wanted[k] for k in got):
+        if easy.full() and len(hard) >= sizes["hard"]:
             break
         out.rows_read += 1
         if parsed is not None:
             fen, moves, rating = parsed
             group = "easy" if rating <= easy_max else "hard" if hard_min <= rating <= hard_max else None
-            if group is None or len(got[group]) >= wanted[group]:
+            if group is None or (easy.full() if group == "easy" else len(hard) >= sizes["hard"]):
                 continue  # not needed: skip without parsing the position
             try:
                 codes, squares = encode_puzzle(fen, moves)
             except ValueError as exc:
                 error = str(exc)
             else:
-                got[group].append((codes, squares, rating))
+                if group == "easy":
+                    easy.offer(codes.tobytes(), (codes, squares, rating))
+                else:
+                    hard.append((codes, squares, rating))
                 continue
         key = _reason_key(error)
         out.malformed[key] = out.malformed.get(key, 0) + 1
         out.examples.setdefault(key, line)
-    easy, hard = got["easy"], got["hard"]
-    n_train, n_val = sizes["train"], sizes["val"]
-    if len(easy) < n_train + n_val:  # a small file: keep the train:val ratio
-        n_train = round(len(easy) * sizes["train"] / (sizes["train"] + sizes["val"]))
-        n_val = len(easy) - n_train
-    parts = {"train": easy[:n_train], "val": easy[n_train:n_train + n_val], "hard": hard[:sizes["hard"]]}
+    train, val, out.val_repeats_dropped = easy.finish()
+    parts = {"train": train, "val": val, "hard": hard}
     for split, rows in parts.items():
         if not rows:
             raise DataError(f"{path}: no usable rows for the {split} split (train/val: rating ≤ {easy_max}, "
@@ -277,7 +282,8 @@ class Chess(ArrayTask):
                 arrays[f"{split}/codes"] = splits.codes[split]
                 arrays[f"{split}/squares"] = splits.squares[split]
                 arrays[f"{split}/rating"] = splits.ratings[split]
-            meta = {"rows_read": splits.rows_read, "malformed": splits.malformed, "examples": splits.examples}
+            meta = {"rows_read": splits.rows_read, "malformed": splits.malformed, "examples": splits.examples,
+                    "val_repeats_dropped": splits.val_repeats_dropped}
             return arrays, meta
 
         arrays, meta = cache.cached_real_split(self.name, path, {**sizes, **options}, build, c)
@@ -290,6 +296,8 @@ class Chess(ArrayTask):
                   + ", ".join(f"{s} {g} of {w}" for s, (g, w) in short.items()), file=sys.stderr)
         self._info = {"source": f"Lichess CSV {path}", "rows_read": meta["rows_read"],
                       "malformed": meta["malformed"], **options}
+        if meta.get("val_repeats_dropped"):
+            self._info["val_repeats_dropped"] = meta["val_repeats_dropped"]
         return arrays
 
     def _build(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:

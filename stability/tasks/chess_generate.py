@@ -37,6 +37,8 @@ from typing import Iterator, Optional
 import numpy as np
 
 GENERATOR = "stability-chess-v1"
+#: the array holding a row's input (the 64 canonical piece codes): val keeps no row whose input is a train input
+INPUT_KEY = "codes"
 DEPTH = 12
 GAP = 0.15
 WINNING_CP = 150

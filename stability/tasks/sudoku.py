@@ -10,10 +10,13 @@ Sources, in order:
   or '0'): a folder holding ``train.csv`` and ``test.csv``, or the path of ``train.csv`` with ``test.csv`` beside
   it. The cut is the 80th percentile of the train file's ratings (38 for the real file) unless
   ``TaskConfig.sudoku_cut`` is set; train then val are the first rows of the train file rated below it, hard the
-  first rows of the test file rated at or above it, in file order. A single other CSV serves as both files.
+  first rows of the test file rated at or above it, in file order, except that val skips any puzzle that is also
+  in train (val never holds a training input; ``describe()["val_repeats_dropped"]`` counts the skipped rows when
+  there are any). A single other CSV serves as both files.
   The split is cached, so the 3.8M rows are read once.
 * the cache: a dataset built by ``stability data make --task sudoku`` (:mod:`stability.tasks.sudoku_generate`:
-  random minimal puzzles below the cut, puzzles made hard on purpose at or above it);
+  random minimal puzzles below the cut, puzzles made hard on purpose at or above it; val again skips train's
+  puzzles, :func:`stability.tasks.cache.load_generated`);
 * otherwise a small offline set generated now, with a one-line message.
 """
 
@@ -30,6 +33,7 @@ import torch
 from stability.errors import DataError
 from stability.tasks import cache
 from stability.tasks.base import SPLITS, ArrayTask
+from stability.tasks.splits import split_stream
 from stability.tasks.sudoku_solver import is_valid_solution
 
 PAPER_SIZES = {"train": 40000, "val": 10000, "hard": 10000}
@@ -94,20 +98,20 @@ def _parse_row(fields: list[str], cols: dict) -> tuple[np.ndarray, np.ndarray, i
     return puzzle, solution, rating
 
 
-def read_rows(path: str, keep, count: int, malformed: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """The first ``count`` valid rows whose rating satisfies ``keep``, in file order; malformed rows are counted
-    in ``malformed`` (reason -> count) and skipped. Returns (puzzles, solutions, ratings, rows read)."""
-    puzzles, solutions, ratings, read = [], [], [], 0
+def iter_rows(path: str, keep, malformed: dict, counter: Optional[dict] = None):
+    """Yield (puzzle, solution, rating) for every valid row whose rating satisfies ``keep``, in file order;
+    malformed rows are counted in ``malformed`` (reason -> count) and skipped; ``counter["read"]`` counts the
+    rows read."""
+    counter = {} if counter is None else counter
+    counter.setdefault("read", 0)
     with _open(path) as f:
         first = f.readline()
         cols, header = _columns(first, path)
         lines = f if header else itertools.chain([first], f)
         for line in lines:
-            if len(ratings) >= count:
-                break
             if not line.strip():
                 continue
-            read += 1
+            counter["read"] += 1
             fields = line.rstrip("\r\n").split(",")
             try:
                 rating = int(fields[cols["rating"]])
@@ -117,16 +121,23 @@ def read_rows(path: str, keep, count: int, malformed: dict) -> tuple[np.ndarray,
             if not keep(rating):
                 continue
             try:
-                p, s, r = _parse_row(fields, cols)
+                yield _parse_row(fields, cols)
             except ValueError as exc:
                 malformed[str(exc)] = malformed.get(str(exc), 0) + 1
-                continue
-            puzzles.append(p)
-            solutions.append(s)
-            ratings.append(r)
+
+
+def _stack(rows: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     shape = (-1, 81)
-    return (np.array(puzzles, np.uint8).reshape(shape), np.array(solutions, np.uint8).reshape(shape),
-            np.array(ratings, np.float32), read)
+    return (np.array([p for p, _, _ in rows], np.uint8).reshape(shape),
+            np.array([s for _, s, _ in rows], np.uint8).reshape(shape), np.array([r for _, _, r in rows], np.float32))
+
+
+def read_rows(path: str, keep, count: int, malformed: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """The first ``count`` valid rows whose rating satisfies ``keep``, in file order; malformed rows are counted
+    in ``malformed`` (reason -> count) and skipped. Returns (puzzles, solutions, ratings, rows read)."""
+    counter: dict = {}
+    rows = list(itertools.islice(iter_rows(path, keep, malformed, counter), count)) if count > 0 else []
+    return (*_stack(rows), counter.get("read", 0))
 
 
 def sudoku_extreme_files(path: str) -> tuple[str, str]:
@@ -154,17 +165,15 @@ def read_sudoku_extreme(path: str, sizes: dict, cut: Optional[float] = None) -> 
         if not len(ratings):
             raise DataError(f"{train_file}: no rows with a rating")
         cut = float(np.percentile(ratings, PERCENTILE))
-    n_easy = sizes["train"] + sizes["val"]
-    p, s, r, read_train = read_rows(train_file, lambda x: x < cut, n_easy, malformed)
+    counter: dict = {}
+    easy = ((row[0].tobytes(), row) for row in iter_rows(train_file, lambda x: x < cut, malformed, counter))
+    train, val, dropped = split_stream(easy, sizes["train"], sizes["val"])
+    read_train = counter.get("read", 0)
     hp, hs, hr, read_test = read_rows(test_file, lambda x: x >= cut, sizes["hard"], malformed)
-    n_train, n_val = sizes["train"], sizes["val"]
-    if len(p) < n_easy:  # a small file: keep the train:val ratio
-        n_train = round(len(p) * sizes["train"] / n_easy)
-        n_val = len(p) - n_train
-    parts = {"train": slice(0, n_train), "val": slice(n_train, n_train + n_val)}
     arrays = {}
-    for split, sl in parts.items():
-        arrays.update({f"{split}/puzzles": p[sl], f"{split}/solutions": s[sl], f"{split}/rating": r[sl]})
+    for split, rows in (("train", train), ("val", val)):
+        p, s, r = _stack(rows)
+        arrays.update({f"{split}/puzzles": p, f"{split}/solutions": s, f"{split}/rating": r})
     arrays.update({"hard/puzzles": hp, "hard/solutions": hs, "hard/rating": hr})
     for split in SPLITS:
         if not len(arrays[f"{split}/puzzles"]):
@@ -172,7 +181,7 @@ def read_sudoku_extreme(path: str, sizes: dict, cut: Optional[float] = None) -> 
             raise DataError(f"{path}: no usable rows {side} the cut {cut:g} for the {split} split "
                             f"({sum(malformed.values())} malformed rows)")
     return arrays, {"cut": cut, "malformed": malformed, "files": [train_file, test_file],
-                    "rows_read": read_train + read_test}
+                    "rows_read": read_train + read_test, "val_repeats_dropped": dropped}
 
 
 # ---- the task -------------------------------------------------------------------------------------------------
@@ -206,6 +215,8 @@ class Sudoku(ArrayTask):
             print(f"stability: {c.data_path} holds fewer rows than asked: {', '.join(short)}", file=sys.stderr)
         self._info = {"source": f"sudoku-extreme CSV {c.data_path}", "cut": meta["cut"],
                       "malformed": meta["malformed"]}
+        if meta.get("val_repeats_dropped"):
+            self._info["val_repeats_dropped"] = meta["val_repeats_dropped"]
         return arrays
 
     def _build(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:

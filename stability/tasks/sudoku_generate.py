@@ -183,6 +183,8 @@ def easy_puzzles(rng: np.random.Generator, *, cut: float = PAPER_CUT, backend: s
 
 # ---- the dataset interface used by stability.tasks.cache ------------------------------------------------------
 GENERATOR = "stability-sudoku-v1"
+#: the array holding a row's input (the 81 cells of the puzzle): val keeps no row whose input is a train input
+INPUT_KEY = "puzzles"
 SHARD_ROWS = {"train": 2000, "val": 2000, "hard": 10}
 SMALL_SIZES = {"train": 2000, "val": 500, "hard": 20}
 
