@@ -1,6 +1,6 @@
 """The README's sample of what ``stability demo`` prints, generated from the code.
 
-    python docs/readme_sample.py            # rerun the demo (about 30 s on 2 cores), store what its sample is
+    python docs/readme_sample.py            # rerun the demo (about 90 CPU-seconds), store what its sample is
                                             # rendered from in docs/demo-sample.json, rewrite the README's sample
     python docs/readme_sample.py --render   # only re-render the README's sample from docs/demo-sample.json
     python docs/readme_sample.py --check    # exit 1 if the README's sample is not what the code prints

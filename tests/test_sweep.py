@@ -237,9 +237,12 @@ def test_sweep_cli_errors_are_one_line_with_exit_status_2(tmp_path):
     good = write_grid(tmp_path / "g.toml", fixed=tiny_fixed())
     bad = tmp_path / "bad.toml"
     bad.write_text('[fixed.model]\nwidht = 3\n')
+    overlap = tmp_path / "overlap.toml"  # 8-bit strings: 100 + 200 cannot be distinct, so val would hold train strings
+    overlap.write_text('[fixed.task]\nname = "prefix-sums"\ntrain_size = 100\nval_size = 200\ntrain_length = 8\n')
     cases = [
         (["sweep", bad, "--dry-run"], "unknown key(s) widht; allowed: recall, norm, width"),
         (["sweep", tmp_path / "missing.toml"], "no such grid file"),
+        (["sweep", overlap, "--results", tmp_path / "r"], "do not fit in the 256 strings of train_length 8 bits"),
         (["sweep", good, "--results", tmp_path / "r", "--gpus", "64"], "--gpus 64: only"),
         (["sweep", good, "--workers", "2", "--gpus", "1"], "with --gpus N there is one worker per GPU"),
         (["sweep", good, "--where", "train.learning_rate=1"], "unknown option 'learning_rate'; allowed: method"),

@@ -166,6 +166,13 @@ def run(args: argparse.Namespace) -> int:
         if not wanted:
             raise ConfigError("--only: expected one or more cell ids separated by commas")
         cells = gridlib.find_cells(cells if args.where else grid.cells, wanted, str(args.grid))
+    from stability.tasks import make_task
+
+    for cell in cells:  # sizes a task cannot make (a val that cannot be disjoint from train) before any work
+        try:
+            make_task(cell.config.task)
+        except ConfigError as exc:
+            raise ConfigError(f"{args.grid}: cell {cell.cell_id or cell.id}: {exc}") from None
     results = Path(args.results) if args.results else Path("results") / grid.name
     check_writable(results, "dir", "--results")
     if args.executor == "local" and args.gpus and args.workers:
