@@ -84,7 +84,7 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--width", type=int, default=32)
     p.add_argument("--train-size", type=int, default=2000)
-    p.add_argument("--train-length", type=int, default=8)
+    p.add_argument("--train-length", type=int, default=12)  # 2,000 + 200 distinct strings need >= 12 bits
     p.add_argument("--hard-length", type=int, default=16)
     p.add_argument("--iterations", type=int, default=20, help="T: every method's cap on the loop in training")
     p.add_argument("--test-iterations", type=int, default=60)

@@ -1,14 +1,18 @@
 """A committed replication record reproduces on any machine where its hardware signature says the same bits are
-possible (docs/replication.md, "What reproduces where").
+possible (docs/replication.md, "What reproduces where"), and the second edition's records hold what its claims
+need (issue 27).
 
-``experiments/results/cpu-replication/pinned-records.jsonl`` holds every cell of experiments/cpu-replication.toml
-run with ``--reproducible`` (every CPU kernel choice pinned, stability/hardware.py). Rerun the same way with
-``stability sweep GRID --only CELL --reproducible``, it must give the same record bit for bit (apart from timings,
-the environment and the finish time: :func:`stability.sweep.export.deterministic_view`) on any x86-64 CPU, Intel or
+``experiments/results/replication/records/`` holds the cells of experiments/replication.toml run so far, every one
+in reproducible mode (every CPU kernel choice pinned, stability/hardware.py). Rerun the same way with
+``stability sweep GRID --only CELL``, a cell must give the same record bit for bit (apart from timings, the
+environment and the finish time: :func:`stability.sweep.export.deterministic_view`) on any x86-64 CPU, Intel or
 AMD, AVX2 or AVX-512, as long as the library versions in its signature are the installed ones; where they are
-not, the test skips and says which version differs. One cell is rerun (about a minute); which one is a choice of
-cost, any other gives its record the same way. The first edition's ``records.jsonl`` was made unpinned and before
-records carried a signature: it reproduces only on the machine that made it, so it is not rerun here.
+not, the test skips and says which version differs. One cell is rerun (a couple of minutes); which one is a
+choice of cost, any other gives its record the same way.
+
+The first edition (experiments/cpu-replication.toml, its pinned-records.jsonl) is history: its 8-bit val held
+training strings, so its grid no longer runs (the sweep refuses it before any work); its records are checked for
+their signatures only.
 """
 
 import json
@@ -19,34 +23,72 @@ import pytest
 from stability import hardware
 from stability.sweep import grid as gridlib
 from stability.sweep.export import deterministic_view, read_jsonl
+from stability.sweep.runner import load_records
 from tests.conftest import run_process
 
 ROOT = Path(__file__).resolve().parents[1]
-GRID = ROOT / "experiments" / "cpu-replication.toml"
-PINNED = ROOT / "experiments" / "results" / "cpu-replication" / "pinned-records.jsonl"
-#: a recall cell whose val and hard samples all converge (pinned: val 100 %, hard 1.5 %), so every analysis stage runs
-#: on both splits, Prop. 4 on the hard split by its matrix-free route (n = 1,024: M = J on every probe, J's spectra)
-CELL = "ps-external-post-lr1e-3-s0"
+GRID = ROOT / "experiments" / "replication.toml"
+RESULTS = ROOT / "experiments" / "results" / "replication"
+FIRST_GRID = ROOT / "experiments" / "cpu-replication.toml"
+FIRST_PINNED = ROOT / "experiments" / "results" / "cpu-replication" / "pinned-records.jsonl"
+#: a recall cell that trains and whose analysed samples converge, so every analysis stage runs on both splits
+#: (geometry and the repelling search included); chosen from the committed records
+CELL = "CELL_TO_CHOOSE"
 
 
-def test_every_pinned_record_is_a_cell_of_the_grid_and_says_it_was_pinned():
-    cells = {c.cell_id: c for c in gridlib.load(GRID).cells}
-    records = {r["cell_id"]: r for r in read_jsonl(PINNED)}
-    assert set(records) == set(cells)  # the whole grid, one record per cell
+def _pinned(rec: dict) -> None:
+    assert rec["options"]["reproducible"] is True
+    sig = rec["environment"]["hardware"]
+    assert sig["reproducible"] is True and sig["cpu_capability"] == "DEFAULT" and sig["threads"] == 1
+    assert sig["mkldnn"] is False and sig["dispatch_env"]["MKL_CBWR"] == "COMPATIBLE"
+
+
+def test_every_first_edition_pinned_record_is_a_cell_of_its_grid_and_says_it_was_pinned():
+    cells = {c.cell_id: c for c in gridlib.load(FIRST_GRID).cells}
+    records = {r["cell_id"]: r for r in read_jsonl(FIRST_PINNED)}
+    assert set(records) == set(cells)  # the whole first edition, one record per cell
     for cell_id, rec in records.items():
-        assert rec["id"] == cells[cell_id].id and rec["options"]["reproducible"] is True
-        sig = rec["environment"]["hardware"]
-        assert sig["reproducible"] is True and sig["cpu_capability"] == "DEFAULT" and sig["threads"] == 1
-        assert sig["mkldnn"] is False and sig["dispatch_env"]["MKL_CBWR"] == "COMPATIBLE"
+        assert rec["id"] == cells[cell_id].id
+        _pinned(rec)
+
+
+def test_every_second_edition_record_is_a_pinned_cell_measured_on_the_three_axes():
+    """Each record is a cell of the grid, pinned, with what the registered claims read: the per-epoch training
+    accuracy, ρ(W_x) through training (the monitor at epochs 8, 16, ..., 40), and for every trained looped run an
+    analysis of both splits with the repelling search, local and global e-dependence, and the geometry stage
+    wherever a sample converged."""
+    cells = {c.cell_id: c for c in gridlib.load(GRID).cells}
+    records = {r["cell_id"]: r for r in load_records(RESULTS)}
+    assert CELL in records and set(records) <= set(cells)
+    for cell_id, rec in records.items():
+        cfg = cells[cell_id].config
+        assert rec["id"] == cells[cell_id].id and rec["options"]["analyze_geometry"] is True
+        _pinned(rec)
+        assert rec["curves"]["epoch"] == list(range(1, cfg.train.epochs + 1))
+        assert all(0.0 <= a <= 1.0 for a in rec["curves"]["train_accuracy"])
+        if cfg.model.recall == "fixed":
+            assert rec["analysis"] is None and rec["monitor"] == []
+            continue
+        assert [m["epoch"] for m in rec["monitor"]] == [8, 16, 24, 32, 40]
+        assert all(m["rho_Wx"] is not None for m in rec["monitor"]) == (cfg.model.recall != "none")
+        if rec["status"] != "done":
+            continue
+        for split in ("val", "hard"):
+            s = rec["analysis"][split]
+            assert s["repelling_searched"] == 4 and s["repelling_starts"] >= 1
+            assert "e_global_compared" in s and "e_local_measured" in s
+            if s["converged_fraction"] > 0:
+                assert s["geometry_median_radius"] is not None
     rec = records[CELL]
-    assert rec["final"]["hard"]["curve"] and rec["analysis"]["val"]["converged_fraction"] > 0
+    assert rec["final"]["val"]["accuracy"] > 0.9
+    assert all(rec["analysis"][s]["converged_fraction"] > 0 for s in ("val", "hard"))
 
 
 @pytest.mark.slow
-def test_a_pinned_rerun_of_the_cell_reproduces_its_pinned_record_bit_for_bit(tmp_path):
-    committed = {r["cell_id"]: r for r in read_jsonl(PINNED)}[CELL]
+def test_a_pinned_rerun_of_the_cell_reproduces_its_committed_record_bit_for_bit(tmp_path):
+    committed = {r["cell_id"]: r for r in load_records(RESULTS)}[CELL]
     results = tmp_path / "r"
-    proc = run_process("sweep", GRID, "--only", CELL, "--results", results, "--workers", "1", "--reproducible")
+    proc = run_process("sweep", GRID, "--only", CELL, "--results", results, "--workers", "1")
     assert f"[1/1] done     {CELL}" in proc.stdout, proc.stdout + proc.stderr
     rec = json.loads(next((results / "records").glob("*.json")).read_text())
     possible, why = hardware.same_bits_possible(committed["environment"]["hardware"], rec["environment"]["hardware"])

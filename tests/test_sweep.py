@@ -450,3 +450,22 @@ def test_slurm_path_through_submitit_local_executor_with_analysis_and_a_diverged
     cli("tables", results)
     md = (results / "tables" / "table4.md").read_text()
     assert "0.00 (1)†" in md and "diverged runs, counted as 0" in md
+
+
+def test_csv_has_the_later_stages_columns_only_where_some_record_has_them():
+    """records.csv gains the repelling, e-dependence and geometry columns (and the last training accuracy) when a
+    record carries them, and an older grid's CSV keeps its shape."""
+    from stability.sweep.export import csv_columns, csv_row
+
+    base = {"id": "a", "cell_id": "a", "status": "done", "config": {"task": {"name": "prefix-sums"}, "model": {
+        "norm": "post", "recall": "external"}, "train": {"lr": 1e-3, "seed": 0}}, "final": None}
+    old = dict(base, analysis={"val": {"converged_fraction": 1.0}})
+    new = dict(base, analysis={"val": {"converged_fraction": 1.0, "repelling_found": 2, "geometry_median_radius": 0.3}},
+               curves={"train_accuracy": [0.1, 0.5, None]})
+    assert not any("repelling" in c or "geometry" in c or c == "train_accuracy_last" for c in csv_columns([old]))
+    cols = csv_columns([old, new])
+    assert {"val_repelling_found", "val_geometry_median_radius", "train_accuracy_last"} <= set(cols)
+    assert "val_e_global_differ" not in cols          # no record has it
+    row = csv_row(new)
+    assert row["val_repelling_found"] == 2 and row["train_accuracy_last"] == 0.5
+    assert csv_row(old)["val_repelling_found"] == ""

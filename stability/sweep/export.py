@@ -24,6 +24,10 @@ from stability import atomic
 ANALYSIS_COLUMNS = ("samples", "converged_fraction", "rho_J_median", "rho_M_median", "rho_Wx",
                     "input_grad_norm_median", "distinct_fixed_points", "fixed_point_distance_max", "dxT_de_norm_last",
                     "prop5_rel_error_last", "accuracy_at_fixed_point")
+#: per-split quantities of later stages, as columns only where some record has them (older CSVs keep their shape)
+OPTIONAL_ANALYSIS_COLUMNS = ("repelling_found", "repelling_searched", "repelling_ran_out", "e_local_exceed",
+                             "e_local_measured", "e_global_differ", "e_global_compared", "geometry_median_radius",
+                             "geometry_log_iqr", "geometry_log_range", "geometry_balance", "geometry_unstable_t0")
 BASE_COLUMNS = ("cell_id", "id", "task", "norm", "recall", "lr", "seed", "status", "epochs_completed", "loss_last")
 #: record keys that differ between two runs of one cell without the results differing
 VOLATILE = ("timing", "environment", "finished_at")
@@ -38,8 +42,12 @@ def csv_columns(records: list[dict]) -> list[str]:
     cols = list(BASE_COLUMNS)
     for split in ("val", "hard"):
         cols += [f"{split}_accuracy", f"{split}_position_accuracy", f"{split}_best_accuracy"]
+    present = {k for r in records for b in (r.get("analysis") or {}).values() if isinstance(b, dict) for k in b}
     for split in splits:
         cols += [f"{split}_{k}" for k in ANALYSIS_COLUMNS]
+        cols += [f"{split}_{k}" for k in OPTIONAL_ANALYSIS_COLUMNS if k in present]
+    if any((r.get("curves") or {}).get("train_accuracy") for r in records):
+        cols.append("train_accuracy_last")
     return cols + ["stability_source", "train_seconds", "summary_seconds", "run_seconds", "cpu_seconds"]
 
 
@@ -57,8 +65,10 @@ def csv_row(rec: dict) -> dict:
         row[f"{split}_position_accuracy"] = f.get("position_accuracy")
         row[f"{split}_best_accuracy"] = f.get("best_accuracy")
     for split, block in (rec.get("analysis") or {}).items():
-        for k in ANALYSIS_COLUMNS:
+        for k in ANALYSIS_COLUMNS + OPTIONAL_ANALYSIS_COLUMNS:
             row[f"{split}_{k}"] = block.get(k)
+    row["train_accuracy_last"] = next((a for a in reversed((rec.get("curves") or {}).get("train_accuracy") or [])
+                                       if a is not None), None)
     timing = rec.get("timing") or {}
     row["stability_source"] = (rec.get("stability") or {}).get("source")
     row["train_seconds"] = (timing.get("epoch_seconds") or 0.0) + (timing.get("eval_and_io_seconds") or 0.0)
