@@ -469,3 +469,15 @@ def test_csv_has_the_later_stages_columns_only_where_some_record_has_them():
     row = csv_row(new)
     assert row["val_repelling_found"] == 2 and row["train_accuracy_last"] == 0.5
     assert csv_row(old)["val_repelling_found"] == ""
+
+
+def test_a_readable_cell_id_names_the_learning_rate_it_runs(tmp_path):
+    """A rate of two significant digits keeps them (2.5e-3 is "lr2.5e-3", not "lr3e-3"), so `--only` by a readable
+    id runs the rate it names; one-digit rates read as before."""
+    g = gridlib.load(write_grid(tmp_path / "g.toml", fixed=tiny_fixed(),
+                                axes={"train": {"lr": [1e-3, 2.5e-3, 3e-3, 1.25e-2]}}))
+    names = [c.cell_id for c in g.cells]
+    assert names == ["ps-external-post-lr1e-3-s0", "ps-external-post-lr2.5e-3-s0", "ps-external-post-lr3e-3-s0",
+                     "ps-external-post-lr1.25e-2-s0"]
+    for c, lr in zip(g.cells, (1e-3, 2.5e-3, 3e-3, 1.25e-2)):
+        assert c.config.train.lr == lr and float(c.cell_id.split("-lr")[1].rsplit("-s", 1)[0]) == lr

@@ -168,8 +168,8 @@ def run(args: argparse.Namespace) -> int:
         cells = gridlib.find_cells(cells if args.where else grid.cells, wanted, str(args.grid))
     from stability.tasks import make_task
 
-    for cell in cells:  # sizes a task cannot make (a val that cannot be disjoint from train) before any work
-        try:
+    for cell in ([] if args.list else cells):  # sizes a task cannot make (a val not disjoint from train), before
+        try:                                    # any work; --list shows any grid's cells
             make_task(cell.config.task)
         except ConfigError as exc:
             raise ConfigError(f"{args.grid}: cell {cell.cell_id or cell.id}: {exc}") from None

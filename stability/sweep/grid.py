@@ -157,8 +157,9 @@ def _options(path, what: str, table: Any) -> dict[str, Any]:
 
 
 def _short_value(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.0e}".replace("e-0", "e-").replace("e+0", "e")
+    if isinstance(v, float):  # the fewest significant digits that give v back: 1e-3, 2.5e-3 (not "3e-3")
+        text = next((t for t in (f"{v:.{d}e}" for d in range(17)) if float(t) == v), repr(v))
+        return text.replace("e-0", "e-").replace("e+0", "e")
     if isinstance(v, bool):
         return "on" if v else "off"
     if isinstance(v, (list, tuple)):
