@@ -26,7 +26,7 @@ VALUES = {
               "betas": [0.8, 0.99], "decay_exempt": "norms", "warmup_epochs": 2, "cooldown_at": 0.5,
               "cooldown_factor": 0.2, "grad_clip": 0.5, "seed": 4, "device": "cpu", "compile": True, "bf16": False,
               "eval_every": 1, "eval_iterations": 3, "test_iterations": 4, "eval_batch_size": 8, "monitor_every": 1,
-              "monitor_samples": 4},
+              "monitor_samples": 4, "train_accuracy_samples": 3},
 }
 METHOD_VALUES = {
     "progressive": {"alpha": 0.5},
