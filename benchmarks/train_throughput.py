@@ -32,9 +32,9 @@ def measure(device, *, impl: str, bf16: bool, compile_: bool, steps: int, batch:
     opt = make_optimizer(model, cfg)
     runner = model
     if compile_:
-        from stability.train.loop import _compiled
+        from stability.train.loop import CompiledModel
 
-        runner = _compiled(model)
+        runner = CompiledModel(model)
     x, y = task.dataset("train")
     x, y = x.to(device), y.to(device)
     gen = torch.Generator().manual_seed(0)

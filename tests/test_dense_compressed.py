@@ -8,7 +8,7 @@ import torch
 
 import stability.analysis.operators as ops
 from stability.analysis.fixed_point import analysis_model
-from stability.analysis.operators import _colour, batched_dense_jacobian, position_pattern
+from stability.analysis.operators import batched_dense_jacobian, colour_positions, position_pattern
 from stability.analysis.options import AnalysisOptions
 from stability.analysis.pipeline import run_stages
 from stability.analysis.recall import RecallMatrixOperator
@@ -51,7 +51,7 @@ def test_positions_of_a_local_window_reach_only_their_neighbours_and_take_five_c
     assert reach[8] == {6, 7, 8, 9, 10}  # the window of 5 around 8: queries 6..10 see key 8
     # at the ends the windows shift inward (every query sees 5 keys), so key 4 is seen by queries 0..6
     assert reach[0] == {0, 1, 2} and reach[4] == set(range(7)) and all(len(r) == 5 for r in reach[5:11])
-    colours = _colour(pattern)
+    colours = colour_positions(pattern)
     assert len(colours) == 5 and sorted(sum(colours, [])) == list(range(L))
     for members in colours:  # no output is reached by two members of a colour
         for i, p in enumerate(members):

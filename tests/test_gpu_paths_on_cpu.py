@@ -10,7 +10,7 @@ import torch
 from stability.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
 from stability.model import build_model
 from stability.tasks import make_task
-from stability.train.loop import _compiled, evaluate, progressive_loss
+from stability.train.loop import CompiledModel, evaluate, progressive_loss
 
 TASK = TaskConfig(train_size=16, val_size=8, hard_size=8, train_length=8, hard_length=12)
 
@@ -41,6 +41,6 @@ def test_compiled_loop_map_trains_like_the_eager_one(tmp_path):
     assert abs(eager.history[0]["loss"] - compiled.history[0]["loss"]) < 1e-4
     torch.manual_seed(0)
     model = build_model(ModelConfig(width=16, heads=2, attention_window=5))
-    wrapped = _compiled(model)
+    wrapped = CompiledModel(model)
     x0 = model.embed(torch.randn(2, 8, 1))
     assert torch.allclose(wrapped.step(x0, x0), model.step(x0, x0), atol=1e-5)

@@ -67,6 +67,23 @@ def test_halting_report_spends_less_compute_for_looser_tolerances():
     json.dumps(rep)  # JSON-ready
 
 
+def test_the_halting_median_of_an_even_count_is_the_mean_of_the_two_middle_values():
+    """The report's median is stats.median, as every report's (issue 23), not torch's lower middle element."""
+    model = tiny().float()
+    task = make_task(TaskConfig(train_size=40, val_size=12, train_length=6))
+    inputs = task.dataset("val")[0]
+    assert inputs.shape[0] == 12
+    # a τ at which the two middle samples stop at different iterations (so the two medians differ)
+    for tau in (0.003, 0.01, 0.03, 0.1, 0.3):
+        its = sorted(halt(model, inputs, tol=tau, max_iter=30).iterations.tolist())
+        if its[5] != its[6]:
+            break
+    else:
+        raise AssertionError("no τ separates the two middle halting times")
+    row = halting_report(model, task, "val", taus=(tau,), max_iter=30)["rows"][1]
+    assert row["tau"] == tau and row["iterations_median"] == (its[5] + its[6]) / 2 != its[5]
+
+
 def test_halting_report_prints_shares_and_accuracies_in_percent():
     from stability.analysis.halting import format_report
 

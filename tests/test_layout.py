@@ -193,3 +193,43 @@ def test_every_module_of_the_analysis_is_at_most_400_lines():
     lengths = {p.name: len(p.read_text(encoding="utf-8").splitlines()) for p in (ROOT / "analysis").rglob("*.py")}
     assert len(lengths) > 10
     assert {name: n for name, n in lengths.items() if n > 400} == {}
+
+
+# ---- tests use the package's public names -------------------------------------------------------------------------
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_imports(source: str) -> list:
+    """(line, what) for every import in ``source`` of an underscore name of the package: a private module
+    (``stability.commands._types``) or a private name of a module (``from stability.solvers import _Broyden``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names
+                      if a.name.split(".")[0] == "stability" and any(map(_private, a.name.split(".")))]
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "stability":
+            found += [(node.lineno, f"{node.module}.{a.name}") for a in node.names
+                      if any(map(_private, node.module.split("."))) or _private(a.name)]
+    return found
+
+
+def test_the_private_import_check_finds_private_names_and_modules():
+    source = ("import json as _json\nfrom stability import __version__\nfrom stability.solvers import SOLVERS\n"
+              "from stability.solvers import _Broyden\nfrom stability.commands import _types\n"
+              "import stability.commands._types\nfrom stability.commands._types import finite_float\n"
+              "def f():\n    from stability.train.loop import make_optimizer, _set_rng_state\n")
+    assert private_imports(source) == [
+        (4, "stability.solvers._Broyden"), (5, "stability.commands._types"), (6, "stability.commands._types"),
+        (7, "stability.commands._types.finite_float"), (9, "stability.train.loop._set_rng_state")]
+
+
+def test_no_test_imports_an_underscore_name_of_the_package():
+    """Tests pin behaviour, not implementation (issue 23): they reach the package through its public names only."""
+    tests = Path(__file__).resolve().parent
+    files = sorted(tests.rglob("*.py"))
+    assert len(files) > 30
+    found = {str(p.relative_to(tests)): hits for p in files
+             if (hits := private_imports(p.read_text(encoding="utf-8")))}
+    assert found == {}

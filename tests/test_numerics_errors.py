@@ -41,3 +41,22 @@ def test_first_line_takes_the_first_non_empty_line_or_the_class_name():
     assert first_line(KeyError()) == "KeyError"
     assert first_line(ValueError(""), "no message") == "no message"
     assert first_line("one\ntwo") == "one"
+
+
+def test_a_numerics_error_inside_a_command_is_one_line_and_exit_2(tmp_path, monkeypatch, cli):
+    """The numerics' ConfigError reaches the command line's one-line handling: `stability halt` with its solver's
+    method gone from the registry (a wrong argument reaching solve from inside a command) prints one line, no
+    traceback, and exits 2."""
+    import stability.solvers
+    from stability.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
+    from stability.train import train
+
+    cfg = RunConfig(model=ModelConfig(width=16, heads=2),
+                    task=TaskConfig(train_size=20, val_size=6, hard_size=6, train_length=6, hard_length=8),
+                    train=TrainConfig(epochs=1, batch_size=20, iterations=3, test_iterations=4, device="cpu"))
+    train(cfg, tmp_path / "h.pt", progress=False)
+    monkeypatch.delitem(stability.solvers.SOLVERS, "picard")
+    proc = cli("halt", tmp_path / "h.pt", "--tol", "0.1", "--quiet", check=False)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("stability halt: error: unknown solver method 'picard'"), lines

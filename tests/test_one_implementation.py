@@ -55,3 +55,51 @@ def test_no_module_takes_a_lower_or_upper_middle_median():
                    if c.func.attr in ("median", "nanmedian")
                    and not (isinstance(c.func.value, ast.Name) and c.func.value.id in allowed))
     assert found == []
+
+
+def _strict(text: str):
+    """JSON as a strict reader takes it: a bare NaN / Infinity token is an error (Python's json accepts them)."""
+    import json
+
+    def refuse(token):
+        raise AssertionError(f"a bare {token} in the JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_nan_in_a_metrics_line_and_in_a_halt_json_is_written_as_null(tmp_path, monkeypatch, cli):
+    import math
+
+    import stability.analysis.halting as halting
+    from stability.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
+    from stability.train import train
+    from stability.train.loop import metrics_path
+
+    def nan_metric(model, task, record):  # an epoch callback's metric that came out NaN (e.g. a failed estimate)
+        record["probe"] = float("nan")
+        record["probe_list"] = [1.5, float("inf")]
+
+    cfg = RunConfig(model=ModelConfig(width=16, heads=2),
+                    task=TaskConfig(train_size=20, val_size=6, hard_size=6, train_length=6, hard_length=8),
+                    train=TrainConfig(epochs=1, batch_size=20, iterations=3, test_iterations=4, device="cpu"))
+    out = tmp_path / "h.pt"
+    res = train(cfg, out, progress=False, callbacks=(nan_metric,))
+    assert math.isnan(res.history[0]["probe"])
+    lines = metrics_path(out).read_text().splitlines()
+    epoch = _strict(lines[0])
+    assert epoch["probe"] is None and epoch["probe_list"] == [1.5, None]
+    assert epoch["loss"] == res.history[0]["loss"]  # finite numbers as they were
+    assert "final" in _strict(lines[-1])
+
+    real = halting.halting_report
+
+    def with_a_nan(*args, **kwargs):  # a row whose accuracy came out NaN
+        report = real(*args, **kwargs)
+        report["rows"][1]["accuracy_halted"] = float("nan")
+        return report
+
+    monkeypatch.setattr(halting, "halting_report", with_a_nan)
+    cli("halt", out, "--tol", "0.1", "--quiet", "--json", tmp_path / "h.json")
+    report = _strict((tmp_path / "h.json").read_text())
+    assert report["rows"][1]["tau"] == 0.1 and report["rows"][1]["accuracy_halted"] is None
+    assert report["samples"] == 6

@@ -224,11 +224,19 @@ def test_import_writes_a_toolkit_checkpoint_that_loads_to_the_same_function(tmp_
         with torch.no_grad():
             logits = release.to_release_layout(m(ref["inputs_stability_layout"].double(), 50))
         assert (logits - ref["logits_float64"]).abs().max() <= 4e-15
-        # the file resumes as the trainer resumes: a fresh optimizer state of the right groups, seeded RNG states
-        from stability.train.loop import _set_rng_state, make_optimizer
+        # the file resumes as the trainer resumes: a fresh optimizer state of the right groups, and RNG states
+        # that torch takes back (the global one, the data order's generator; no CUDA state from a CPU import)
+        from stability.train.loop import make_optimizer
 
         make_optimizer(loaded.model, loaded.config.train).load_state_dict(obj["optimizer"])
-        _set_rng_state(obj["rng"], torch.Generator())
+        assert set(obj["rng"]) == {"torch", "cuda", "data"} and list(obj["rng"]["cuda"]) == []
+        seed = loaded.config.train.seed
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(obj["rng"]["torch"])
+            assert torch.equal(torch.get_rng_state(), torch.manual_seed(seed).get_state())  # seeded by the run
+        data = torch.Generator()
+        data.set_state(obj["rng"]["data"])
+        assert torch.equal(data.get_state(), torch.Generator().manual_seed(seed).get_state())
 
 
 def test_release_config_may_be_given_explicitly(tmp_path):

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from stability.solvers import STATUSES, detect_period, residual, solve
+from stability.solvers import SOLVERS, STATUSES, detect_period, residual, solve
 
 
 def linear_map(n=24, rho=0.9, seed=0):
@@ -300,9 +300,9 @@ def test_broyden_compact_form_follows_the_dense_good_broyden_iteration(monkeypat
     """Before its memory is full the compact form (H = −I + Bᵀ K B over the residuals) is the plain "good"
     Broyden iteration: the same residual at every step as the dense inverse-Jacobian update, to rounding (the
     algebra, with the basis stored in float64)."""
-    from stability.solvers import _Broyden
+    Broyden = SOLVERS["broyden"]
 
-    monkeypatch.setattr(_Broyden, "storage", None)
+    monkeypatch.setattr(Broyden, "storage", None)
     f, x0, _ = linear_map(n=40, rho=0.98, seed=8)
     ref = _dense_broyden(f, x0.clone(), x0, 30)
     got = solve(f, x0, x0, method="broyden", tol=1e-300, max_iter=30, memory=20, max_period=0,
@@ -316,12 +316,12 @@ def test_broyden_float32_basis_reaches_the_exact_fixed_point_at_tight_tolerance_
     quasi-Newton direction relative to the step, so the residual still falls to τ = 1e-12 and x_best is the
     exact x* of a linear map, with the evaluations of the float64 basis to within 10 % (memory 10 on a map that
     needs ~180 steps: ~50 rank reductions, each a point where rounding can tip the iteration either way)."""
-    from stability.solvers import _Broyden
+    Broyden = SOLVERS["broyden"]
 
     f, x0, x_star = linear_map(n=200, rho=0.99, seed=4)
     kw = dict(tol=1e-12, max_iter=3000, memory=10, certify_rho=False)
     r32 = solve(f, x0, x0, method="broyden", **kw)
-    monkeypatch.setattr(_Broyden, "storage", None)
+    monkeypatch.setattr(Broyden, "storage", None)
     r64 = solve(f, x0, x0, method="broyden", **kw)
     assert r32.info["storage"] == "float32" and r64.info["storage"] == "float64"
     assert r32.info["compressions"] > 0
@@ -340,13 +340,13 @@ def test_broyden_rank_reduction_is_the_truncated_svd_of_the_correction(monkeypat
     """Eckart–Young: the best rank-q approximation of M = Bᵀ K B is M's SVD truncated to q terms. The compressed
     basis must carry it (the new Bᵀ K B equals the truncated SVD, to rounding), represent the last step s and
     residual g_{k−1} exactly, and keep Γ = B Bᵀ."""
-    from stability.solvers import _Broyden
+    Broyden = SOLVERS["broyden"]
 
-    monkeypatch.setattr(_Broyden, "storage", None)
+    monkeypatch.setattr(Broyden, "storage", None)
 
     g = torch.Generator().manual_seed(7)
     A, m, n = 3, 8, 50
-    solver = _Broyden(A, n, torch.float64, "cpu", memory=m)
+    solver = Broyden(A, n, torch.float64, "cpu", memory=m)
     c, q = solver.cap, solver.q
     Bv = torch.randn(A, c, n, generator=g, dtype=torch.float64)
     solver.B.copy_(Bv)

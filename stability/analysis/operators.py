@@ -210,9 +210,10 @@ def position_pattern(f: Callable, x: torch.Tensor, x0: Optional[torch.Tensor], c
     return (Y != 0).any(dim=3).any(dim=1)
 
 
-def _colour(pattern: torch.Tensor) -> list:
+def colour_positions(pattern: torch.Tensor) -> list:
     """Greedy colouring of the input positions: two positions share a colour only if no output position is
-    reached by both (Curtis, Powell & Reid, 1974), so one product per colour and feature recovers their columns."""
+    reached by both (Curtis, Powell & Reid, 1974), so one product per colour and feature recovers their columns.
+    ``pattern``: (P, P) bool, :func:`position_pattern`'s reach; returns one list of positions per colour."""
     reach = pattern.cpu()
     colours: list = []  # list of (members, union of their reached outputs)
     for p in range(reach.shape[0]):
@@ -228,12 +229,13 @@ def _colour(pattern: torch.Tensor) -> list:
 
 def _columns_compressed(f: Callable, x: torch.Tensor, x0: Optional[torch.Tensor], c: int,
                         linear: bool) -> Optional[torch.Tensor]:
-    """J (B, n, n) from one forward-mode product per (colour, feature) of the position colouring (``_colour``),
-    or None where colouring would not save products (every position reaches every other: full attention)."""
+    """J (B, n, n) from one forward-mode product per (colour, feature) of the position colouring
+    (:func:`colour_positions`), or None where colouring would not save products (every position reaches every
+    other: full attention)."""
     B, S = x.shape[0], tuple(x.shape[1:])
     P, d = math.prod(S[:-1]), S[-1]
     pattern = position_pattern(f, x, x0, c, linear)
-    colours = _colour(pattern)
+    colours = colour_positions(pattern)
     if len(colours) * d + P >= P * d:
         return None
     C = len(colours)
@@ -270,8 +272,8 @@ def batched_dense_jacobian(f: Callable, x: torch.Tensor, x0: Optional[torch.Tens
     Columns by forward-mode products (``torch.func.vmap`` of ``torch.func.jvp``, c tangents per pass, c from a
     memory budget: :func:`dense_chunk`). A state (B, *pos, d) whose positions reach only some others (local
     attention) is compressed: positions that reach disjoint outputs share one product per feature
-    (:func:`position_pattern`, :func:`_colour`; 5 colours instead of 16 positions for a window of 5), and the
-    result is certified by one extra product (J_b v_b against the map's own jvp; the full set of columns is taken
+    (:func:`position_pattern`, :func:`colour_positions`; 5 colours instead of 16 positions for a window of 5), and
+    the result is certified by one extra product (J_b v_b against the map's own jvp; the full set of columns is taken
     where it fails). Maps without forward-mode AD take the rows by reverse mode. Relies on the samples of f being
     independent, as ``step`` guarantees (tested). Exact to rounding: the entries are the same products autograd's
     ``jacfwd`` / ``jacrev`` take. ``route``: auto, columns (no compression) or rows, for tests and benchmarks.

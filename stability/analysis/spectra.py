@@ -25,9 +25,8 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from stability.linalg import (MIXED_MIN_TOL, NEV, NEV_SLACK, BatchedSpectrum, _map, _padded,  # noqa: F401
-                              _rayleigh_ritz, _ritz_residual, _schur_restart, batched_spectral_radius,
-                              certified_spectral_radius)
+from stability.linalg import (MIXED_MIN_TOL, NEV, NEV_SLACK, BatchedSpectrum,  # noqa: F401
+                              batched_spectral_radius, certified_spectral_radius)
 
 
 @dataclass

@@ -550,7 +550,7 @@ def _train(config: RunConfig, out: Path, *, resume: bool, progress: bool, callba
     model.attention_impl = "sdpa"
     step_model = model
     if cfg.compile:
-        step_model = _compiled(model)
+        step_model = CompiledModel(model)
     board = _TensorBoard(Path(tensorboard)) if tensorboard is not None else None
 
     signature = hardware.signature()  # what computed these weights (stability.hardware)
@@ -703,8 +703,9 @@ def _config_diff(a: dict, b: dict, prefix: str = "") -> str:
     return "; ".join(diffs)
 
 
-class _compiled:
-    """The model with ``step`` replaced by its torch.compile'd version (the release compiles the block)."""
+class CompiledModel:
+    """The model with ``step`` replaced by its torch.compile'd version (the release compiles the block): what
+    ``train.compile = true`` trains; every other attribute and the call are the wrapped model's."""
 
     def __init__(self, model):
         self._model = model
