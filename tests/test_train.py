@@ -106,7 +106,7 @@ def test_training_is_deterministic_on_the_cpu(tmp_path):
 
 @pytest.mark.slow
 def test_resume_after_a_real_kill_is_bitwise_identical(tmp_path, cli):
-    args = SMALL + ["--epochs", "12", "--train-size", "400"]
+    args = SMALL + ["--epochs", "12", "--train-size", "400", "--train-length", "10"]  # 420 distinct strings
     cli("train", *args, "--out", tmp_path / "whole.pt")
     killed = tmp_path / "killed.pt"
     proc = subprocess.Popen([sys.executable, "-m", "stability", "train", *args, "--out", str(killed)],
