@@ -64,12 +64,13 @@ def test_every_second_edition_record_is_a_pinned_cell_measured_on_the_three_axes
         cfg = cells[cell_id].config
         assert rec["id"] == cells[cell_id].id and rec["options"]["analyze_geometry"] is True
         _pinned(rec)
-        assert rec["curves"]["epoch"] == list(range(1, cfg.train.epochs + 1))
+        epochs = cfg.train.epochs if rec["status"] == "done" else rec["epochs_completed"]  # a diverged run stops
+        assert rec["curves"]["epoch"] == list(range(1, epochs + 1))
         assert all(0.0 <= a <= 1.0 for a in rec["curves"]["train_accuracy"])
         if cfg.model.recall == "fixed":
             assert rec["analysis"] is None and rec["monitor"] == []
             continue
-        assert [m["epoch"] for m in rec["monitor"]] == [8, 16, 24, 32, 40]
+        assert [m["epoch"] for m in rec["monitor"]] == list(range(8, epochs + 1, 8))
         assert all(m["rho_Wx"] is not None for m in rec["monitor"]) == (cfg.model.recall != "none")
         if rec["status"] != "done":
             continue
