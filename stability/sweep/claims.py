@@ -479,13 +479,8 @@ FIGURE3_RULE = Select(rule="max-mean", over=["model.norm", "train.lr"], by=["har
 
 
 def select_runs(runs: list[dict], sel: Select = FIGURE3_RULE) -> tuple[list[dict], dict]:
-    """The runs of the group a selection rule picks, and what it picked (``selected``, ``selected_by``)."""
-    return _select(runs, sel)
-
-
-def _select(runs: list[dict], sel: Select) -> tuple[list[dict], dict]:
-    """Figure 3's rule, fixed in advance: the group of ``over`` with the largest mean of ``by`` (tie-breakers in
-    order; then the first group in sorted order)."""
+    """The runs of the group a selection rule picks, and what it picked (``selected``, ``selected_by``): the group
+    of ``over`` with the largest mean of ``by`` (tie-breakers in order; then the first group in sorted order)."""
     groups: dict[tuple, list[dict]] = {}
     for r in runs:
         k = run_keys(r)
@@ -668,7 +663,7 @@ def _evaluate(claim: Claim, spec: ClaimsFile, records: list[dict]) -> Result:
             _count(detail["not_measured"], name, why)
         arm_runs.append(kept)
     if claim.select is not None:
-        arm_runs[0], chosen = _select(arm_runs[0], claim.select)
+        arm_runs[0], chosen = select_runs(arm_runs[0], claim.select)
         detail.update(chosen)
 
     # values per unit (the mean of an arm's runs in the unit)
@@ -827,12 +822,16 @@ def _n(r: Result) -> str:
     return f"{r.n_a}+{r.n_b}" if r.n_a is not None else str(r.n)
 
 
+def _effect(r: Result) -> str:
+    return "–" if r.effect is None else f"{r.effect:+.3g} {r.unit}"
+
+
 def lines(results: list[Result]) -> list[str]:
     """One line per claim: id, verdict, n, effect (unit), CI, p, reason."""
     width = max(len(r.id) for r in results)
     out = []
     for r in results:
-        effect = "–" if r.effect is None else f"{r.effect:+.3g} {r.unit}"
+        effect = _effect(r)
         out.append(f"{r.id:<{width}}  {r.verdict:<12}  n={_n(r):<6}  effect={effect:<20}  CI={_ci(r.ci):<18}  "
                    f"p={_p(r.p):<6}  {r.reason}")
     return out
@@ -888,7 +887,7 @@ def markdown(spec: ClaimsFile, results: list[Result], *, claims_path: str = "", 
     by_id = {c.id: c for c in spec.claim}
     for r in results:
         c = by_id[r.id]
-        effect = "–" if r.effect is None else f"{r.effect:+.3g} {r.unit}"
+        effect = _effect(r)
         rows.append("| " + " | ".join(_md(x) for x in (
             f"`{r.id}`", f"“{c.paper}” ({c.where})", compared(c), test_text(c), f"**{r.verdict}**", _n(r), effect,
             _ci(r.ci), _p(r.p), r.reason)) + " |")
@@ -905,7 +904,7 @@ def compact_markdown(results: list[Result], *, records: int = 0, source: str = "
             "generated, never edited by hand.", "",
             "| claim | verdict | n | effect | 90% CI | p |", "|---|---|---:|---:|---|---:|"]
     for r in results:
-        effect = "–" if r.effect is None else f"{r.effect:+.3g} {r.unit}"
+        effect = _effect(r)
         rows.append("| " + " | ".join(_md(x) for x in (f"`{r.id}`", f"**{r.verdict}**", _n(r), effect, _ci(r.ci),
                                                         _p(r.p))) + " |")
     return "\n".join(rows) + "\n"
