@@ -35,7 +35,8 @@ def rec(norm, recall, lr, seed, val=0.0, hard=0.0, *, loss=0.01, T=8, curve=None
             "config": {"task": {"name": task}, "model": {"norm": norm, "recall": recall, "out_channels": 2},
                        "train": {"lr": lr, "seed": seed, "iterations": T}},
             "monitor": [dict(m) for m in monitor], "stability": {"rho_Wx": rho},
-            "analysis": {"val": ({"geometry": geometry} if geometry is not None else {})}}
+            "analysis": {"val": ({f"geometry_{'log_range' if k == 'anisotropy_log_range' else k}": v
+                                  for k, v in geometry.items()} if geometry is not None else {})}}
 
 
 def spec(claim: dict, **top) -> C.ClaimsFile:
@@ -525,3 +526,16 @@ def test_figure3_draws_the_configuration_the_registered_rule_selects():
     assert {"model.norm": norm, "train.lr": lr} == claim.detail["selected"] == {"model.norm": "post", "train.lr": 1e-3}
     tie = [rec("gru", "none", 1e-3, 0, val=40, hard=0), rec("post", "none", 1e-3, 0, val=90, hard=0)]
     assert best_autonomous(tie, "prefix-sums")[0] == "post"
+
+
+def test_geometry_metrics_read_the_records_geometry_summary_as_the_sweep_writes_it():
+    """The claims' geometry metrics are read from a committed second-edition record, whose analysis summary the
+    sweep wrote (``analysis.val.geometry_median_radius``, ``geometry_log_range``)."""
+    recs = sorted((ROOT / "experiments" / "results" / "replication" / "records").glob(
+        "prefix-sums_pre_external_lr1e-3_seed0--*.json"))
+    assert recs, "the second edition's record of ps-external-pre-lr1e-3-s0 is committed"
+    r = json.loads(recs[0].read_text())
+    val = r["analysis"]["val"]
+    assert C.metric_value(r, "val.geometry.median_radius") == (val["geometry_median_radius"], None)
+    assert C.metric_value(r, "val.geometry.anisotropy_log_range") == (val["geometry_log_range"], None)
+    assert val["geometry_median_radius"] > 0 and val["geometry_log_range"] > 0

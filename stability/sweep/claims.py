@@ -333,6 +333,11 @@ def never_trained(rec: dict, loss_fraction: float) -> Optional[str]:
     return None
 
 
+#: a geometry metric's name in the claims file -> the record's key in ``analysis.<split>`` (the geometry stage's
+#: summary, stability/analysis/verdict.py: the median radius over directions and App. B.2's log max/min range)
+GEOMETRY_FIELDS = {"median_radius": "geometry_median_radius", "anisotropy_log_range": "geometry_log_range"}
+
+
 def _curve_at(rec: dict, split: str, iteration: int) -> Optional[float]:
     curve = ((rec.get("final") or {}).get(split) or {}).get("curve") or []
     return 100.0 * float(curve[iteration - 1]) if 1 <= iteration <= len(curve) else None
@@ -345,7 +350,8 @@ def metric_value(rec: dict, metric: str) -> tuple[Optional[float], Optional[str]
     tables); ``*.accuracy_at_train_depth`` is the curve at iteration T = ``train.iterations``;
     ``*.overthinking`` the points lost from T to the test iteration (Figure 3); ``val-hard.accuracy`` the
     val-to-hard drop; ``rho_Wx`` the final model's ρ(W_x); ``monitor.rho_Wx.max`` its largest value in the
-    training monitor series (App. B.3); ``*.geometry.*`` the analysis geometry block of that split.
+    training monitor series (App. B.3); ``*.geometry.*`` the geometry stage's summary of that split
+    (``analysis.<split>.geometry_*``, :data:`GEOMETRY_FIELDS`).
     """
     final = rec.get("final") or {}
     diverged = rec.get("status") == "diverged" or not final
@@ -382,12 +388,13 @@ def metric_value(rec: dict, metric: str) -> tuple[Optional[float], Optional[str]
         return max(series), None
     if ".geometry." in metric:
         split, _, key = metric.split(".", 2)
-        geom = ((rec.get("analysis") or {}).get(split) or {}).get("geometry")
-        if not isinstance(geom, dict):
+        summary = (rec.get("analysis") or {}).get(split) or {}
+        if not any(k.startswith("geometry_") for k in summary):
             return None, f"no analysis.{split}.geometry block (the geometry stage did not run)"
-        v = geom.get(key)
+        field = GEOMETRY_FIELDS[key]
+        v = summary.get(field)
         if v is None or not math.isfinite(float(v)):
-            return None, f"analysis.{split}.geometry.{key} not measured"
+            return None, f"analysis.{split}.{field} not measured"
         return float(v), None
     raise ValueError(f"unknown metric {metric!r}")
 
