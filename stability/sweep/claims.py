@@ -394,7 +394,9 @@ def metric_value(rec: dict, metric: str) -> tuple[Optional[float], Optional[str]
         field = GEOMETRY_FIELDS[key]
         v = summary.get(field)
         if v is None or not math.isfinite(float(v)):
-            return None, f"analysis.{split}.{field} not measured"
+            u = summary.get("geometry_unstable_t0")
+            why = " (no stable region: the trained weights are not stable, geometry_unstable_t0 = 1)" if u == 1 else ""
+            return None, f"analysis.{split}.{field} not measured{why}"
         return float(v), None
     raise ValueError(f"unknown metric {metric!r}")
 
