@@ -1,6 +1,6 @@
 """The cost of the reproducible mode (``--reproducible``: every CPU kernel choice pinned, stability/hardware.py).
 
-Runs cells of the CPU replication grid as whole processes, ``stability sweep experiments/cpu-replication.toml
+Runs cells of the CPU replication grid as whole processes, ``stability sweep experiments/replication.toml
 --only CELL --workers 1``, unpinned (one thread, as the grid is run) and pinned, alternated so that both see the same
 machine load, and reports from each record's timing block the training (epochs + evaluation) and analysis seconds,
 and the ratio pinned / unpinned per cell (medians over the repeats). With ``--neighbour`` a CPU-bound process runs on
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-GRID = ROOT / "experiments" / "cpu-replication.toml"
+GRID = ROOT / "experiments" / "replication.toml"
 
 
 def _spin() -> None:  # the neighbour: one core busy

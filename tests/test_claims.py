@@ -1,5 +1,5 @@
 """Claims as code (issue 27, item 2): the claims file's schema, each test's p-value against an independent
-reference, the decision rule, and `stability claims` on the first edition's 120 real records.
+reference, the decision rule, and `stability claims` on the second edition's 204 records.
 
 Synthetic records are built here where the answer is known in closed form (binomial, signed-rank and
 hypergeometric tails counted by hand); the real records' numbers are recomputed from the raw records in the test,
@@ -17,7 +17,6 @@ from stability.sweep import claims as C
 from stability.sweep.runner import RECORD_FORMAT, RECORD_SCHEMA
 
 ROOT = Path(__file__).resolve().parents[1]
-FIRST = ROOT / "experiments" / "results" / "cpu-replication"
 CLAIMS = ROOT / "experiments" / "claims.toml"
 
 
@@ -373,9 +372,8 @@ def test_the_good_synthetic_file_round_trips_through_toml(tmp_path):
     assert s.claim[0].a.recall == ["external"] and s.claim[0].min_n == 5
 
 
-# ---- the first edition's 120 real records ------------------------------------------------------------------------
-def _first_records():
-    return [json.loads(line) for line in (FIRST / "records.jsonl").read_text().splitlines() if line.strip()]
+# ---- the second edition's 204 records (issue 27): verdicts recomputed by hand -----------------------------------
+SECOND = ROOT / "experiments" / "results" / "replication"
 
 
 def _index(records):
@@ -383,95 +381,68 @@ def _index(records):
              r["config"]["train"]["seed"]): r for r in records}
 
 
-def test_the_issues_pooled_sign_test_on_external_against_internal_is_reproduced():
-    """Issue 27: per seed external is 9 ahead / 5 behind / 2 tied of internal without outer norm (pre, peri; the
-    two lower rates; val and hard pooled), sign test p = 0.42 (two-sided)."""
-    records = _first_records()
+def _second_records():
+    return [json.loads(p.read_text()) for p in sorted((SECOND / "records").glob("*.json"))]
+
+
+def _lrs(records):
+    return sorted({r["config"]["train"]["lr"] for r in records if r["config"]["model"]["recall"] != "fixed"})
+
+
+def test_stability_claims_on_the_second_edition_records_agree_with_the_tests_computed_by_hand(tmp_path):
+    """Four verdicts recomputed from the records with scipy.stats, without the claims module: the pooled sign test
+    of external against internal recall on hard (pre, peri; the two lower rates), Figure 3's selection, the
+    one-sample Wilcoxon test of the monitor's largest ρ(W_x) at the lowest rate against 1, and the paired Wilcoxon
+    test of the geometry stage's median radius (each arm the mean over its two norms)."""
+    from scipy import stats
+
+    out = tmp_path / "v.json"
+    run_cli("claims", SECOND, "--claims", CLAIMS, "--json", out)
+    v = {c["id"]: c for c in json.loads(out.read_text())["claims"]}
+    records = _second_records()
+    assert json.loads(out.read_text())["records"] == len(records)
     idx = _index(records)
-    ahead = behind = tied = 0
-    for norm in ("pre", "peri"):
-        for lr in (1e-3, 3e-3):
-            for seed in (0, 1):
-                for split in ("val", "hard"):
-                    e = idx[(norm, "external", lr, seed)]["final"][split]["accuracy"]
-                    i = idx[(norm, "internal", lr, seed)]["final"][split]["accuracy"]
-                    ahead, behind, tied = ahead + (e > i), behind + (e < i), tied + (e == i)
-    assert (ahead, behind, tied) == (9, 5, 2)
-    claim = {**EXT_VS_INT, "metric": ["val.accuracy", "hard.accuracy"], "min_n": 10,
-             "a": {"label": "external", "recall": ["external"], "norm": ["pre", "peri"], "lr": ["lowest", "middle"]},
-             "b": {"label": "internal", "recall": ["internal"], "norm": ["pre", "peri"], "lr": ["lowest", "middle"]}}
-    r = judge(claim, records)
-    assert (r.detail["above"], r.detail["below"], r.detail["tied"]) == (9, 5, 2) and r.n == 16
-    tail = sum(math.comb(14, k) for k in range(9, 15)) / 2 ** 14
-    assert r.p == pytest.approx(tail)                   # one-sided, the rule's p: 0.212
-    assert r.p_two_sided == pytest.approx(2 * tail)     # the issue's 0.42
-    assert r.p_two_sided == pytest.approx(0.424, abs=5e-4) and r.verdict == "inconclusive"
+    lrs = _lrs(records)
+    seeds = sorted({r["config"]["train"]["seed"] for r in records})
+    acc = lambda r, s: 0.0 if r["status"] == "diverged" else 100 * r["final"][s]["accuracy"]
 
+    # external vs internal without outer norm, hard: per (norm, lr, seed) pair
+    d = [acc(idx[(n, "external", lr, s)], "hard") - acc(idx[(n, "internal", lr, s)], "hard")
+         for n in ("pre", "peri") for lr in lrs[:2] for s in seeds
+         if (n, "external", lr, s) in idx and (n, "internal", lr, s) in idx]
+    ahead, behind = sum(x > 0 for x in d), sum(x < 0 for x in d)
+    c = v["external-beats-internal-no-outer-norm-hard"]
+    assert (c["detail"]["above"], c["detail"]["below"], c["detail"]["tied"]) == (ahead, behind, len(d) - ahead - behind)
+    assert c["n"] == len(d) == 20                         # 2 norms x 2 rates x 5 seeds; the sign test drops ties
+    assert c["p"] == pytest.approx(stats.binomtest(ahead, ahead + behind, alternative="greater").pvalue)
+    assert c["effect"] == pytest.approx(sum(d) / len(d))
 
-def test_stability_claims_on_the_first_edition_records(tmp_path):
-    out, md = tmp_path / "v.json", tmp_path / "v.md"
-    res = run_cli("claims", FIRST, "--claims", CLAIMS, "--json", out, "--markdown", md)
-    spec_, _ = C.load_claims(CLAIMS)
-    lines = res.stdout.strip().splitlines()
-    assert len(lines) == len(spec_.claim) + 3           # one line a claim, the summary, the two "wrote"
-    data = json.loads(out.read_text())
-    assert data["records"] == 120 and data["claims_sha256"] == C.load_claims(CLAIMS)[1]
-    v = {c["id"]: c for c in data["claims"]}
-    assert [c["id"] for c in data["claims"]] == [c.id for c in spec_.claim]
-    records = _first_records()
-    idx = _index(records)
+    # Figure 3's configuration: the best mean hard accuracy of the autonomous runs, ties broken by val
+    cells = {(n, lr) for (n, rc, lr, s) in idx if rc == "none" and n in ("pre", "peri", "post", "gru")}
+    mean = lambda n, lr, s: sum(acc(idx[k], s) for k in idx if k[:3] == (n, "none", lr)) / len(seeds)
+    best = max(cells, key=lambda k: (mean(*k, "hard"), mean(*k, "val")))
+    assert v["no-overthinking-best-autonomous"]["detail"]["selected"] == {"model.norm": best[0], "train.lr": best[1]}
 
-    # two seeds: most claims cannot be decided
-    assert sum(c["verdict"] == "inconclusive" for c in data["claims"]) > len(data["claims"]) / 2
+    # App. B.3: the largest ρ(W_x) of each run's training monitor at the lowest rate, against 1
+    peaks = [max(m["rho_Wx"] for m in r["monitor"]) for r in records
+             if r["config"]["train"]["lr"] == lrs[0] and r["config"]["model"]["recall"] in ("internal", "external")
+             and r["config"]["model"]["norm"] in ("pre", "peri")]
+    c = v["rho-wx-small-through-training-low-lr"]
+    assert c["n"] == len(peaks) and c["p"] == pytest.approx(stats.wilcoxon([p - 1 for p in peaks],
+                                                                           alternative="less").pvalue)
 
-    # the registered (per-split) external-vs-internal claims: 4 cells x 2 seeds on hard, n below the minimum
-    hard = v["external-beats-internal-no-outer-norm-hard"]
-    assert hard["n"] == 8 and hard["verdict"] == "inconclusive" and "n too small (8 < 10" in hard["reason"]
-    assert (hard["detail"]["above"], hard["detail"]["below"], hard["detail"]["tied"]) == (4, 3, 1)
-    val = v["external-beats-internal-no-outer-norm-val"]
-    assert val["n"] == 6                                  # pre / middle lr excepted, as the paper's footnote 4
+    # the geometry axis: outer norm (post, gru) against none (pre, peri), paired by recall x lr x seed
+    def radius(norms, recall, lr, s):
+        vals = [idx[(n, recall, lr, s)]["analysis"]["val"]["geometry_median_radius"] for n in norms
+                if (n, recall, lr, s) in idx]
+        return sum(vals) / len(vals) if len(vals) == len(norms) else None
 
-    # Figure 3 by the paper's rule: post / 1e-3 (best mean hard); val 100 % at T = 8, 81 % at 60 (issue 27)
-    fig3 = v["no-overthinking-best-autonomous"]
-    assert fig3["detail"]["selected"] == {"model.norm": "post", "train.lr": 1e-3}
-    drops = [100 * (idx[("post", "none", 1e-3, s)]["final"]["val"]["curve"][7]
-                    - idx[("post", "none", 1e-3, s)]["final"]["val"]["accuracy"]) for s in (0, 1)]
-    assert fig3["effect"] == pytest.approx(sum(drops) / 2) == pytest.approx(19.0)
-    assert fig3["verdict"] == "inconclusive" and fig3["n"] == 2
-
-    # every autonomous run (paper norms) at >= 90 % val at T: most lose > 10 points -> contradicted
-    solved = [r for r in records if r["config"]["model"]["recall"] == "none" and r["config"]["model"]["norm"] != "none"
-              and r["final"]["val"]["curve"][7] >= 0.9]
-    lost = sum(100 * (r["final"]["val"]["curve"][7] - r["final"]["val"]["accuracy"]) > 10 for r in solved)
-    trained = v["no-overthinking-trained-autonomous"]
-    assert trained["n"] == len(solved) == 16 and trained["detail"]["above"] == lost == 14
-    assert trained["verdict"] == "contradicted"
-
-    # the largest rate: the issue's 10 of 20 recall runs at 1e-2 never trained (final loss >= ln 2 / 2)
-    recall_top = [r for r in records if r["config"]["model"]["recall"] in ("internal", "external")
-                  and r["config"]["train"]["lr"] == 1e-2]
-    flagged = [r for r in recall_top if r["loss_last"] >= 0.5 * math.log(2)]
-    assert len(recall_top) == 20 and len(flagged) == 10
-    assert all(C.never_trained(r, 0.5) for r in flagged)
-    big = v["largest-lr-only-outer-norm-nonzero-hard"]
-    assert big["detail"]["untrained"] == {"a": [3, 8], "b": [3, 8]} and (big["n_a"], big["n_b"]) == (5, 5)
-    assert big["verdict"] == "inconclusive"
-
-    # what the first edition did not record
-    assert v["rho-wx-small-through-training-low-lr"]["reason"].startswith("not measured: no monitor series")
-    for cid in ("geometry-internal-more-anisotropic", "geometry-outer-norm-broadens"):
-        assert v[cid]["verdict"] == "inconclusive" and "no analysis.val.geometry block" in v[cid]["reason"]
-
-    # the fixed-depth baseline is perfect on val (val is the training set, issue 27): contradicted there
-    fixed_val = [idx[(n, "fixed", lr, s)]["final"]["val"]["accuracy"] for n in ("pre", "peri", "post", "gru")
-                 for lr in (1e-3, 3e-3, 1e-2) for s in (0, 1)]
-    assert sum(a == 1.0 for a in fixed_val) >= 16
-    assert v["recall-beats-fixed-depth-val"]["verdict"] == "contradicted"
-
-    table = md.read_text()
-    assert table.count("\n| `") == len(spec_.claim) and "Generated, never edited by hand" in table
-    for cid, c in v.items():
-        assert f"| `{cid}` |" in table and f"**{c['verdict']}**" in table
+    pairs_ = [(radius(("post", "gru"), rc, lr, s), radius(("pre", "peri"), rc, lr, s))
+              for rc in ("internal", "external") for lr in lrs for s in seeds]
+    diffs = [a - b for a, b in pairs_ if a is not None and b is not None]
+    c = v["geometry-outer-norm-broadens"]
+    assert len(diffs) == c["n"] >= 10
+    assert c["p"] == pytest.approx(stats.wilcoxon(diffs, alternative="greater").pvalue)
 
 
 def test_each_claim_figure_draws_the_per_unit_values_its_verdict_rests_on(tmp_path):
@@ -485,13 +456,13 @@ def test_each_claim_figure_draws_the_per_unit_values_its_verdict_rests_on(tmp_pa
     assert (r.detail["above"], r.detail["below"], r.detail["tied"]) == (3, 1, 2)
 
     figs = tmp_path / "figs"
-    res = run_cli("claims", FIRST, "--claims", CLAIMS, "--figures", figs)
-    data_claims = C.evaluate(C.load_claims(CLAIMS)[0], _first_records())
+    res = run_cli("claims", SECOND, "--claims", CLAIMS, "--figures", figs)
+    data_claims = C.evaluate(C.load_claims(CLAIMS)[0], _second_records())
     with_values = {x.id for x in data_claims if x.detail.get("values", {}).get("a")
                    and (x.detail.get("values", {}).get("b") or x.detail.get("values", {}).get("a"))}
     written = {p.stem for p in figs.glob("*.png")}
     assert written and written <= with_values and f"wrote {len(written)} figures" in res.stdout
-    assert "rho-wx-small-through-training-low-lr" not in written          # not measured: nothing to draw
+    assert "geometry-internal-more-anisotropic" not in written            # not measured: nothing to draw
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in figs.glob("*.png"))
     assert not list(tmp_path.glob(".figs.*"))                             # no staging folder left behind
 
@@ -516,10 +487,10 @@ def test_the_claims_tables_in_the_readme_and_replication_page_are_the_output_of_
 
 def test_figure3_draws_the_configuration_the_registered_rule_selects():
     """Figure 3 and the claim no-overthinking-best-autonomous select by one rule (best mean hard, then val): on the
-    first edition's records both pick post / 1e-3, and a tie on hard is broken by val, not by the sort order."""
+    second edition's records both pick post / 1e-3, and a tie on hard is broken by val, not by the sort order."""
     from stability.sweep.figures import best_autonomous
 
-    records = _first_records()
+    records = _second_records()
     s, _ = C.load_claims(CLAIMS)
     claim = next(r for r in C.evaluate(s, records) if r.id == "no-overthinking-best-autonomous")
     norm, lr, runs = best_autonomous(records, "prefix-sums")

@@ -2,7 +2,7 @@
 possible (docs/replication.md, "What reproduces where"), and the second edition's records hold what its claims
 need (issue 27).
 
-``experiments/results/replication/records/`` holds the cells of experiments/replication.toml run so far, every one
+``experiments/results/replication/records/`` holds every cell of experiments/replication.toml (204), each run
 in reproducible mode (every CPU kernel choice pinned, stability/hardware.py). Rerun the same way with
 ``stability sweep GRID --only CELL``, a cell must give the same record bit for bit (apart from timings, the
 environment and the finish time: :func:`stability.sweep.export.deterministic_view`) on any x86-64 CPU, Intel or
@@ -10,9 +10,6 @@ AMD, AVX2 or AVX-512, as long as the library versions in its signature are the i
 not, the test skips and says which version differs. One cell is rerun (a couple of minutes); which one is a
 choice of cost, any other gives its record the same way.
 
-The first edition (experiments/cpu-replication.toml, its pinned-records.jsonl) is history: its 8-bit val held
-training strings, so its grid no longer runs (the sweep refuses it before any work); its records are checked for
-their signatures only.
 """
 
 import json
@@ -29,8 +26,6 @@ from tests.conftest import run_process
 ROOT = Path(__file__).resolve().parents[1]
 GRID = ROOT / "experiments" / "replication.toml"
 RESULTS = ROOT / "experiments" / "results" / "replication"
-FIRST_GRID = ROOT / "experiments" / "cpu-replication.toml"
-FIRST_PINNED = ROOT / "experiments" / "results" / "cpu-replication" / "pinned-records.jsonl"
 #: a recall cell that trains (val 98.2 %, hard 75.5 %) and whose 4 + 4 analysed samples all converge, so every
 #: analysis stage runs on both splits (geometry and the repelling search included); about 80 CPU seconds
 CELL = "ps-external-pre-lr1e-3-s0"
@@ -43,15 +38,6 @@ def _pinned(rec: dict) -> None:
     assert sig["mkldnn"] is False and sig["dispatch_env"]["MKL_CBWR"] == "COMPATIBLE"
 
 
-def test_every_first_edition_pinned_record_is_a_cell_of_its_grid_and_says_it_was_pinned():
-    cells = {c.cell_id: c for c in gridlib.load(FIRST_GRID).cells}
-    records = {r["cell_id"]: r for r in read_jsonl(FIRST_PINNED)}
-    assert set(records) == set(cells)  # the whole first edition, one record per cell
-    for cell_id, rec in records.items():
-        assert rec["id"] == cells[cell_id].id
-        _pinned(rec)
-
-
 def test_every_second_edition_record_is_a_pinned_cell_measured_on_the_three_axes():
     """Each record is a cell of the grid, pinned, with what the registered claims read: the per-epoch training
     accuracy, ρ(W_x) through training (the monitor at epochs 8, 16, ..., 40), and for every trained looped run an
@@ -59,7 +45,7 @@ def test_every_second_edition_record_is_a_pinned_cell_measured_on_the_three_axes
     wherever a sample converged."""
     cells = {c.cell_id: c for c in gridlib.load(GRID).cells}
     records = {r["cell_id"]: r for r in load_records(RESULTS)}
-    assert CELL in records and set(records) <= set(cells)
+    assert CELL in records and set(records) == set(cells)  # the whole grid, one record per cell
     for cell_id, rec in records.items():
         cfg = cells[cell_id].config
         assert rec["id"] == cells[cell_id].id and rec["options"]["analyze_geometry"] is True

@@ -206,19 +206,24 @@ def test_paper_grid_is_the_papers_600_runs_and_the_smoke_grid_is_small():
     assert len(first) == 10 and {c.config.model.norm for c in first} == {"none", "pre", "post", "peri", "gru"}
 
 
-def test_cpu_replication_grid_is_every_norm_and_recall_at_three_rates_and_two_seeds():
-    g = gridlib.load(ROOT / "experiments" / "cpu-replication.toml")
-    assert len(g) == 5 * 4 * 3 * 2
-    assert {c.config.model.norm for c in g.cells} == {"none", "pre", "peri", "post", "gru"}
-    assert {c.config.model.recall for c in g.cells} == {"internal", "external", "none", "fixed"}
-    assert sorted({c.config.train.lr for c in g.cells}) == [1e-3, 3e-3, 1e-2]
-    assert {c.config.train.seed for c in g.cells} == {0, 1}
+def test_replication_grid_is_the_papers_norms_and_recalls_at_three_rates_five_seeds_and_the_baseline():
+    """The second edition (docs/replication.md): 4 norms x 3 recalls x 3 rates x 5 seeds + the 15-block
+    baseline x 4 norms x 3 rates x 2 seeds; val is every 10-bit string not trained on."""
+    g = gridlib.load(ROOT / "experiments" / "replication.toml")
+    looped = [c for c in g.cells if c.config.model.recall != "fixed"]
+    fixed = [c for c in g.cells if c.config.model.recall == "fixed"]
+    assert (len(g), len(looped), len(fixed)) == (4 * 3 * 3 * 5 + 4 * 3 * 2, 180, 24)
+    assert {c.config.model.norm for c in g.cells} == {"pre", "peri", "post", "gru"}
+    assert {c.config.model.recall for c in looped} == {"internal", "external", "none"}
+    assert sorted({c.config.train.lr for c in g.cells}) == [1e-3, 2.5e-3, 5e-3]
+    assert {c.config.train.seed for c in looped} == set(range(5)) and {c.config.train.seed for c in fixed} == {0, 1}
     c = g.cells[0].config
-    assert (c.task.train_length, c.task.hard_length, c.train.iterations, c.model.width) == (8, 32, 8, 32)
-    assert c.train.device == "cpu" and c.model.depth == 15
-    assert g.summary == {"summary": "analyze", "analyze_samples": 4, "analyze_splits": "both",
-                         "analyze_max_iter": 500}
-    assert "ps-external-post-lr3e-3-s0" in {c.cell_id for c in g.cells}
+    assert (c.task.train_length, c.task.train_size, c.task.val_size, c.task.hard_length) == (10, 800, 224, 40)
+    assert c.task.train_size + c.task.val_size == 2 ** c.task.train_length
+    assert (c.train.iterations, c.train.test_iterations, c.train.warmup_epochs, c.train.cooldown_at) == (10, 100, 4, 0.6)
+    assert c.train.monitor_every == 8 and fixed[0].config.model.depth == 15
+    assert g.summary["analyze_geometry"] is True and g.summary["reproducible"] is True
+    assert "ps-external-pre-lr2.5e-3-s0" in {c.cell_id for c in g.cells}
 
 
 @pytest.mark.parametrize("text, message", [

@@ -271,3 +271,11 @@ def test_caption_says_one_seed_in_the_singular():
     assert "over 1 seed (" in tables.markdown(t4) and "over 1 seeds" not in tables.markdown(t4)
     two = recs + [record("prefix-sums", "post", "external", 1e-3, 1, 60, 30)]
     assert "over 2 seeds (" in tables.markdown(tables.build_tables(tables.collect(two))[0])
+
+
+def test_a_learning_rate_is_labelled_with_the_digits_that_give_it_back():
+    """Column labels name the rate the runs used: 2.5e-3 stays 2.5e-3 (it printed 3e-3), in text and LaTeX."""
+    from stability.sweep.tables import lr_latex, lr_text
+
+    assert [lr_text(x) for x in (1e-3, 2.5e-3, 5e-3, 3e-4, 1e-2)] == ["1e-3", "2.5e-3", "5e-3", "3e-4", "1e-2"]
+    assert lr_latex(2.5e-3) == "$2.5 \\times 10^{-3}$" and float(lr_text(2.5e-3)) == 2.5e-3

@@ -21,9 +21,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--claims", metavar="FILE", default=None,
                    help=f"the claims file (default {DEFAULT_CLAIMS}, here or in the toolkit's checkout)")
     p.add_argument("--json", metavar="OUT", help="write every verdict with its numbers as JSON")
-    p.add_argument("--markdown", metavar="OUT", help="write the verdict table (Markdown); in a page with generated "
+    p.add_argument("--markdown", metavar="OUT", action="append", help="write the verdict table (Markdown); in a page "
+                   "with generated "
                    "claims blocks of RESULTS (<!-- stability claims RESULTS: begin [compact] --> ... <!-- stability "
-                   "claims: end -->), re-render those blocks and keep the rest of the page")
+                   "claims: end -->), re-render those blocks and keep the rest of the page; repeatable (several pages)")
     p.add_argument("--figures", metavar="DIR", help="write one figure per claim (DIR/<claim id>.png): every unit's "
                                                    "value as the test sees it, with the verdict, n, effect, CI and p")
 
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
 
     path = _claims_path(args.claims)
     outputs = [(atomic.check_writable(o, "file", flag), kind) for o, flag, kind in
-               ((args.json, "--json", "json"), (args.markdown, "--markdown", "md")) if o]
+               [(args.json, "--json", "json")] + [(m, "--markdown", "md") for m in args.markdown or ()] if o]
     if args.figures:
         atomic.check_writable(args.figures, "dir", "--figures")
     spec, sha = claims.load_claims(path)

@@ -174,14 +174,21 @@ def build_tables(cells: dict) -> list[Table]:
     return out
 
 
+def _mantissa_exponent(lr: float) -> tuple[str, int]:
+    """The fewest significant digits that give lr back (2.5e-3 stays 2.5e-3, not 3e-3)."""
+    text = next((t for t in (f"{lr:.{d}e}" for d in range(17)) if float(t) == lr), f"{lr:.16e}")
+    m, e = text.split("e")
+    return m, int(e)
+
+
 def lr_text(lr: float) -> str:
-    m, e = f"{lr:.0e}".split("e")
-    return f"{m}e{int(e)}"
+    m, e = _mantissa_exponent(lr)
+    return f"{m}e{e}"
 
 
 def lr_latex(lr: float) -> str:
-    m, e = f"{lr:.0e}".split("e")
-    return f"${m} \\times 10^{{{int(e)}}}$"
+    m, e = _mantissa_exponent(lr)
+    return f"${m} \\times 10^{{{e}}}$"
 
 
 def _entry(table: Table, norm: str, recall: str, col) -> tuple[Optional[dict], Optional[Cell]]:
