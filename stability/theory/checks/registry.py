@@ -10,6 +10,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Callable
 
+from stability.errors import MissingExtraError
+
 RELATIONS = {"<=": lambda m, t: m <= t, ">=": lambda m, t: m >= t}
 
 
@@ -47,6 +49,7 @@ class Verifier:
     tolerance: float
     wrong: str
     measure: Callable
+    needs: str | None = None  #: the optional package the measurement imports (:mod:`stability.extras`)
 
     def run(self, seed: int = 0, wrong: bool = False) -> Check:
         """Measure the property; an exception inside the measurement becomes a failed check, never a traceback."""
@@ -54,6 +57,8 @@ class Verifier:
         try:
             instance, measured = self.measure(seed, wrong)
             measured = float(measured)
+        except MissingExtraError:  # a package to install, not a failed property
+            raise
         except Exception as exc:  # noqa: BLE001 - a failing measurement is a failed check, reported as one row
             instance, measured = f"measurement raised {type(exc).__name__}: {exc}", float("nan")
         passed = bool(math.isfinite(measured) and RELATIONS[self.relation](measured, tolerance))
@@ -86,11 +91,12 @@ def format_listing(v: Verifier) -> str:
             f"[wrong variant: {v.wrong}]")
 
 
-def verifier(name: str, source: str, statement: str, *, tolerance: float, relation: str = "<=", wrong: str):
-    """Register ``measure(seed, wrong)`` as the check ``name``."""
+def verifier(name: str, source: str, statement: str, *, tolerance: float, relation: str = "<=", wrong: str,
+             needs: str | None = None):
+    """Register ``measure(seed, wrong)`` as the check ``name`` (``needs``: an optional package it imports)."""
 
     def deco(fn):
-        VERIFIERS[name] = Verifier(name, source, statement, relation, tolerance, wrong, fn)
+        VERIFIERS[name] = Verifier(name, source, statement, relation, tolerance, wrong, fn, needs)
         return fn
 
     return deco
