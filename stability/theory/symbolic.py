@@ -15,9 +15,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from stability.extras import require
-
-sp = require("sympy", "the symbolic derivations (stability.theory.symbolic)")
+import sympy as sp
 
 # Non-commuting Jacobians, named as the paper writes them (1 stands for the identity).
 P1, P2 = sp.symbols("dphi1 dphi2", commutative=False)  # dφ1(z̃)/dz̃, dφ2(x̃)/dx̃

@@ -10,8 +10,6 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from stability.errors import MissingExtraError
-
 RELATIONS = {"<=": lambda m, t: m <= t, ">=": lambda m, t: m >= t}
 
 
@@ -49,7 +47,7 @@ class Verifier:
     tolerance: float
     wrong: str
     measure: Callable
-    needs: str | None = None  #: the optional package the measurement imports (:mod:`stability.extras`)
+    needs: str | None = None  #: the optional package the measurement imports (``stability verify`` checks it first)
 
     def run(self, seed: int = 0, wrong: bool = False) -> Check:
         """Measure the property; an exception inside the measurement becomes a failed check, never a traceback."""
@@ -57,8 +55,6 @@ class Verifier:
         try:
             instance, measured = self.measure(seed, wrong)
             measured = float(measured)
-        except MissingExtraError:  # a package to install, not a failed property
-            raise
         except Exception as exc:  # noqa: BLE001 - a failing measurement is a failed check, reported as one row
             instance, measured = f"measurement raised {type(exc).__name__}: {exc}", float("nan")
         passed = bool(math.isfinite(measured) and RELATIONS[self.relation](measured, tolerance))
