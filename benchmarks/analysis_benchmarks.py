@@ -12,9 +12,6 @@
    input-gradient vᵀ dx/dx0: peak memory, measured in fresh child processes (peak RSS growth) and as bytes of
    tensors autograd saved, plus their agreement.
 
-4. (``--only rho-speed``, not in the default set) ρ(J*) per sudoku-size state before and after issue 13's
-   change (the DGKS test in place of a second Gram–Schmidt pass on every vector), side by side, alternated.
-
 Usage: python benchmarks/analysis_benchmarks.py [--checkpoint CKPT] [--threads N] [--out results.json]
 (without --checkpoint a small prefix-sums model is trained first with `stability train`, about a minute).
 """
@@ -188,79 +185,6 @@ def bench_spectral_radius(samples: int = 8) -> dict:
     return out
 
 
-RHO_SPEED = {  # name: keywords of jacobian_rho; "before" is the code of issue 13's 2.74 s (CGS2 on every vector)
-    "before (CGS2 always)": {"reorth": "always"},
-    "after (DGKS adaptive)": {"reorth": "adaptive"},
-}
-
-
-def bench_rho_speed(samples: int = 8, hard_samples: int = 3) -> dict:
-    """ρ(J*) of single sudoku-size states (issue 13), the variants of :data:`RHO_SPEED` side by side in one process,
-    their order alternated per sample: seconds, products (noise-free), seconds outside the products, certified
-    Ritz residual and |Δρ| against float64 Krylov–Schur to a Ritz residual of 1e-10; ``samples`` fixed points of
-    recall ×0.5 (as :func:`bench_spectral_radius`) and ``hard_samples`` of recall ×1.0 (ρ near 1)."""
-    from stability.linalg import BatchedJacobian, batched_spectral_radius, jacobian_rho
-
-    timed = {"product_s": 0.0}
-    rapply = BatchedJacobian.rapply
-
-    def timed_rapply(self, U):  # the products' own time, to split the rest (Gram–Schmidt, restarts) off
-        t = time.perf_counter()
-        out = rapply(self, U)
-        timed["product_s"] += time.perf_counter() - t
-        return out
-
-    rows = []
-    for scale, count in ((0.5, samples), (1.0, hard_samples)):
-        if not count:
-            continue
-        m = sudoku_model(256, recall_scale=scale)
-        m32 = sudoku_model(256, recall_scale=scale).float()
-        r, x0 = fixed_points(m, count)
-        jacobian_rho(m.step, r.x_best[:1], x0[:1], fast_f=m32.step, tol=1e-3)  # warm-up
-        for b in range(count):
-            xs, xb = r.x_best[b:b + 1], x0[b:b + 1]
-            bj = BatchedJacobian(m.step, xs, xb)
-            ref = float(batched_spectral_radius(bj.rapply, tuple(xs.shape), tol=1e-10, k=6, restarts=400).rho[0])
-            row = {"recall_scale": scale, "sample": b, "status": r.status[b], "rho_reference": ref}
-            names = list(RHO_SPEED) if b % 2 == 0 else list(RHO_SPEED)[::-1]
-            BatchedJacobian.rapply = timed_rapply
-            try:
-                for name in names:
-                    timed["product_s"] = 0.0
-                    res, t_ = _t(lambda: jacobian_rho(m.step, xs, xb, fast_f=m32.step, tol=1e-6, k=3,
-                                                      **RHO_SPEED[name]))
-                    row[name] = {"s": t_, "products": res.matvecs, "non_product_s": t_ - timed["product_s"],
-                                 "rho": float(res.rho[0]), "abs_diff": abs(float(res.rho[0]) - ref),
-                                 "ritz_residual": float(res.ritz_residual[0])}
-            finally:
-                BatchedJacobian.rapply = rapply
-            rows.append(row)
-            print(f"    recall ×{scale} sample {b}: ρ {ref:.8f}; " + "; ".join(
-                f"{k} {row[k]['s']:.2f} s ({row[k]['non_product_s']:.2f} s outside products), {row[k]['products']} "
-                f"products, residual {row[k]['ritz_residual']:.1e}, |Δρ| {row[k]['abs_diff']:.0e}"
-                for k in RHO_SPEED), flush=True)
-    summary = {}
-    for name in RHO_SPEED:
-        secs = np.array([row[name]["s"] for row in rows])
-        summary[name] = {"median_s": float(np.median(secs)), "mean_s": float(secs.mean()),
-                         "total_s": float(secs.sum()),
-                         "non_product_s": float(sum(row[name]["non_product_s"] for row in rows)),
-                         "products": int(sum(row[name]["products"] for row in rows)),
-                         "median_products": float(np.median([row[name]["products"] for row in rows])),
-                         "max_abs_diff": float(max(row[name]["abs_diff"] for row in rows)),
-                         "max_ritz_residual": float(max(row[name]["ritz_residual"] for row in rows))}
-    print(f"  {len(rows)} states, threads {torch.get_num_threads()}: seconds per state median (mean), products per "
-          f"state median (total), seconds outside the products (total), max certified residual, max |Δρ|:")
-    for name, sm in summary.items():
-        print(f"    {name:22s} {sm['median_s']:.2f} ({sm['mean_s']:.2f}) s, {sm['median_products']:.0f} "
-              f"({sm['products']}) products, {sm['non_product_s']:.1f} s, {sm['max_ritz_residual']:.1e}, "
-              f"{sm['max_abs_diff']:.1e}", flush=True)
-    return {"tol": 1e-6, "threads": torch.get_num_threads(), "variants": {k: {kk: str(vv) for kk, vv in v.items()}
-                                                                        for k, v in RHO_SPEED.items()},
-            "per_state": rows, "summary": summary}
-
-
 # ---- 2. Anderson against Picard -------------------------------------------------------------------------
 
 def train_checkpoint(directory: Path) -> Path:
@@ -410,10 +334,8 @@ def main(argv=None) -> int:
     ap.add_argument("--checkpoint", help="a trained checkpoint for the Anderson/Picard benchmark")
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads (2)")
     ap.add_argument("--out", default=str(HERE / "results-analysis.json"), help="where to write the numbers")
-    ap.add_argument("--only", choices=["spectral", "anderson", "memory", "rho-speed"], action="append",
-                    help="rho-speed (not in the default set): ρ(J*) per state before/after issue 13's change")
-    ap.add_argument("--rho-samples", type=int, nargs=2, default=(8, 3), metavar=("HALF", "ONE"),
-                    help="rho-speed: fixed points of recall ×0.5 and ×1.0 (8 3)")
+    ap.add_argument("--only", choices=["spectral", "anderson", "memory"], action="append",
+                    help="run only this benchmark (repeatable)")
     ap.add_argument("--child", choices=["implicit", "unrolled"], help=argparse.SUPPRESS)
     ap.add_argument("--state", help=argparse.SUPPRESS)
     ap.add_argument("--T", type=int, default=100, help=argparse.SUPPRESS)
@@ -434,9 +356,6 @@ def main(argv=None) -> int:
     if "memory" in which:
         print("3. implicit against unrolled input-gradient, T = 100", flush=True)
         results["memory"] = bench_memory()
-    if "rho-speed" in which:
-        print("ρ(J*) per sudoku-size state, before and after (issue 13)", flush=True)
-        results["rho_speed"] = bench_rho_speed(*args.rho_samples)
     Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     print(f"numbers: {args.out}")
     return 0

@@ -253,7 +253,7 @@ def main(argv=None) -> int:
                     "right before ours on every map (a side-by-side timing)")
     ap.add_argument("--timing-repeats", type=int, default=7,
                     help="most extra timings of our columns on a map whose Picard solve is short (7)")
-    ap.add_argument("--out", default=str(HERE / "results-solvers.json"))
+    ap.add_argument("--out", default=str(HERE / "out" / "solvers.json"))
     args = ap.parse_args(argv)
     globals()["RHO_TOL"] = args.rho_tol
     torch.set_num_threads(args.threads)
@@ -335,6 +335,7 @@ def main(argv=None) -> int:
             print(f"  linearised at x*: full GMRES {gb['gmres']} products, Neumann (Picard) {gb['neumann']} "
                   f"(to 1e-6; Neumann capped at {gb['cap']})", flush=True)
         out["maps"].append(entry)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(f"numbers: {args.out}")
     return 0

@@ -25,6 +25,10 @@ class OutputError(StabilityError, OSError):
     """An output location that cannot be written (checked before work starts, or a write that failed)."""
 
 
+class MissingExtraError(StabilityError, ImportError):
+    """An optional package (an extra of ``pyproject.toml``, :mod:`stability.extras`) that is not installed."""
+
+
 def first_line(exc: BaseException | str, default: str = "") -> str:
     """The first non-empty line of an exception's message (or of a text); ``default``, else the exception's class
     name, when it has none. The one way a foreign error becomes part of a one-line message."""

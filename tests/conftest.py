@@ -15,6 +15,7 @@ import contextlib
 import io
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import threading
 import traceback
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -180,3 +182,16 @@ def run_cli(*args, check=True, timeout=600, env=None, cwd=None, process=False):
 def cli():
     """:func:`run_cli` (in-process by default)."""
     return run_cli
+
+
+#: the committed small trained checkpoint (tests/fixtures/make_checkpoint.py says how it is made)
+SMALL_CHECKPOINT = Path(__file__).resolve().parent / "fixtures" / "small-prefix-sums.pt"
+
+
+@pytest.fixture(scope="session")
+def small_checkpoint(tmp_path_factory) -> Path:
+    """A copy of the committed small trained checkpoint (prefix sums, width 16, val n = 512): for the tests that
+    analyse a trained model and whose property does not depend on training it at test time."""
+    out = tmp_path_factory.mktemp("small-checkpoint") / SMALL_CHECKPOINT.name
+    shutil.copyfile(SMALL_CHECKPOINT, out)
+    return out

@@ -22,13 +22,9 @@ def stability(*args, timeout=300):
 
 
 @pytest.fixture(scope="session")
-def tiny_checkpoint(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("analyze") / "tiny.pt"
-    proc = stability("train", "--task", "prefix-sums", "--width", "16", "--heads", "2", "--epochs", "1",
-                     "--train-size", "64", "--val-size", "16", "--hard-size", "16", "--hard-length", "16",
-                     "--test-iterations", "20", "--out", out, "--quiet")
-    assert proc.returncode == 0, proc.stderr
-    return out
+def tiny_checkpoint(small_checkpoint) -> Path:
+    """The committed small checkpoint (width 16; val 16 strings of 32 bits, hard 16 of 16 bits)."""
+    return small_checkpoint
 
 
 def test_analyze_writes_text_json_and_plots_for_both_splits(tiny_checkpoint, tmp_path):

@@ -58,14 +58,11 @@ def test_a_short_split_stays_quiet():
     assert lines == []
 
 
-def test_analyze_says_its_forecast_and_each_stages_time_left_on_stderr_and_quiet_silences_them(tmp_path,
+def test_analyze_says_its_forecast_and_each_stages_time_left_on_stderr_and_quiet_silences_them(small_checkpoint,
                                                                                               monkeypatch):
     from conftest import run_cli
 
-    ckpt = tmp_path / "t.pt"
-    run_cli("train", "--task", "prefix-sums", "--width", "16", "--heads", "2", "--epochs", "1", "--train-size", "32",
-            "--val-size", "4", "--hard-size", "4", "--hard-length", "12", "--test-iterations", "8", "--out", ckpt,
-            "--quiet", env={"OMP_NUM_THREADS": "1"})
+    ckpt = small_checkpoint
     # a tiny analysis is predicted to take well under a minute: predict 100 s for each stage after reachability
     monkeypatch.setattr(cost, "COSTS", {"reachability": (0.0, 0.0, "one"), "rho": (100.0, 0.0, "one"),
                                         "prop5": (100.0, 0.0, "one")})

@@ -230,6 +230,10 @@ def run(args: argparse.Namespace) -> int:
         if args.gpus > available:
             raise ConfigError(f"--gpus {args.gpus}: only {available} CUDA device(s) are available here")
 
+    if args.executor == "slurm":
+        from stability.extras import require
+
+        require("submitit", "--executor slurm")
     if args.executor == "slurm" and args.cluster == "slurm":
         import shutil
 

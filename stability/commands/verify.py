@@ -40,6 +40,10 @@ def run(args) -> int:
     unknown = [n for n in names if n not in VERIFIERS]
     if unknown:
         raise ConfigError(f"unknown check {', '.join(unknown)}; `stability verify --list` names them all")
+    for module in dict.fromkeys(VERIFIERS[n].needs for n in names if VERIFIERS[n].needs):
+        from stability.extras import require
+
+        require(module, f"running the checks {', '.join(n for n in names if VERIFIERS[n].needs == module)}")
     json_path = check_writable(args.json, "file", "--json") if args.json else None
     start = time.perf_counter()
     checks = []

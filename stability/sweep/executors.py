@@ -25,7 +25,10 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-import submitit
+try:  # the optional ``sweep`` extra; only --executor slurm needs it (local pools do not)
+    from submitit.helpers import Checkpointable
+except ImportError:
+    Checkpointable = object
 
 from stability.errors import ConfigError
 from stability.sweep.grid import SLURM_KEYS
@@ -159,7 +162,7 @@ def _outcome_from_files(results: Path, cid: str, returncode: int) -> dict:
 
 
 # ---- submitit ---------------------------------------------------------------------------------------
-class CellJob(submitit.helpers.Checkpointable):
+class CellJob(Checkpointable):
     """A submitit job running one cell; on timeout or preemption submitit requeues it with the same arguments
     and it resumes from the cell's checkpoint."""
 
@@ -170,6 +173,9 @@ class CellJob(submitit.helpers.Checkpointable):
 def make_submitit_executor(folder: Path, *, cluster: str = "slurm", slurm: Optional[dict] = None, gpus: int = 0,
                            name: str = "stability-sweep"):
     """submitit's AutoExecutor for ``cluster`` with the grid's ``[slurm]`` resources (one cell per job)."""
+    from stability.extras import require
+
+    submitit = require("submitit", "--executor slurm")
     slurm = dict(slurm or {})
     unknown = sorted(set(slurm) - set(SLURM_KEYS))
     if unknown:

@@ -38,11 +38,18 @@ HEADER_COLUMNS = ("PuzzleId", "FEN", "Moves", "Rating", "RatingDeviation", "Popu
                   "GameUrl", "OpeningTags", "DailyDate")
 
 
+def python_chess():
+    """The python-chess package (the ``data`` extra), or one line saying how to install it."""
+    from stability.extras import require
+
+    return require("chess", "reading chess puzzles")
+
+
 # ---- encoding -------------------------------------------------------------------------------------------------
 def orientation(board) -> tuple[bool, bool]:
     """(flip, mirror) that bring ``board`` to the canonical orientation: flip = rotate 180° and swap colours
     (black to move); mirror = left-right, when the side to move's king stands on files a–d after the flip."""
-    import chess
+    chess = python_chess()
 
     flip = board.turn == chess.BLACK
     king = board.king(board.turn)
@@ -87,7 +94,7 @@ def encode_board(board) -> np.ndarray:
 
 def decode_planes(planes) -> "chess.Board":
     """The canonical board (white to move, no castling rights) that ``planes`` (8, 8, 12) describe."""
-    import chess
+    chess = python_chess()
 
     planes = np.asarray(planes)
     board = chess.Board(None)
@@ -110,7 +117,7 @@ def target_map(squares: np.ndarray) -> np.ndarray:
 def encode_puzzle(fen: str, moves: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """A Lichess puzzle → (64 piece codes, 2 canonical squares). ``fen`` is the position before the opponent's
     move ``moves[0]``; the answer is ``moves[1]``. Raises ValueError naming what is wrong."""
-    import chess
+    chess = python_chess()
 
     if len(moves) < 2:
         raise ValueError("fewer than two moves")

@@ -53,6 +53,13 @@ FALLBACK_NOTE = ("no UCI engine found: using the python-chess-only FALLBACK gene
 
 
 # ---- the engine ------------------------------------------------------------------------------------------------
+def _python_chess():
+    """python-chess with its engine module (the ``data`` extra), or one line saying how to install it."""
+    from stability.extras import require
+
+    return require("chess.engine", "generating chess puzzles")
+
+
 def find_engine(path: Optional[str] = None) -> Optional[str]:
     """The UCI engine to use: ``path`` if given (must exist; "none" asks for the fallback), else ``stockfish``
     on PATH or in /usr/games."""
@@ -70,7 +77,7 @@ def find_engine(path: Optional[str] = None) -> Optional[str]:
 
 def open_engine(path: str):
     """A UCI engine on one thread with a small hash (deterministic for a fixed depth and a cleared hash)."""
-    import chess.engine
+    chess = _python_chess()
 
     from stability.errors import DataError
 
@@ -96,7 +103,7 @@ def examine(engine, board, depth: int = DEPTH) -> Optional[dict]:
     ``clear``: the best line is winning and clearly better than the second (see the module docstring);
     ``found_at``: the first depth from which the best move stays the final one. None if there is no legal move.
     """
-    import chess.engine
+    chess = _python_chess()
 
     if board.is_game_over():
         return None
@@ -141,7 +148,7 @@ def solution_line(engine, board, first: Optional[dict] = None, depth: int = DEPT
 
     Returns (moves, first view); ``len(moves[::2])`` is the solution's length in the solver's moves.
     """
-    import chess.engine
+    chess = _python_chess()
 
     board = board.copy()
     first = first or examine(engine, board, depth)
@@ -177,8 +184,7 @@ def _weighted_move(board, rng: np.random.Generator, bias: float = 4.0):
 def engine_puzzles(engine, rng: np.random.Generator, *, depth: int = DEPTH) -> Iterator[dict]:
     """Yield puzzles forever: {"fen" (before the mistake), "moves" (UCI, mistake first), "length", "found_at",
     "gap"}."""
-    import chess
-    import chess.engine
+    chess = _python_chess()
 
     while True:
         board = chess.Board()
@@ -251,7 +257,7 @@ def mate_in_two_keys(board, limit: int = 2) -> list:
 
 def fallback_puzzles(rng: np.random.Generator, kind: str) -> Iterator[dict]:
     """Yield mate-in-1 (``kind`` = "easy") or mate-in-2 ("hard") puzzles forever, each with one answer."""
-    import chess
+    chess = _python_chess()
 
     while True:
         board = chess.Board()
@@ -286,6 +292,7 @@ def fallback_puzzles(rng: np.random.Generator, kind: str) -> Iterator[dict]:
 # ---- the dataset interface used by stability.tasks.cache -------------------------------------------------------
 def resolve_options(options: dict) -> dict:
     """Find the engine: {"engine": path or None, "engine_name", "mode": engine|fallback, "depth", bounds}."""
+    _python_chess()  # before any work (or worker process) starts
     engine = find_engine(options.get("engine"))
     out = {"engine": engine, "mode": "engine" if engine else "fallback", "depth": int(options.get("depth", DEPTH)),
            "easy_max": int(options.get("easy_max", 1600)), "hard_min": int(options.get("hard_min", 1601)),
@@ -377,7 +384,7 @@ def measure_real(path: str, rows: int, *, engine_path: Optional[str] = None, dep
     """Run the generator's measurements on ``rows`` random valid puzzles of a Lichess CSV: their rating, the
     engine's agreement with the answer, ``found_at``, ``gap``, ``length`` and whether the generator's rule
     would keep the puzzle (``clear``)."""
-    import chess
+    chess = _python_chess()
     from tqdm import tqdm
 
     from stability.tasks.chess import iter_lichess_rows

@@ -31,7 +31,7 @@ import numpy as np
 try:
     import numba
     from numba.extending import register_jitable  # plain Python when called from Python, compiled inside njit
-except ImportError:  # pragma: no cover - numba is a declared dependency
+except ImportError:  # numba is the optional ``data`` extra: without it the same search runs in Python
     numba = None
 
     def register_jitable(fn):
@@ -284,7 +284,9 @@ def _backend(backend: str) -> str:
     if backend not in ("numba", "python"):
         raise ValueError(f"backend must be auto, numba or python, not {backend!r}")
     if backend == "numba" and not HAVE_NUMBA:
-        raise ValueError("numba is not installed")
+        from stability.extras import missing_extra
+
+        raise missing_extra("numba", "the compiled sudoku solver (backend='numba')")
     return backend
 
 

@@ -47,6 +47,7 @@ class Verifier:
     tolerance: float
     wrong: str
     measure: Callable
+    needs: str | None = None  #: the optional package the measurement imports (``stability verify`` checks it first)
 
     def run(self, seed: int = 0, wrong: bool = False) -> Check:
         """Measure the property; an exception inside the measurement becomes a failed check, never a traceback."""
@@ -86,11 +87,12 @@ def format_listing(v: Verifier) -> str:
             f"[wrong variant: {v.wrong}]")
 
 
-def verifier(name: str, source: str, statement: str, *, tolerance: float, relation: str = "<=", wrong: str):
-    """Register ``measure(seed, wrong)`` as the check ``name``."""
+def verifier(name: str, source: str, statement: str, *, tolerance: float, relation: str = "<=", wrong: str,
+             needs: str | None = None):
+    """Register ``measure(seed, wrong)`` as the check ``name`` (``needs``: an optional package it imports)."""
 
     def deco(fn):
-        VERIFIERS[name] = Verifier(name, source, statement, relation, tolerance, wrong, fn)
+        VERIFIERS[name] = Verifier(name, source, statement, relation, tolerance, wrong, fn, needs)
         return fn
 
     return deco

@@ -13,7 +13,7 @@ from .registry import verifier
 @verifier("sym_a7_jacobians", "App. A.7 (sympy)",
           "the four Jacobian forms derived from Defs. 5.1/5.2 (non-commuting symbols) equal App. A.7's, with "
           "internal ∂x_t/∂x0 read as dh2(g(z, x0))/dg: terms left in derived - paper", tolerance=0,
-          wrong="App. A.7.1's internal ∂x_t/∂x0 exactly as printed (dh1(g(z, x0))/dg)")
+          wrong="App. A.7.1's internal ∂x_t/∂x0 exactly as printed (dh1(g(z, x0))/dg)", needs="sympy")
 def _sym_a7(seed, wrong):
     from stability.theory import symbolic
 
@@ -24,7 +24,8 @@ def _sym_a7(seed, wrong):
 
 @verifier("sym_prop4_M", "Prop. 4 / App. A.5 (sympy)",
           "with φ1 = φ2 = I the derived Jacobians reduce to M_ext = (I + h2')(I + h1')g_x and "
-          "M_int = (I + h2'g_z)(I + h1'g_x): terms left", tolerance=0, wrong="M_ext with the factors reversed")
+          "M_int = (I + h2'g_z)(I + h1'g_x): terms left", tolerance=0, wrong="M_ext with the factors reversed",
+          needs="sympy")
 def _sym_prop4(seed, wrong):
     from stability.theory import symbolic
 
@@ -39,7 +40,7 @@ def _sym_prop4(seed, wrong):
 @verifier("sym_fig5_single_layer", "Figure 5 (sympy)",
           "single layer, J_g and J_h sharing a generic eigenbasis: V⁻¹MV is diagonal with (1 + λ_h)λ_g (external) "
           "and 1 + λ_gλ_h (internal): forms that differ from Fig. 5's labels", tolerance=0,
-          wrong="the labels swapped between external and internal")
+          wrong="the labels swapped between external and internal", needs="sympy")
 def _sym_fig5(seed, wrong):
     import sympy as sp
 
@@ -55,7 +56,8 @@ def _sym_fig5(seed, wrong):
 
 @verifier("sym_fig5_regions", "Figure 5 / App. B.2 (sympy)",
           "over the reals |1 + t| ≤ 1 ⟺ t ∈ [-2, 0] and |s| ≤ 1 ⟺ s ∈ [-1, 1], the bands regions.py projects "
-          "onto: largest endpoint discrepancy", tolerance=0, wrong="the internal band taken as [-1, 1]")
+          "onto: largest endpoint discrepancy", tolerance=0, wrong="the internal band taken as [-1, 1]",
+          needs="sympy")
 def _sym_regions(seed, wrong):
     from stability.theory import regions, symbolic
 
@@ -70,7 +72,7 @@ def _sym_regions(seed, wrong):
 
 @verifier("sym_damping_eta0", "FPRM App. A.3 (sympy)",
           "|1 + η(λ-1)|² - 1 = η(|λ-1|²η - 2(1-Re λ)): stable iff 0 < η < 2(1-Re λ)/|λ-1|²: terms left in "
-          "derived - FPRM bound", tolerance=0, wrong="the bound (1 - Re λ)/|λ - 1|²")
+          "derived - FPRM bound", tolerance=0, wrong="the bound (1 - Re λ)/|λ - 1|²", needs="sympy")
 def _sym_damping(seed, wrong):
     import sympy as sp
 
