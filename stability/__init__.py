@@ -1,8 +1,15 @@
 """stability: train looped (weight-tied) transformers and test whether their fixed points can be trusted.
 
-``stability.load(path)`` opens a checkpoint written by the trainer and returns its model, config and task;
-``stability.analyze(model, inputs, targets=None, options=None)`` runs the whole fixed-point analysis on any model
-that satisfies the :class:`stability.protocols.LoopedModel` contract (docs/python-api.md, "The model contract").
+The public API (docs/python-api.md), the same objects as their home modules':
+
+* ``load(path)``: a checkpoint of this toolkit or of the paper's release (``.model``, ``.config``, ``.task``);
+* ``analyze(source, ...)``: the whole fixed-point analysis of a :class:`LoopedModel` on inputs, of a loaded
+  checkpoint or of a checkpoint's path (the last two on the task's splits, scored by the task);
+* ``Analysis``: what ``analyze`` returns (``to_json()``, ``summary()``, ``plot(dir)``, ``write_json(path)``);
+* ``AnalysisOptions``: what ``analyze`` runs; ``solve``: the fixed-point solvers;
+* ``LoopedModel``: the model contract; ``check_model``: a model checked against it.
+
+``import stability`` stays light: torch is imported when one of these is first used.
 """
 
 __version__ = "0.1.0"
@@ -25,18 +32,25 @@ def load(path, *, device: str = "cpu", release_config=None):
     return _load(path, device=device, release_config=release_config)
 
 
-def analyze(model, inputs, targets=None, options=None, *, log=None):
-    """The whole analysis of a :class:`~stability.protocols.LoopedModel` on a batch of inputs (reachability,
-    ρ(J*), Props. 4–5, App. A.8, accuracy when ``targets`` are given): a
-    :class:`~stability.analysis.results.SplitAnalysis` with ``.to_json()``, ``.summary()`` and ``.plot(dir)``.
-    ``options``: :class:`~stability.analysis.options.AnalysisOptions` (e.g. ``stages=("rho", "prop5")``)."""
+def analyze(source, inputs=None, targets=None, options=None, *, splits=None, log=None, release_config=None):
+    """The whole analysis (reachability, ρ(J*), Props. 4–5, App. A.8, accuracy; geometry when asked for) of
+
+    * ``analyze(model, inputs, targets=None, options=None)``: any :class:`~stability.protocols.LoopedModel` on a
+      batch of inputs (accuracy when ``targets`` are given: argmax over the last axis of ``readout``), or
+    * ``analyze(stability.load(path))`` / ``analyze(path)``: a checkpoint on its task's ``splits`` (default
+      ``("val", "hard")``), scored by the task's own ``score``, as ``stability analyze CKPT`` does.
+
+    ``options``: :class:`~stability.analysis.options.AnalysisOptions` (e.g. ``stages=("rho", "prop5")``);
+    ``log``: a callable for progress lines. Returns an :class:`~stability.analysis.results.Analysis`, read like the
+    JSON it writes (``a["val"]["jacobian"]["spectral_radius"]``)."""
     from stability.analysis.pipeline import analyze as _analyze
 
-    return _analyze(model, inputs, targets, options, log=log)
+    return _analyze(source, inputs, targets, options, splits=splits, log=log, release_config=release_config)
 
 
 #: the public names loaded on first use (``import stability`` stays light: no torch until one is touched)
 _LAZY = {
+    "Analysis": "stability.analysis.results",  # what `analyze` returns: to_json, summary, plot, write_json
     "AnalysisOptions": "stability.analysis.options",  # what `analyze` runs: stages, samples, solver, ...
     "solve": "stability.solvers",  # the fixed-point solvers, one signature
     "LoopedModel": "stability.protocols",  # the model contract

@@ -194,6 +194,7 @@ def test_the_accuracy_scored_during_the_picard_solve_is_the_curve_of_the_models_
     ``model(inputs, T)``, the release's forward, at every T, also past max_iter and after every sample stopped."""
     from stability.analysis.options import AnalysisOptions
     from stability.analysis.pipeline import run_stages
+    from stability.analysis.report import split_table
     from stability.tasks import make_task
 
     task = make_task(TaskConfig(name="prefix-sums", train_size=4, val_size=8, hard_size=4, train_length=L))
@@ -209,7 +210,7 @@ def test_the_accuracy_scored_during_the_picard_solve_is_the_curve_of_the_models_
     assert out.accuracy.accuracy == expected and out.accuracy.position_accuracy == expected_pos
     assert out.timings["accuracy"] < out.timings["reachability"]  # its evaluations were the solve's
     assert out.accuracy.scored_in == "reachability"
-    line = next(l for l in out.summary().splitlines() if l.startswith("time"))
+    line = next(l for l in split_table(out.to_dict()).splitlines() if l.startswith("time"))
     assert "accuracy (in reachability)" in line
     # and the solve itself is the one without the curve
     x0 = m.embed(xs.double())
@@ -229,8 +230,8 @@ def test_analysis_of_a_split_agrees_between_the_arpack_and_the_batched_arnoldi_r
                                 hard_length=8))
     m = make_contractive(small_model("external", "post", seed=7))
     opts = AnalysisOptions(samples=3, tol=1e-10, max_iter=80, iterations=5, probes=2, eig_tol=1e-10, eig_batch=3)
-    cpu = analyze_split(m, task, "val", opts).to_json()
-    gpu_route = analyze_split(m, task, "val", AnalysisOptions(**{**opts.to_dict(), "eig_route": "arpack"})).to_json()
+    cpu = analyze_split(m, task, "val", opts).to_dict()
+    gpu_route = analyze_split(m, task, "val", AnalysisOptions(**{**opts.to_dict(), "eig_route": "arpack"})).to_dict()
     assert cpu["fixed_point"]["status"] == ["converged"] * 3
     assert np.allclose(cpu["jacobian"]["spectral_radius"], gpu_route["jacobian"]["spectral_radius"], atol=1e-6)
     assert np.allclose(cpu["jacobian"]["sigma_max"], gpu_route["jacobian"]["sigma_max"], atol=1e-6)

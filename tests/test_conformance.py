@@ -37,9 +37,10 @@ def dense_rho(model, x, x0) -> float:
 
 def assert_rho_matches_dense(analysis, model):
     m = analysis_model(model)
-    rhos = analysis.to_json()["jacobian"]["spectral_radius"]
-    for b in range(analysis.samples):
-        ref = dense_rho(m, analysis.x_star[b], analysis.x0[b])
+    rhos = analysis["inputs"]["jacobian"]["spectral_radius"]
+    split = analysis.splits["inputs"]  # the tensors the numbers were computed at
+    for b in range(split.samples):
+        ref = dense_rho(m, split.x_star[b], split.x0[b])
         assert abs(rhos[b] - ref) < 1e-6 * max(1.0, ref), (b, rhos[b], ref)
 
 
@@ -260,8 +261,8 @@ def test_the_looped_transformer_conforms_in_every_recall_and_norm(recall, norm):
     assert isinstance(model, LoopedModel) and is_looped(model) and has_recall_parts(model)
     inputs, targets = bits(2), torch.randint(0, 2, (2, L), generator=torch.Generator().manual_seed(1))
     a = stability.analyze(model, inputs, targets, AnalysisOptions(samples=2, **FAST))
-    block = a.to_json()
-    assert block["format"] == "stability-analysis" and block["stages"] == list(DEFAULT_STAGES)
+    block = a["inputs"]
+    assert a["format"] == "stability-analysis" and block["stages"] == list(DEFAULT_STAGES)
     assert_rho_matches_dense(a, model)
     p4 = block["prop4"]
     if recall == "none":
@@ -285,7 +286,7 @@ def test_notebook_03s_mixer_loop_gets_the_whole_analysis():
     inputs = bits(4, seed=2)
     targets = torch.randint(0, 3, (4, L), generator=torch.Generator().manual_seed(3))
     a = stability.analyze(model, inputs, targets, AnalysisOptions(samples=4, tol=1e-10, **FAST))
-    block = a.to_json()
+    block = a["inputs"]
     assert block["fixed_point"]["converged_fraction"] == 1.0
     assert_rho_matches_dense(a, model)
     assert block["prop4"] == {"applicable": False, "reason": block["prop4"]["reason"]}
@@ -293,7 +294,7 @@ def test_notebook_03s_mixer_loop_gets_the_whole_analysis():
     whole, pos = hand_accuracy(model, inputs, targets, FAST["iterations"])
     assert np.allclose(block["accuracy"]["accuracy"], whole) and np.allclose(block["accuracy"]["position_accuracy"], pos)
     with torch.no_grad():  # accuracy at x*: the readout of the returned fixed point, by hand
-        right = analysis_model(model).readout(a.x_star).argmax(-1) == targets
+        right = analysis_model(model).readout(a.splits["inputs"].x_star).argmax(-1) == targets
     assert block["accuracy"]["at_fixed_point"] == pytest.approx(float(right.all(1).double().mean()))
     assert_verdict_consistent(block)
     v = block["verdict"]
@@ -314,7 +315,7 @@ def test_prop4_from_a_foreign_models_named_parts_equals_autograd(recall, damping
         J = torch.func.jacrev(lambda t: m.step(t.unsqueeze(0), x0[b:b + 1])[0])(x[b]).reshape(L * 6, L * 6)
         assert (M - J).abs().max() < 1e-13
     a = stability.analyze(model, inputs, options=AnalysisOptions(samples=2, tol=1e-10, **FAST))
-    block = a.to_json()
+    block = a["inputs"]
     assert_rho_matches_dense(a, model)
     if recall == "none":
         assert block["prop4"]["applicable"] is False
@@ -335,7 +336,7 @@ def test_a_deq_in_plain_torch_with_a_flat_state():
     inputs = torch.randn(5, 4, generator=torch.Generator().manual_seed(7))
     targets = torch.randint(0, 3, (5,), generator=torch.Generator().manual_seed(8))
     a = stability.analyze(model, inputs, targets, AnalysisOptions(samples=5, tol=1e-12, **{**FAST, "max_iter": 200}))
-    block = a.to_json()
+    block = a["inputs"]
     assert block["state_shape"] == [12]
     assert block["fixed_point"]["converged_fraction"] == 1.0
     assert_rho_matches_dense(a, model)
@@ -345,7 +346,7 @@ def test_a_deq_in_plain_torch_with_a_flat_state():
     # dx*/dx0 = (I − J)⁻¹ diag(1 − z*²): the Hutchinson estimate of its Frobenius norm is within its noise
     m = analysis_model(model)
     for b in range(2):
-        z = a.x_star[b]
+        z = a.splits["inputs"].x_star[b]
         D = torch.diag(1 - z.pow(2))
         exact = torch.linalg.solve(torch.eye(12, dtype=torch.float64) - D @ m.W.weight, D).norm()
         assert 0.3 < block["input_dependence"]["frobenius"][b] / float(exact) < 3.0
@@ -361,7 +362,7 @@ def test_a_trm_style_two_part_carry_packed_into_one_state():
     inputs = bits(3, seed=10)
     targets = torch.randint(0, 2, (3, L), generator=torch.Generator().manual_seed(11))
     a = stability.analyze(model, inputs, targets, AnalysisOptions(samples=3, tol=1e-10, **{**FAST, "max_iter": 150}))
-    block = a.to_json()
+    block = a["inputs"]
     assert block["state_shape"] == [L, 8]  # (y, z) with d = 4 each
     assert_rho_matches_dense(a, model)
     # e = zeros is not shaped like x0, so A.8 starts from zeros and noise only
@@ -373,7 +374,7 @@ def test_a_trm_style_two_part_carry_packed_into_one_state():
 
 def test_only_selected_stages_run_and_the_others_are_null():
     a = stability.analyze(MixerLoop(), bits(2), options=AnalysisOptions(samples=2, stages=("rho", "prop5"), **FAST))
-    block = a.to_json()
+    block = a["inputs"]
     assert block["stages"] == ["reachability", "rho", "prop5"]
     assert block["prop4"] is None and block["input_dependence"] is None and block["accuracy"] is None
     assert block["jacobian"]["spectral_radius"] and block["prop5"]["rel_error"]
@@ -501,7 +502,7 @@ def test_analyze_a_model_of_ones_own_from_the_command_line(user_module, capsys):
     # the same numbers as the Python API on the same model
     ref = stability.analyze(model, inputs, targets, AnalysisOptions(samples=32, max_iter=60, iterations=4, probes=2,
                                                                     eig_precision="float64"))
-    assert np.allclose(block["jacobian"]["spectral_radius"], ref.to_json()["jacobian"]["spectral_radius"], atol=1e-12)
+    assert np.allclose(block["jacobian"]["spectral_radius"], ref["inputs"]["jacobian"]["spectral_radius"], atol=1e-12)
     assert_rho_matches_dense(ref, model)
     whole, pos = hand_accuracy(model, inputs, targets, 4)
     assert np.allclose(block["accuracy"]["accuracy"], whole) and np.allclose(block["accuracy"]["position_accuracy"], pos)

@@ -44,7 +44,7 @@ def test_analysis_of_an_imported_release_model_scores_the_release_answers_as_cor
     targets = _release_targets(ref, T)
     opts = AnalysisOptions(samples=inputs.shape[0], iterations=T, max_iter=60, stages=("reachability", "accuracy"))
     result = stability.analyze(model, inputs, targets, opts)
-    acc = result.to_json()["accuracy"]
+    acc = result["inputs"]["accuracy"]
     assert acc["iterations"][T - 1] == T
     assert acc["accuracy"][T - 1] == pytest.approx(1.0)  # fractions in the JSON
     # every earlier iteration: the share of samples whose recorded answer at t equals the one at T
@@ -60,10 +60,10 @@ def test_rho_of_an_imported_release_model_matches_a_dense_jacobian():
     inputs = ref["inputs_stability_layout"][:1, :16].double()  # 16 of the 48 bits: a dense J of 1,024² entries
     opts = AnalysisOptions(samples=1, iterations=5, max_iter=400, tol=1e-9, stages=("reachability", "rho"))
     result = stability.analyze(model, inputs, None, opts)
-    data = result.to_json()
+    data = result["inputs"]
     rho = data["jacobian"]["spectral_radius"][0]
     m = model.double().eval()
-    x_star = result.x_star[0].detach()
+    x_star = result.splits["inputs"].x_star[0].detach()
     with torch.no_grad():
         x0 = m.embed(inputs)[0]
     J = torch.func.jacrev(lambda x: m.step(x.unsqueeze(0), x0.unsqueeze(0))[0])(x_star)

@@ -31,7 +31,7 @@ ACC = 0.01  # the bisection accuracy of the closed-form checks: hi/lo ≤ 1.01, 
 def stage(model, inputs, **kw):
     kw = {"geometry_group_directions": 0, **kw}
     return analyze(model, inputs, options=AnalysisOptions(samples=int(inputs.shape[0]), stages=("geometry",),
-                                                          **kw)).to_json()["geometry"]
+                                                          **kw))["inputs"]["geometry"]
 
 
 def closed(values, cap=T_MAX):

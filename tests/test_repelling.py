@@ -77,7 +77,7 @@ def test_picard_cannot_reach_a_repelling_fixed_point_but_the_search_finds_it_wit
     inputs = torch.tensor([[[1.0], [2.0]], [[-0.5], [0.25]], [[3.0], [-1.0]]], dtype=torch.float64)
     o = AnalysisOptions(samples=3, stages=("rho", "repelling"), max_iter=200, tol=1e-8)
     a = stability.analyze(m, inputs, options=o)
-    block = a.to_json()
+    block = a["inputs"]
     assert block["fixed_point"]["converged_fraction"] == 0.0  # plain iteration diverges from every start
     rep = block["repelling"]
     rho_ref = float(np.abs(np.linalg.eigvals(A)).max())
@@ -86,7 +86,7 @@ def test_picard_cannot_reach_a_repelling_fixed_point_but_the_search_finds_it_wit
     for b in range(3):
         assert rep["rho"][b][0] == pytest.approx(rho_ref, rel=1e-10)
         x_ref = np.linalg.solve(np.eye(2) - A, inputs[b, :, 0].numpy())  # (I − A) x* = x0
-        got = a.repelling.points[b][0][:, 0].numpy()
+        got = a.splits["inputs"].repelling.points[b][0][:, 0].numpy()
         np.testing.assert_allclose(got, x_ref, rtol=1e-6, atol=1e-8)
     v = block["verdict"]
     assert v["numbers"]["repelling_found"] == 3 and v["numbers"]["repelling_searched"] == 3
@@ -99,7 +99,7 @@ def test_an_attracting_map_gives_no_repelling_root_and_the_verdict_says_by_how_m
     m = LinearMap(B)
     inputs = torch.tensor([[[1.0], [2.0]], [[-0.5], [0.25]]], dtype=torch.float64)
     o = AnalysisOptions(samples=2, stages=("rho", "repelling"), max_iter=200, tol=1e-10, repelling_starts=5)
-    block = stability.analyze(m, inputs, options=o).to_json()
+    block = stability.analyze(m, inputs, options=o)["inputs"]
     rep = block["repelling"]
     assert rep["samples_with_repelling"] == 0 and rep["roots"] == [1, 1] and rep["attracting"] == [1, 1]
     assert rep["rho"][0][0] == pytest.approx(0.5, rel=1e-10) and rep["starts"] == 6
@@ -110,7 +110,7 @@ def test_an_attracting_map_gives_no_repelling_root_and_the_verdict_says_by_how_m
 def test_the_verdict_does_not_claim_none_repelling_when_the_search_did_not_run():
     m = LinearMap(np.array([[0.5, 0.0], [0.0, 0.5]]))
     inputs = torch.ones(2, 2, 1, dtype=torch.float64)
-    block = stability.analyze(m, inputs, options=AnalysisOptions(samples=2, stages=("rho",))).to_json()
+    block = stability.analyze(m, inputs, options=AnalysisOptions(samples=2, stages=("rho",)))["inputs"]
     reason = block["verdict"]["reasons"]["reachable"]
     assert block["repelling"] is None and "no repelling" not in reason and "not searched" in reason
     assert block["verdict"]["numbers"]["repelling_found"] is None
@@ -140,7 +140,7 @@ def test_different_starts_reach_different_basins_while_the_local_a8_sensitivity_
     inputs = torch.stack([torch.full((L, 1), -1.0), torch.full((L, 1), 1.0),
                           torch.tensor([[-0.5], [0.7], [0.2]])]).double()
     o = AnalysisOptions(samples=3, stages=("a8",), max_iter=300, tol=1e-10, noise_std=1.0)
-    block = stability.analyze(m, inputs, options=o).to_json()
+    block = stability.analyze(m, inputs, options=o)["inputs"]
     a8 = block["initial_iterate"]
     glo, loc = a8["global"], a8["local"]
     # the reference: each coordinate of each start ends at hi if it starts above r, at lo below (monotone map)
@@ -185,7 +185,7 @@ def test_the_json_the_text_report_and_the_sweep_record_carry_the_new_numbers():
     o = AnalysisOptions(samples=2, max_iter=200, tol=1e-8)
     assert "repelling" in o.stages and "repelling" in DEFAULT_STAGES and "repelling" in STAGES
     a = stability.analyze(m, inputs, options=o)
-    report = a.report()
+    report = a.to_json()
     block = report["inputs"]
     for key in ("searched", "samples_with_repelling", "samples_ran_out", "roots", "repelling", "attracting",
                 "marginal", "rho", "ran_out", "start_status", "budget", "perturbation_scale", "starts", "margin"):

@@ -1,15 +1,15 @@
 """The analysis of a batch of inputs, of a task's split and of a checkpoint: the stages in order
 (:mod:`stability.analysis.stages`) on one :class:`~stability.analysis.fixed_point.AtFixedPoint`, gathered into one
-:class:`~stability.analysis.results.SplitAnalysis` per split.
+:class:`~stability.analysis.results.Analysis`.
 
-* :func:`run_stages`: ``options.stages`` on one batch of inputs of the analysis copy of a model;
+* :func:`analyze`: ``stability.analyze``, the one entry: a :class:`~stability.protocols.LoopedModel` with inputs,
+  a :class:`~stability.stored.Loaded` (``stability.load``) or a checkpoint's path;
+* :func:`analyze_model`: a model of one's own on a batch of inputs (argmax scoring: it has no task);
+* :func:`analyze_loaded`: each split of a loaded checkpoint, scored by its task, in this process;
+* :func:`analyze_checkpoint`: each split of a checkpoint file, side by side on the CPU
+  (:mod:`stability.analysis.pool`); what ``stability analyze CKPT`` runs;
 * :func:`analyze_split`: the first ``options.samples`` samples of a task's split, scored by the task;
-* :func:`analyze`: any :class:`~stability.protocols.LoopedModel` on a batch of inputs (``stability.analyze``);
-* :func:`analyze_checkpoint`: every split of a checkpoint of this toolkit, side by side on the CPU
-  (:mod:`stability.analysis.pool`).
-
-``SplitAnalysis.to_json()`` is the JSON block ``stability analyze`` writes per split; the text report, the plots
-and the sweep summary read it.
+* :func:`run_stages`: ``options.stages`` on one batch of inputs of the analysis copy of a model.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from stability.analysis.cost import Progress, forecast, predict
 from stability.analysis.fixed_point import AtFixedPoint, analysis_model
 from stability.analysis.options import AnalysisOptions
 from stability.analysis.pool import parallel_splits
-from stability.analysis.results import STAGE_FIELDS, CheckpointAnalysis, SplitAnalysis
+from stability.analysis.results import STAGE_FIELDS, Analysis, SplitResult
 from stability.analysis.stages import STAGE_FUNCTIONS
 from stability.errors import StabilityError
 
 
 def run_stages(model, inputs: torch.Tensor, targets: Optional[torch.Tensor], options: AnalysisOptions, *,
-               score: Optional[Callable] = None, split: str = "inputs", log=None) -> SplitAnalysis:
+               score: Optional[Callable] = None, split: str = "inputs", log=None) -> SplitResult:
     """Run ``options.stages``, in order, on one batch of inputs at its fixed point (:class:`AtFixedPoint`: x0 =
     embed(inputs), e = initial_state(x0) seeded by ``options.seed``). ``model`` is the analysis copy
     (:func:`~stability.analysis.fixed_point.analysis_model`); ``score(logits, targets) -> (correct,
@@ -50,7 +50,7 @@ def run_stages(model, inputs: torch.Tensor, targets: Optional[torch.Tensor], opt
                                        threads=torch.get_num_threads()), say)
     at = AtFixedPoint(model=model, options=options, inputs=inputs, x0=x0, e=e, targets=targets, score=score, log=say,
                       split=split, progress=progress)
-    out = SplitAnalysis(split=split, samples=int(x0.shape[0]), state_shape=list(e.shape[1:]), stages=options.stages,
+    out = SplitResult(split=split, samples=int(x0.shape[0]), state_shape=list(e.shape[1:]), stages=options.stages,
                         options=options, model=type(model).__name__)
     for name in options.stages:
         t = time.perf_counter()
@@ -62,7 +62,7 @@ def run_stages(model, inputs: torch.Tensor, targets: Optional[torch.Tensor], opt
     return out
 
 
-def analyze_split(model, task, split: str, options: AnalysisOptions, *, log=None) -> SplitAnalysis:
+def analyze_split(model, task, split: str, options: AnalysisOptions, *, log=None) -> SplitResult:
     """The stages on the first ``options.samples`` samples of a task's ``split``, in task order, scored by the
     task. ``model`` must be the analysis copy (:func:`~stability.analysis.fixed_point.analysis_model`)."""
     inputs, targets = task.dataset(split)
@@ -74,13 +74,48 @@ def analyze_split(model, task, split: str, options: AnalysisOptions, *, log=None
     return run_stages(model, inputs[:N], targets[:N], options, score=task.score, split=split, log=log)
 
 
-def analyze(model, inputs: torch.Tensor, targets: Optional[torch.Tensor] = None,
-            options: Optional[AnalysisOptions] = None, *, log=None) -> SplitAnalysis:
+def analyze(source, inputs: Optional[torch.Tensor] = None, targets: Optional[torch.Tensor] = None,
+            options: Optional[AnalysisOptions] = None, *, splits=None, log=None, release_config=None) -> Analysis:
+    """The whole analysis (``stability.analyze``) of
+
+    * a :class:`~stability.protocols.LoopedModel` on ``inputs`` (and ``targets`` for the accuracy, scored by
+      argmax over the last axis of ``readout``): :func:`analyze_model`, one split named ``"inputs"``;
+    * a :class:`~stability.stored.Loaded` (``stability.load``): :func:`analyze_loaded`;
+    * a checkpoint's path: :func:`analyze_checkpoint`, what ``stability analyze CKPT`` runs.
+
+    The last two analyse ``splits`` (default val and hard) of the checkpoint's task, scored by the task's own
+    ``score``, with the run's A.8 noise std unless ``options`` give one. ``options``: what runs
+    (:class:`~stability.analysis.options.AnalysisOptions`). Returns an :class:`Analysis`."""
+    import os
+
+    from stability.stored import Loaded
+
+    checkpoint = isinstance(source, (str, os.PathLike, Loaded))
+    if checkpoint and (inputs is not None or targets is not None):
+        raise StabilityError("inputs and targets go with a model; a checkpoint is analysed on its task's splits "
+                             "(splits=...); for inputs of one's own, pass its .model")
+    if not checkpoint and (splits is not None or release_config is not None):
+        raise StabilityError("splits and release_config go with a checkpoint (a path or stability.load's result); "
+                             "a model is analysed on its inputs")
+    splits = ("val", "hard") if splits is None else splits
+    if isinstance(source, Loaded):
+        return analyze_loaded(source, splits=splits, options=AnalysisOptions() if options is None else options,
+                              log=log)
+    if checkpoint:
+        return analyze_checkpoint(source, splits=splits, options=AnalysisOptions() if options is None else options,
+                                  log=log, release_config=release_config)
+    if inputs is None:
+        raise StabilityError(f"analysing a {type(source).__name__} needs its inputs: stability.analyze(model, inputs)")
+    return analyze_model(source, inputs, targets, options, log=log)
+
+
+def analyze_model(model, inputs: torch.Tensor, targets: Optional[torch.Tensor] = None,
+                  options: Optional[AnalysisOptions] = None, *, source: Optional[dict] = None, log=None) -> Analysis:
     """The whole analysis of any :class:`~stability.protocols.LoopedModel` on ``inputs`` (all of them, or the first
     ``options.samples`` when options are given); accuracy, per position and whole answer (argmax over the last
     axis of ``readout``), when ``targets`` are given. The model is checked against the contract first
-    (:func:`~stability.protocols.check_model`) and analysed as a float64 copy. Returns a :class:`SplitAnalysis`
-    (``.to_json()``, ``.summary()``, ``.plot(dir)``)."""
+    (:func:`~stability.protocols.check_model`) and analysed as a float64 copy. ``source``: what the JSON says was
+    analysed (default ``{"model": its class name}``). One split, named ``"inputs"``."""
     from stability.protocols import check_contract, check_model
 
     if options is None:
@@ -93,7 +128,8 @@ def analyze(model, inputs: torch.Tensor, targets: Optional[torch.Tensor] = None,
     m = analysis_model(model, torch.float64, options.device)
     check_model(m, inputs, targets)
     N = min(options.samples, int(inputs.shape[0]))
-    return run_stages(m, inputs[:N], None if targets is None else targets[:N], options, log=log)
+    split = run_stages(m, inputs[:N], None if targets is None else targets[:N], options, log=log)
+    return Analysis(options=options, splits={split.split: split}, source=source or {"model": split.model})
 
 
 def _on_device(options: AnalysisOptions) -> AnalysisOptions:
@@ -106,38 +142,44 @@ def _on_device(options: AnalysisOptions) -> AnalysisOptions:
     return dataclasses.replace(options, device=str(resolve_device(options.device)))
 
 
-def analyze_checkpoint(path, *, splits=("val", "hard"), options: AnalysisOptions = AnalysisOptions(),
-                       log=None, release_config=None) -> CheckpointAnalysis:
-    """Load a checkpoint of this toolkit and analyse each split (the A.8 noise std defaults to the run's)."""
-    import dataclasses
+def analyze_loaded(loaded, *, splits=("val", "hard"), options: AnalysisOptions = AnalysisOptions(),
+                   log=None) -> Analysis:
+    """Each split of a checkpoint loaded by ``stability.load``, scored by its task, one after the other in this
+    process (its model as it is now is the one analysed); the numbers of :func:`analyze_checkpoint` on the file it
+    was loaded from."""
+    return _checkpoint_splits(loaded, loaded.path, tuple(splits), _on_device(options), log, pool=False)
 
+
+def analyze_checkpoint(path, *, splits=("val", "hard"), options: AnalysisOptions = AnalysisOptions(),
+                       log=None, release_config=None) -> Analysis:
+    """Load a checkpoint of this toolkit (or a release checkpoint, ``release_config``: its Hydra config) and
+    analyse each split, scored by its task; on the CPU the splits run side by side, one process each that loads
+    the file again (``options.workers``; the numbers do not depend on it: tests/test_parallel_splits.py)."""
     from stability.checkpoint import load
-    from stability.protocols import is_looped
 
     options = _on_device(options)
     loaded = load(path, device=options.device, release_config=release_config)
+    return _checkpoint_splits(loaded, path, tuple(splits), options, log, pool=True, release_config=release_config)
+
+
+def _checkpoint_splits(loaded, path, splits: tuple, options: AnalysisOptions, log, *, pool: bool,
+                       release_config=None) -> Analysis:
+    """``splits`` of a loaded checkpoint (``path``: where it was loaded from), with the A.8 noise std of the run
+    unless ``options`` give one; side by side in processes of :mod:`~stability.analysis.pool` when ``pool``."""
+    import dataclasses
+
+    from stability.protocols import is_looped
+
     if not is_looped(loaded.model):
         raise StabilityError(f"{path}: a fixed-depth baseline has no loop map, so it has no fixed points to analyse")
     if options.noise_std is None:
         options = dataclasses.replace(options, noise_std=float(getattr(loaded.config.model, "noise_std", 1.0)))
     model = analysis_model(loaded.model, torch.float64, options.device)
-    out = CheckpointAnalysis(source={"checkpoint": str(path)}, config=loaded.config.to_dict(), options=options,
-                             epoch=loaded.epoch, splits={})
-    splits = tuple(splits)
+    out = Analysis(options=options, splits={}, checkpoint=str(path), config=loaded.config.to_dict(),
+                   epoch=loaded.epoch)
     threads = torch.get_num_threads()
-    workers = min(len(splits), options.workers or threads) if options.device == "cpu" else 1
-    # (the numbers do not depend on it: tests/test_parallel_splits.py)
-    if log is not None:
-        inputs, _ = loaded.task.dataset(splits[0])
-        with torch.no_grad():
-            x0 = model.embed(inputs[:1].to(options.device, torch.float64) if inputs.is_floating_point()
-                             else inputs[:1].to(options.device))
-            shape = tuple(model.initial_state(x0).shape[1:])
-        line = forecast(int(torch.Size(shape).numel()), shape, options.samples, len(splits), options.stages,
-                        workers=max(1, workers), threads=max(1, threads // max(1, workers)),
-                        geometry_samples=options.geometry_samples, device=options.device)
-        if line:
-            log(line)
+    workers = min(len(splits), options.workers or threads) if pool and options.device == "cpu" else 1
+    _forecast(model, loaded.task, splits, options, workers, log)
     if workers <= 1:
         for split in splits:
             out.splits[split] = analyze_split(model, loaded.task, split, options, log=log)
@@ -145,3 +187,21 @@ def analyze_checkpoint(path, *, splits=("val", "hard"), options: AnalysisOptions
     out.splits = parallel_splits(analyze_split, path, release_config, model, loaded.task, splits, options, workers,
                                  max(1, threads // workers), log)
     return out
+
+
+def _forecast(model, task, splits: tuple, options: AnalysisOptions, workers: int, log) -> None:
+    """One line on ``log``: how long the analysis of ``splits`` should take
+    (:func:`~stability.analysis.cost.forecast`)."""
+    if log is None:
+        return
+    threads = torch.get_num_threads()
+    inputs, _ = task.dataset(splits[0])
+    with torch.no_grad():
+        x0 = model.embed(inputs[:1].to(options.device, torch.float64) if inputs.is_floating_point()
+                         else inputs[:1].to(options.device))
+        shape = tuple(model.initial_state(x0).shape[1:])
+    line = forecast(int(torch.Size(shape).numel()), shape, options.samples, len(splits), options.stages,
+                    workers=max(1, workers), threads=max(1, threads // max(1, workers)),
+                    geometry_samples=options.geometry_samples, device=options.device)
+    if line:
+        log(line)

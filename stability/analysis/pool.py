@@ -73,7 +73,7 @@ def child_thread_env(threads: int):
 def _split_worker(analyze_split: Callable, path, release_config, split: str, options: AnalysisOptions, threads: int,
                   queue) -> None:
     """A spawned process: load the checkpoint, analyse one split by ``analyze_split`` with ``threads`` torch threads,
-    and put ("log", text) lines and then ("done", split, pickled SplitAnalysis) or ("error", split, message) on
+    and put ("log", text) lines and then ("done", split, pickled SplitResult) or ("error", split, message) on
     ``queue``."""
     import multiprocessing
     import pickle
@@ -101,7 +101,7 @@ def parallel_splits(analyze_split: Callable, path, release_config, model, task, 
     """``analyze_split(model, task, split, options, log=...)`` (:func:`stability.analysis.pipeline.analyze_split`,
     passed in by its caller) of each split: each but the last in a spawned process that loads the checkpoint at
     ``path`` again, the last one here on ``model`` and ``task``; ``threads`` torch threads each, at most ``workers``
-    at a time. Log lines of the processes reach ``log`` as they come. Returns split → SplitAnalysis, in order."""
+    at a time. Log lines of the processes reach ``log`` as they come. Returns split → SplitResult, in order."""
     import multiprocessing as mp
     import pickle
     import threading

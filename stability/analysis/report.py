@@ -1,10 +1,10 @@
 """Reporting the analysis: a text report (the verdict, then one table per split), JSON, and PNG plots.
 
-Everything here reads the JSON of a :class:`~stability.analysis.results.SplitAnalysis` /
-:class:`~stability.analysis.results.CheckpointAnalysis` (``.to_json()``; the objects themselves are accepted
-too); nothing is recomputed. Stages that did not run (``--only``) are ``null`` and left out of the table; a stage
-that does not apply to the model is ``{"applicable": false, "reason": ...}`` and shown as "not applicable".
-Non-finite numbers become ``null`` in the JSON (strict JSON has no NaN).
+Everything here reads the JSON of an :class:`~stability.analysis.results.Analysis` (``.to_json()``; the object
+itself is accepted too); nothing is recomputed. Stages that did not run (``--only``) are ``null`` and left out of
+the table; a stage that does not apply to the model is ``{"applicable": false, "reason": ...}`` and shown as "not
+applicable". Non-finite numbers become ``null`` in the JSON (strict JSON has no NaN). :func:`publish` is what
+``stability analyze`` and ``stability demo`` print and write.
 """
 
 from __future__ import annotations
@@ -21,16 +21,20 @@ from stability.atomic import atomic_path
 
 
 def as_report(report) -> dict:
-    """The whole-report JSON of an analysis object, or the dict itself."""
-    if isinstance(report, dict):
-        return report
-    if hasattr(report, "report"):  # a SplitAnalysis: a report of its one split
-        return report.report()
-    return report.to_json()
+    """The JSON of an :class:`~stability.analysis.results.Analysis`, or the dict itself."""
+    return report if isinstance(report, dict) else report.to_json()
 
 
-def write_json(report, path: Path) -> None:
-    atomic.write_json(path, as_report(report))
+def publish(analysis, *, json_path: Optional[Path | str] = None, plots: Optional[Path | str] = None) -> None:
+    """What ``stability analyze`` and ``stability demo`` give: the text report on stdout, then the JSON written to
+    ``json_path`` and the plots to ``plots`` (when given), each path on a line (``json: PATH``, ``plot: PATH``)."""
+    print(analysis.summary(), end="")
+    if json_path is not None:
+        analysis.write_json(json_path)
+        print(f"json: {json_path}")
+    if plots is not None:
+        for path in analysis.plot(plots):
+            print(f"plot: {path}")
 
 
 def _fmt(v: Any, spec: str = ".4g") -> str:

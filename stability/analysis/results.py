@@ -1,20 +1,21 @@
-"""The analysis' result objects: each stage's result (where it has none of its own module), the analysis of one
-split (:class:`SplitAnalysis`: every stage's result, its JSON block, the verdict, the report and the plots) and of
-a checkpoint (:class:`CheckpointAnalysis`: one SplitAnalysis per split)."""
+"""The analysis' result objects: each stage's result (where it has none of its own module), every stage's result
+on one split (:class:`SplitResult`) and the analysis (:class:`Analysis`: one or several splits, their JSON built
+once, the text report, the plots; what ``stability.analyze`` returns and ``stability analyze`` prints)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
 from stability.analysis.options import FORMAT, SCHEMA_VERSION, STAGE_KEYS, STAGES, AnalysisOptions
-from stability.analysis.verdict import Verdict, verdict
+from stability.analysis.verdict import verdict
 from stability.stats import median
 
-#: the :class:`SplitAnalysis` field that holds each stage's result
+#: the :class:`SplitResult` field that holds each stage's result
 STAGE_FIELDS = {"reachability": "reachability", "rho": "spectra", "prop4": "prop4", "rho_wx": "recall",
                 "prop5": "prop5", "input": "input_dependence", "a8": "initial_iterate", "repelling": "repelling",
                 "accuracy": "accuracy", "geometry": "geometry"}
@@ -137,26 +138,13 @@ class InitialIterate:
         return out
 
 
-# ---- one split, and a checkpoint -----------------------------------------------------------------------
-
-class _JSONView(Mapping):
-    """Read access to the object's JSON (``analysis["jacobian"]["spectral_radius"]``), as to the file it writes."""
-
-    def __getitem__(self, key):
-        return self.to_json()[key]
-
-    def __iter__(self):
-        return iter(self.to_json())
-
-    def __len__(self):
-        return len(self.to_json())
-
+# ---- one split, and the analysis ----------------------------------------------------------------------
 
 @dataclass(eq=False)
-class SplitAnalysis(_JSONView):
-    """Every stage's result on one split (or one batch of inputs): the object the report, the JSON, the plots and
-    the sweep summary read. Stages that did not run are None; :data:`STAGE_FIELDS` names each stage's field (the
-    table of :mod:`stability.analysis.stages`). ``x0`` and ``x_star`` keep the tensors the numbers were computed at
+class SplitResult:
+    """Every stage's result on one split (or one batch of inputs): what :class:`Analysis` gathers, one per split.
+    Stages that did not run are None; :data:`STAGE_FIELDS` names each stage's field (the table of
+    :mod:`stability.analysis.stages`). ``x0`` and ``x_star`` keep the tensors the numbers were computed at
     (float64; not part of the JSON)."""
 
     split: str
@@ -179,89 +167,90 @@ class SplitAnalysis(_JSONView):
     x0: Optional[torch.Tensor] = field(default=None, repr=False)  # (B, *S0) the analysed inputs' x0 (not in JSON)
     x_star: Optional[torch.Tensor] = field(default=None, repr=False)  # (B, *S) x_best of the solve (not in JSON)
 
-    def blocks(self) -> dict:
-        """The stage key → JSON block (None for a stage that did not run)."""
-        objs = {STAGE_KEYS[s]: getattr(self, STAGE_FIELDS[s]) for s in STAGES}
-        return {k: None if v is None else _to_dict(v) for k, v in objs.items()}
-
     def to_dict(self) -> dict:
-        """The per-split JSON block (the keys of ``stability analyze --json`` under each split's name)."""
+        """The split's JSON block, as the report holds it under the split's name (non-finite numbers as null)."""
         from stability.atomic import clean
 
-        blocks = self.blocks()
-        out = {"split": self.split, "samples": self.samples, "state_shape": self.state_shape,
-               "stages": list(self.stages), **blocks,
-               "verdict": verdict(blocks, tol=self.options.tol).to_dict(),
-               "timings": dict(self.timings)}
-        return clean(out)
+        return clean(self._block())
 
-    @property
-    def verdict(self) -> Verdict:
-        return verdict(self.blocks(), tol=self.options.tol)
-
-    def report(self, source: Optional[dict] = None) -> dict:
-        """A whole-report JSON with this one split (what ``stability analyze --model`` writes)."""
-        from stability.atomic import clean
-
-        block = self.to_dict()
-        return clean({"format": FORMAT, "schema_version": SCHEMA_VERSION, "source": source or {"model": self.model},
-                      "options": self.options.to_dict(), "splits": [self.split], self.split: block,
-                      "verdict": {self.split: block["verdict"]}})
-
-    def to_json(self) -> dict:
-        """JSON-ready dict: ``format``, ``schema_version``, ``options`` and the split's block (NaN → null)."""
-        return {"format": FORMAT, "schema_version": SCHEMA_VERSION, "options": self.options.to_dict(),
-                **self.to_dict()}
-
-    def write_json(self, path) -> None:
-        from stability.analysis.report import write_json
-
-        write_json(self.report(), path)
-
-    def summary(self) -> str:
-        """The text report: the verdict, then the table of every quantity."""
-        from stability.analysis.report import text_report
-
-        return text_report(self.report())
-
-    def plot(self, directory) -> list:
-        """Write the PNG plots (residuals, eigenvalues, accuracy, Prop. 5) into ``directory``; returns paths."""
-        from stability.analysis.report import write_plots
-
-        return write_plots(self.report(), directory)
+    def _block(self) -> dict:
+        """The block before :func:`~stability.atomic.clean`: every stage's block (None for a stage that did not
+        run), the verdict on them and the timings."""
+        objs = {STAGE_KEYS[s]: getattr(self, STAGE_FIELDS[s]) for s in STAGES}
+        blocks = {k: None if v is None else _to_dict(v) for k, v in objs.items()}
+        return {"split": self.split, "samples": self.samples, "state_shape": self.state_shape,
+                "stages": list(self.stages), **blocks, "verdict": verdict(blocks, tol=self.options.tol).to_dict(),
+                "timings": dict(self.timings)}
 
 
 @dataclass(eq=False)
-class CheckpointAnalysis(_JSONView):
-    """The analysis of a checkpoint: one :class:`SplitAnalysis` per split, with the checkpoint's config."""
+class Analysis(Mapping):
+    """The result of ``stability.analyze`` and of ``stability analyze``: one :class:`SplitResult` per split
+    (``splits``; ``"inputs"`` for a model analysed on inputs of one's own) and where they came from. Read like the
+    JSON file it writes (``analysis["val"]["jacobian"]["spectral_radius"]``); :meth:`to_json` is that JSON, built
+    once on first use and then shared by every read, :meth:`summary`, :meth:`plot` and :meth:`write_json` (the
+    same dict each time: copy it before changing it).
 
-    source: dict
-    config: Optional[dict]
+    ``checkpoint``: the analysed checkpoint's path (then ``config`` and ``epoch`` are its own, and the JSON
+    carries the hardware signature); otherwise ``source`` says what was analysed (``{"model": ...}``)."""
+
     options: AnalysisOptions
-    epoch: Any
-    splits: dict  # name → SplitAnalysis
+    splits: dict  # name → SplitResult
+    source: dict = field(default_factory=dict)
+    checkpoint: Optional[str] = None
+    config: Optional[dict] = None
+    epoch: Any = None
 
     def to_json(self) -> dict:
-        """``stability analyze --json``: format, schema_version, checkpoint, config, options, epoch, splits, one
-        block per split under its name, and the verdict of each split."""
+        """The JSON ``stability analyze --json`` writes (strict: non-finite numbers as null): format,
+        schema_version, where it came from (a checkpoint with its config and epoch, and the hardware signature;
+        or the ``source`` of a model of one's own), options, the split names, one block per split under its
+        name, and each split's verdict (docs/analysis.md)."""
+        if self._json is None:
+            self._json = self._build()
+        return self._json
+
+    def _build(self) -> dict:
         from stability.atomic import clean
 
-        from stability import hardware
+        blocks = {name: split._block() for name, split in self.splits.items()}  # cleaned once, below
+        if self.checkpoint is not None:
+            from stability import hardware
 
-        out = {"format": FORMAT, "schema_version": SCHEMA_VERSION, **self.source, "config": self.config,
-               "options": self.options.to_dict(), "epoch": self.epoch, "splits": list(self.splits),
-               "hardware": hardware.signature()}
-        for name, split in self.splits.items():
-            out[name] = split.to_dict()
-        out["verdict"] = {name: out[name]["verdict"] for name in self.splits}
-        return clean(out)
+            head = {"checkpoint": self.checkpoint, "config": self.config, "options": self.options.to_dict(),
+                    "epoch": self.epoch, "splits": list(blocks), "hardware": hardware.signature()}
+        else:
+            head = {"source": self.source, "options": self.options.to_dict(), "splits": list(blocks)}
+        return clean({"format": FORMAT, "schema_version": SCHEMA_VERSION, **head, **blocks,
+                      "verdict": {name: block["verdict"] for name, block in blocks.items()}})
+
+    def __post_init__(self):
+        self._json = None
+
+    def __getitem__(self, key):
+        return self.to_json()[key]
+
+    def __iter__(self):
+        return iter(self.to_json())
+
+    def __len__(self):
+        return len(self.to_json())
 
     def summary(self) -> str:
+        """The text report ``stability analyze`` prints: the verdict, then one table per split."""
         from stability.analysis.report import text_report
 
         return text_report(self.to_json())
 
+    def write_json(self, path) -> Path:
+        """Write :meth:`to_json` to ``path`` (atomically, :func:`stability.atomic.write_json`)."""
+        from stability.atomic import write_json
+
+        return write_json(path, self.to_json())
+
     def plot(self, directory) -> list:
+        """Write the PNG plots (residuals, eigenvalues, accuracy, Prop. 5, the geometry stage's region) into
+        ``directory``; returns their paths."""
         from stability.analysis.report import write_plots
 
         return write_plots(self.to_json(), directory)

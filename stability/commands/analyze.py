@@ -250,7 +250,7 @@ def load_weights(model, path: str) -> None:
 
 
 def _own_model(args, options, log):
-    from stability.analysis.pipeline import analyze
+    from stability.analysis.pipeline import analyze_model
     from stability.errors import StabilityError
 
     if args.checkpoint:
@@ -264,9 +264,8 @@ def _own_model(args, options, log):
     model = build_from_spec(args.model)
     if args.weights:
         load_weights(model, args.weights)
-    analysis = analyze(model, inputs, targets, options, log=log)
     source = {"model": args.model, "weights": args.weights, "inputs": args.inputs, "targets": args.targets}
-    return analysis.report(source)
+    return analyze_model(model, inputs, targets, options, source=source, log=log)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -274,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
 
     from stability.analysis.options import STAGES, AnalysisOptions
     from stability.analysis.pipeline import analyze_checkpoint
-    from stability.analysis.report import text_report, write_json, write_plots
+    from stability.analysis.report import publish
     from stability.atomic import check_writable
     from stability.errors import StabilityError
 
@@ -306,16 +305,10 @@ def run(args: argparse.Namespace) -> int:
 
     keep_freed_memory()  # this process only analyses from here on: keep its large blocks for reuse
     if args.model:
-        report = _own_model(args, options, log)
+        analysis = _own_model(args, options, log)
     else:
         splits = ("val", "hard") if args.split in (None, "both") else (args.split,)
-        report = analyze_checkpoint(Path(args.checkpoint), splits=splits, options=options, log=log,
-                                    release_config=args.release_config).to_json()
-    print(text_report(report), end="")
-    if args.json:
-        write_json(report, Path(args.json))
-        print(f"json: {args.json}")
-    if args.plots:
-        for path in write_plots(report, Path(args.plots)):
-            print(f"plot: {path}")
+        analysis = analyze_checkpoint(Path(args.checkpoint), splits=splits, options=options, log=log,
+                                      release_config=args.release_config)
+    publish(analysis, json_path=args.json, plots=args.plots)
     return 0

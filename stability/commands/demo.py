@@ -37,17 +37,13 @@ def run(args: argparse.Namespace) -> int:
         from stability.analysis.options import STAGES, AnalysisOptions
         from stability.analysis.pipeline import analyze_checkpoint
         from stability.analysis.pool import keep_freed_memory
-        from stability.analysis.report import text_report, write_json, write_plots
+        from stability.analysis.report import publish
 
         log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
         # workers=None: the two splits side by side, one process each, on a machine with two threads or more
         # stages=STAGES: every stage, as `stability analyze` runs them (the geometry stage included)
         options = AnalysisOptions(samples=ANALYSIS_SAMPLES, workers=None, stages=STAGES)
         keep_freed_memory()  # training is over: from here on the process only analyses
-        report = analyze_checkpoint(ckpt, splits=("val", "hard"), options=options, log=log)
-        print(text_report(report), end="")
-        write_json(report, json_path)
-        print(f"json: {json_path}")
-        for path in write_plots(report, plots):
-            print(f"plot: {path}")
+        publish(analyze_checkpoint(ckpt, splits=("val", "hard"), options=options, log=log), json_path=json_path,
+                plots=plots)
     return 0

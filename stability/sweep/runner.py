@@ -379,7 +379,6 @@ def _summarise(ckpt_path: Path, results: Path, cell_id: str, options: RunOptions
         return {"source": "monitor", "split": "val", **{k: m[k] for k in keys}}, None, "summary by the monitor"
     from stability.analysis.options import DEFAULT_STAGES, AnalysisOptions
     from stability.analysis.pipeline import analyze_checkpoint
-    from stability.analysis.report import write_json
 
     aopts = AnalysisOptions(samples=options.analyze_samples, max_iter=options.analyze_max_iter,
                             stages=DEFAULT_STAGES + (("geometry",) if options.analyze_geometry else ()),
@@ -387,12 +386,10 @@ def _summarise(ckpt_path: Path, results: Path, cell_id: str, options: RunOptions
                             workers=1)  # the sweep runs cells side by side, so one split after the other here
     say(f"analysis: {options.analyze_samples} samples of {', '.join(options.analyze_splits)}")
     t = time.perf_counter()
-    report = analyze_checkpoint(ckpt_path, splits=tuple(options.analyze_splits), options=aopts, log=say)
-    if hasattr(report, "to_json"):  # an analysis object rather than its JSON dict
-        report = report.to_json()
+    analysis = analyze_checkpoint(ckpt_path, splits=tuple(options.analyze_splits), options=aopts, log=say)
     say(f"analysis done in {time.perf_counter() - t:.1f} s")
-    write_json(report, analysis_path(results, cell_id))
-    summary = analysis_summary(report)
+    analysis.write_json(analysis_path(results, cell_id))
+    summary = analysis_summary(analysis.to_json())
     return _stability_from_analysis(summary), summary, None
 
 
