@@ -42,6 +42,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the per-sample scipy references
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -80,8 +82,9 @@ def bench_split(model, task, split: str, samples: int, seed: int = 0, max_iter: 
                 gmres_tol: float = 1e-10) -> dict:
     from stability.analysis.initial_iterate import (initial_iterate_sensitivity, initial_iterate_sensitivity_batched,
                                                     prop5_and_initial_iterate_batched)
-    from stability.analysis.input_dependence import input_dependence_frobenius, input_dependence_frobenius_batched
-    from stability.analysis.prop5 import default_T_grid, prop5_check, prop5_check_batched
+    from reference_numerics import input_dependence_frobenius, prop5_check
+    from stability.analysis.input_dependence import input_dependence_frobenius_batched
+    from stability.analysis.prop5 import default_T_grid, prop5_check_batched
     from stability.solvers import solve
 
     f = model.step
@@ -167,15 +170,14 @@ def bench_dense_crossover(model, lengths=(4, 8, 16, 32, 64), samples=(8, 8, 8, 4
     demo model at bit lengths giving n = 32 · L; the crossover sets ``DENSE_MAX`` in spectra.py."""
     import copy
 
-    from stability.analysis.operators import BatchedJacobian, batched_dense_jacobian
-    from stability.analysis.spectra import batched_sigma_max, dense_batched_spectra, jacobian_spectral_radius
+    from stability.numerics import Linearisation, sigma_max, spectral_radius
     from stability.solvers import solve
 
     fast = copy.deepcopy(model).float()
     rows = []
     with torch.no_grad():  # pay vmap's and LAPACK's one-time set-up before any timing
         w0 = model.embed(torch.zeros(2, 2, 1, dtype=torch.float64))
-    dense_batched_spectra(batched_dense_jacobian(model.step, w0, w0))
+    spectral_radius(Linearisation(model.step, w0, w0).dense(), route="dense")
     for L, B in zip(lengths, samples):
         gen = torch.Generator().manual_seed(seed)
         bits = (torch.randint(0, 2, (B, L, 1), generator=gen).double() - 0.5)
@@ -186,19 +188,18 @@ def bench_dense_crossover(model, lengths=(4, 8, 16, 32, 64), samples=(8, 8, 8, 4
         n = int(np.prod(x.shape[1:]))
 
         def dense():
-            J = batched_dense_jacobian(model.step, x, x0)
-            return J, dense_batched_spectra(J)
+            J = Linearisation(model.step, x, x0).dense()
+            return J, (spectral_radius(J, route="dense"), sigma_max(J, route="dense"))
 
         def krylov():
             spec = []
             sig = []
             for b in range(B):  # the pipeline's CPU default: one sample per batch
                 xs, xb = x[b:b + 1], x0[b:b + 1]
-                bj = BatchedJacobian(model.step, xs, xb)
-                spec.append(jacobian_spectral_radius(model.step, xs, xb, fast_f=fast.step, k=3, tol=tol, seed=seed,
-                                                     dense_max=0).rho)
-                sig.append(batched_sigma_max(bj.apply_reuse, bj.rapply, tuple(xs.shape), dtype=x.dtype, tol=tol,
-                                             seed=seed))
+                lin = Linearisation(model.step, xs, xb)
+                spec.append(spectral_radius(lin, route="krylov", fast=Linearisation(fast.step, xs.float(), xb.float()),
+                                            k=3, tol=tol, seed=seed).rho)
+                sig.append(sigma_max(lin, route="krylov", tol=tol, seed=seed))
             return torch.cat(spec), torch.cat(sig)
 
         (J, (d_spec, d_sig)), t_d = _timed(dense, f"dense_{n}")
@@ -218,9 +219,9 @@ def bench_dense_routes(model, task, samples: int, seed: int = 0, repeats: int = 
     by forward-mode columns, and compressed (positions coloured, certified); Prop. 4's M likewise (rows of the
     linear map's vjp against its columns); ρ by the batched Krylov–Schur on bmm products against ARPACK one
     matrix at a time; σ_max by ``svdvals`` against ``eigvalsh(JᵀJ)`` and Lanczos per matrix."""
-    from stability.analysis.operators import batched_dense_jacobian
     from stability.analysis.recall import RecallMatrixOperator
-    from stability.analysis.spectra import _arpack_dense, batched_spectral_radius, dense_sigma_max
+    from stability.numerics import Linearisation, sigma_max, spectral_radius
+    from stability.numerics.eigen import krylov_schur as batched_spectral_radius
     from stability.solvers import solve
 
     inputs, _ = task.dataset("hard")
@@ -241,15 +242,14 @@ def bench_dense_routes(model, task, samples: int, seed: int = 0, repeats: int = 
         return out
 
     rows: dict = {"samples": N, "n": n, "cpu_s": CPU_TIMES, "max_abs_diff": {}}
-    J_rows = best("J_rows", lambda: batched_dense_jacobian(model.step, x, x0, route="rows"))
-    J_cols = best("J_columns", lambda: batched_dense_jacobian(model.step, x, x0, route="columns"))
-    J = best("J_compressed", lambda: batched_dense_jacobian(model.step, x, x0))
+    J_rows = best("J_rows", lambda: Linearisation(model.step, x, x0).dense(route="rows"))
+    J_cols = best("J_columns", lambda: Linearisation(model.step, x, x0).dense(route="columns"))
+    J = best("J_compressed", lambda: Linearisation(model.step, x, x0).dense())
     rows["max_abs_diff"]["J_columns"] = float((J_cols - J_rows).abs().max())
     rows["max_abs_diff"]["J_compressed"] = float((J - J_rows).abs().max())
-    op = RecallMatrixOperator(model, x, x0, batched=True)
-    zero = torch.zeros_like(op.x_in)
-    M_rows = best("M_rows", lambda: batched_dense_jacobian(lambda V, _: op.apply_M(V), zero, None, route="rows"))
-    M = best("M_compressed", lambda: op.dense_batched())
+    op = RecallMatrixOperator(model, x, x0).linear_map()
+    M_rows = best("M_rows", lambda: op.dense(route="rows"))
+    M = best("M_compressed", lambda: op.dense())
     rows["max_abs_diff"]["M_compressed"] = float((M - M_rows).abs().max())
 
     def ks():
@@ -261,12 +261,13 @@ def bench_dense_routes(model, task, samples: int, seed: int = 0, repeats: int = 
 
     exact = torch.linalg.eigvals(J[:4]).abs().max(dim=1).values  # LAPACK on 4 of them: the reference
     rho_ks = best("rho_batched_krylov_schur", ks).rho
-    rho_ar = best("rho_arpack_per_matrix", lambda: _arpack_dense(J.double(), 6, 1e-6, seed)).rho
+    rho_ar = best("rho_arpack_per_matrix", lambda: spectral_radius(J, route="dense-krylov", k=6, tol=1e-6,
+                                                                     seed=seed)).rho
     rows["max_abs_diff"]["rho_batched_krylov_schur_vs_eigvals"] = float((rho_ks[:4] - exact).abs().max())
     rows["max_abs_diff"]["rho_arpack_per_matrix_vs_eigvals"] = float((rho_ar[:4] - exact).abs().max())
     sv = best("sigma_svdvals", lambda: torch.linalg.svdvals(J)[:, 0])
     ev = best("sigma_eigvalsh", lambda: torch.linalg.eigvalsh(J.transpose(1, 2) @ J)[:, -1].sqrt())
-    lz = best("sigma_lanczos_per_matrix", lambda: dense_sigma_max(J))
+    lz = best("sigma_lanczos_per_matrix", lambda: sigma_max(J))
     rows["max_abs_diff"]["sigma_eigvalsh"] = float(((ev - sv).abs() / sv).max())
     rows["max_abs_diff"]["sigma_lanczos_per_matrix"] = float(((lz - sv).abs() / sv).max())
     return rows
@@ -303,23 +304,21 @@ def crossover_markdown(rows: list) -> str:
 def dense_before_after(ckpt: Path, samples: int) -> dict:
     """The whole ``analyze_checkpoint`` (both splits) with the dense thresholds at their old values (32, no
     mid-size tier: every demo state on the Krylov / ARPACK routes) and at
-    :data:`~stability.analysis.spectra.DENSE_MAX` / :data:`~stability.analysis.spectra.DENSE_KRYLOV_MAX`, one after
+    :data:`~stability.numerics.spectra.DENSE_MAX` / :data:`~stability.numerics.spectra.DENSE_KRYLOV_MAX`, one after
     the other in this process; per-stage timings and the numbers each prints."""
-    import stability.analysis.recall as recall
-    import stability.analysis.spectra as spectra
+    import stability.numerics.spectra as spectra
     from stability.analysis.options import AnalysisOptions
     from stability.analysis.pipeline import analyze_checkpoint
 
     out = {}
     for label, limit, mid in (("before", 32, 0), ("after", spectra.DENSE_MAX, spectra.DENSE_KRYLOV_MAX)):
-        saved = spectra.DENSE_MAX, recall.DENSE_MAX, spectra.DENSE_KRYLOV_MAX, recall.DENSE_KRYLOV_MAX
-        spectra.DENSE_MAX = recall.DENSE_MAX = limit
-        spectra.DENSE_KRYLOV_MAX = recall.DENSE_KRYLOV_MAX = mid
+        saved = spectra.DENSE_MAX, spectra.DENSE_KRYLOV_MAX
+        spectra.DENSE_MAX, spectra.DENSE_KRYLOV_MAX = limit, mid
         try:
             rep, wall = _timed(lambda: analyze_checkpoint(ckpt, options=AnalysisOptions(samples=samples)).to_json(),
                                f"full_{label}")
         finally:
-            spectra.DENSE_MAX, recall.DENSE_MAX, spectra.DENSE_KRYLOV_MAX, recall.DENSE_KRYLOV_MAX = saved
+            spectra.DENSE_MAX, spectra.DENSE_KRYLOV_MAX = saved
         row = {"dense_max": limit, "dense_krylov_max": mid, "wall_s": wall, "cpu_s": CPU_TIMES[f"full_{label}"]}
         for split in ("val", "hard"):
             b = rep[split]
@@ -488,8 +487,8 @@ def bench_blas_threads(model, task, samples: int, repeats: int) -> dict:
     stage rho hands ARPACK) against row-major copies; alternated ``repeats`` times in this process, wall and CPU seconds, numbers compared."""
     from threadpoolctl import threadpool_info
 
-    import stability.analysis.spectra as sp
-    from stability.analysis.operators import batched_dense_jacobian
+    import stability.numerics.spectra as sp
+    from stability.numerics import Linearisation
     from stability.solvers import solve
 
     inputs, _ = task.dataset("hard")
@@ -497,7 +496,7 @@ def bench_blas_threads(model, task, samples: int, repeats: int) -> dict:
     with torch.no_grad():
         x0 = model.embed(inputs[:N].double())
     xs = solve(model.step, x0, x0, tol=1e-5, max_iter=500).x_best
-    J = batched_dense_jacobian(model.step, xs, x0)  # strides (n, 1, B·n), as stage rho builds it
+    J = Linearisation(model.step, xs, x0).dense()  # strides (n, 1, B·n), as stage rho builds it
     default = max(p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas")
 
     class _Unlimited:  # serial_blas replaced by a context that leaves OpenBLAS at its default
@@ -522,7 +521,7 @@ def bench_blas_threads(model, task, samples: int, repeats: int) -> dict:
                 sp.serial_blas = keep if serial else _Unlimited
                 t, c = time.perf_counter(), time.process_time()
                 spec = sp._arpack_dense(J.contiguous() if rowmajor else J, 3, 1e-6, 0)
-                sig = sp.dense_sigma_max(J)
+                sig = sp._dense_sigma_max(J)
                 rows[label].append({"wall_s": time.perf_counter() - t, "cpu_s": time.process_time() - c})
                 numbers[label] = (spec.rho.tolist(), sig.tolist())
                 print(f"  {label}: {rows[label][-1]['wall_s']:.2f} s wall, {rows[label][-1]['cpu_s']:.2f} CPU s",
