@@ -30,6 +30,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the per-sample scipy references
+
+
+def jacobian_spectral_radius(f, x, x0, *, fast_f=None, **kwargs):
+    """ρ(J) at (x, x0) by the package's one entry point (route auto), products in float32 with ``fast_f``."""
+    from stability.numerics import Linearisation, spectral_radius
+
+    fast = None if fast_f is None else Linearisation(fast_f, x.float(), None if x0 is None else x0.float())
+    return spectral_radius(Linearisation(f, x, x0), fast=fast, **kwargs)
+
+
+def jacobian_rho(f, x, x0, **kwargs):
+    """The same on the Krylov route (what the solvers' repelling check runs)."""
+    return jacobian_spectral_radius(f, x, x0, route="krylov", **kwargs)
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -85,8 +100,6 @@ ROUTES = {
 
 def _route(name, m64, m32, xs, x0s):
     """ρ of every sample of (xs, x0s) at once by one route of ``ROUTES`` (Krylov–Schur on Jᵀ)."""
-    from stability.analysis.spectra import jacobian_spectral_radius
-
     dtype, tol, certified = ROUTES[name]
     if certified:
         return jacobian_spectral_radius(m64.step, xs, x0s, fast_f=m32.step, tol=tol, k=3)
@@ -96,8 +109,10 @@ def _route(name, m64, m32, xs, x0s):
 
 
 def bench_spectral_radius(samples: int = 8) -> dict:
-    from stability.analysis.operators import BatchedJacobian, JacobianOperator
-    from stability.analysis.spectra import batched_spectral_radius, dense_spectrum, spectral_radius
+    from reference_numerics import JacobianOperator, dense_spectrum
+    from reference_numerics import arpack_rho as spectral_radius
+    from stability.numerics import Linearisation as BatchedJacobian
+    from stability.numerics.eigen import krylov_schur as batched_spectral_radius
 
     out: dict = {"dense_small": [], "routes": {k: {"dtype": str(v[0]), "tol": v[1], "certified": v[2]}
                                                for k, v in ROUTES.items()},
@@ -137,7 +152,7 @@ def bench_spectral_radius(samples: int = 8) -> dict:
     for b in range(samples):
         xs, xb = r.x_best[b:b + 1], x0[b:b + 1]
         bj = BatchedJacobian(m.step, xs, xb)
-        tight, t_ref = _t(lambda: batched_spectral_radius(bj.rapply, tuple(xs.shape), tol=1e-10, k=6, restarts=400))
+        tight, t_ref = _t(lambda: batched_spectral_radius(bj.JT, tuple(xs.shape), tol=1e-10, k=6, restarts=400))
         ref.append(float(tight.rho[0]))
         line = [f"sample {b}: ρ {ref[-1]:.8f} (reference {t_ref:.1f} s, {tight.matvecs} products)"]
         for name in ROUTES:
@@ -251,7 +266,7 @@ def _reset_peak_rss() -> None:
 
 def memory_child(route: str, state_path: str, T: int) -> dict:
     """Run one route in this (fresh) process; report peak RSS growth and bytes saved for backward."""
-    from stability.analysis.prop5 import implicit_input_vjp, unrolled_input_vjp
+    from reference_numerics import implicit_input_vjp, unrolled_input_vjp
 
     state = torch.load(state_path)
     m = sudoku_model(256)

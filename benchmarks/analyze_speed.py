@@ -29,6 +29,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the per-sample scipy references
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -65,15 +67,14 @@ def bench_dense_crossover(model, lengths=(4, 8, 16, 32, 64), samples=(8, 8, 8, 4
     demo model at bit lengths giving n = 32 · L; the crossover sets ``DENSE_MAX`` in spectra.py."""
     import copy
 
-    from stability.analysis.operators import BatchedJacobian, batched_dense_jacobian
-    from stability.analysis.spectra import batched_sigma_max, dense_batched_spectra, jacobian_spectral_radius
+    from stability.numerics import Linearisation, sigma_max, spectral_radius
     from stability.solvers import solve
 
     fast = copy.deepcopy(model).float()
     rows = []
     with torch.no_grad():  # pay vmap's and LAPACK's one-time set-up before any timing
         w0 = model.embed(torch.zeros(2, 2, 1, dtype=torch.float64))
-    dense_batched_spectra(batched_dense_jacobian(model.step, w0, w0))
+    spectral_radius(Linearisation(model.step, w0, w0).dense(), route="dense")
     for L, B in zip(lengths, samples):
         gen = torch.Generator().manual_seed(seed)
         bits = (torch.randint(0, 2, (B, L, 1), generator=gen).double() - 0.5)
@@ -84,19 +85,18 @@ def bench_dense_crossover(model, lengths=(4, 8, 16, 32, 64), samples=(8, 8, 8, 4
         n = int(np.prod(x.shape[1:]))
 
         def dense():
-            J = batched_dense_jacobian(model.step, x, x0)
-            return J, dense_batched_spectra(J)
+            J = Linearisation(model.step, x, x0).dense()
+            return J, (spectral_radius(J, route="dense"), sigma_max(J, route="dense"))
 
         def krylov():
             spec = []
             sig = []
             for b in range(B):  # the pipeline's CPU default: one sample per batch
                 xs, xb = x[b:b + 1], x0[b:b + 1]
-                bj = BatchedJacobian(model.step, xs, xb)
-                spec.append(jacobian_spectral_radius(model.step, xs, xb, fast_f=fast.step, k=3, tol=tol, seed=seed,
-                                                     dense_max=0).rho)
-                sig.append(batched_sigma_max(bj.apply_reuse, bj.rapply, tuple(xs.shape), dtype=x.dtype, tol=tol,
-                                             seed=seed))
+                lin = Linearisation(model.step, xs, xb)
+                spec.append(spectral_radius(lin, route="krylov", fast=Linearisation(fast.step, xs.float(), xb.float()),
+                                            k=3, tol=tol, seed=seed).rho)
+                sig.append(sigma_max(lin, route="krylov", tol=tol, seed=seed))
             return torch.cat(spec), torch.cat(sig)
 
         (J, (d_spec, d_sig)), t_d = _timed(dense, f"dense_{n}")

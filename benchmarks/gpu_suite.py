@@ -8,7 +8,7 @@ Checks (paper sizes on a GPU; ``--dry-run``: tiny sizes on the CPU, to test this
 * ``prefix_sums_cell`` — the paper's prefix-sums cell (external recall, post-norm, lr 1e-4) trained for a few
   epochs: loss, val / hard accuracy, seconds per epoch (the full cell is 100 epochs: RESULTS.md);
 * ``batched_rho`` — ρ(J*) for 500 sudoku-size states (81 × 256) in one batch, float32 products certified in
-  float64 (``stability.analysis.spectra.jacobian_spectral_radius``); goal ≤ 10 s;
+  float64 (``stability.numerics.spectral_radius``); goal ≤ 10 s;
 * ``solvers`` — the fixed-point solvers (picard, anderson, broyden, auto) on the sudoku-size map, recall ×1.0:
   evaluations, statuses and time per evaluation relative to Picard's;
 * ``full_analysis`` — the whole analysis as ``stability analyze`` runs it (every stage, geometry included) on 500
@@ -128,7 +128,7 @@ def _sudoku(width: int, scale: float, device, n: int):
 
 
 def check_batched_rho(device, dry: bool, partial: dict) -> dict:
-    from stability.analysis.spectra import jacobian_spectral_radius
+    from stability.numerics import Linearisation, spectral_radius
     from stability.solvers import solve
 
     width, n = (16, 2) if dry else (256, 500)
@@ -137,7 +137,8 @@ def check_batched_rho(device, dry: bool, partial: dict) -> dict:
     partial.update({"width": width, "samples": n, "fixed_points_converged": int(sol.converged.sum())})
     _sync(device)
     t = time.perf_counter()
-    spec = jacobian_spectral_radius(m.step, sol.x_best, x0, fast_f=fast.step, tol=1e-6, k=3)
+    spec = spectral_radius(Linearisation(m.step, sol.x_best, x0), tol=1e-6, k=3,
+                           fast=Linearisation(fast.step, sol.x_best.float(), x0.float()))
     _sync(device)
     secs = time.perf_counter() - t
     rho = spec.rho.double().cpu()

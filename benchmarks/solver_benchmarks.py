@@ -211,7 +211,7 @@ def run_torchdeq(name: str, mp: dict) -> dict:
 def gmres_bound(mp: dict, samples: int = 2, cap: int = 600) -> dict:
     """Products with J* (jvp) that full-memory GMRES and the Neumann series need for (I − J*) w = g(e) to a
     relative residual of 1e-6, at x* (Broyden to τ = 1e-11) of the first ``samples`` samples."""
-    from stability.linalg import solve_I_minus_J
+    from stability.numerics import solve_I_minus_J
     from stability.solvers import solve
 
     step, e, x0 = mp["model"].step, mp["e"][:samples], mp["x0"][:samples]

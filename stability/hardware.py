@@ -210,7 +210,7 @@ def signature() -> dict:
 _PINNED_KEYS = ("torch", "numpy", "scipy", "machine", "mkl", "blas", "lapack", "python_blas_versions", "pins")
 #: what must agree for two unpinned runs to have taken the same kernel paths. numpy's and scipy's OpenBLAS thread
 #: counts are not among them: they depend on what limited the pools when the signature was taken, and the analysis
-#: runs its scipy linear algebra on one thread whatever they are (stability.analysis.spectra.serial_blas); their
+#: runs its scipy linear algebra on one thread whatever they are (stability.numerics.spectra.serial_blas); their
 #: libraries, versions and kernel families are compared (python_blas_versions)
 _UNPINNED_KEYS = _PINNED_KEYS + ("cpu", "cpu_flags", "cpu_capability", "threads", "mkldnn", "dispatch_env")
 

@@ -24,7 +24,7 @@ Methods (the registry :data:`SOLVERS`; ``auto`` is :data:`AUTO`, chosen by ``ben
 
 Anderson and Broyden are root-finders: they can converge to a fixed point that f's own iteration cannot reach
 (ρ(J*) > 1, Props. 3–4). For them ``solve`` reports ρ(J*) of every converged sample (:func:`classify`, the
-batched Krylov–Schur route of :func:`stability.linalg.jacobian_rho`) and marks those with ρ(J*) > 1 ``repelling``.
+route ``krylov`` of :func:`stability.numerics.spectra.spectral_radius`) and marks those with ρ(J*) > 1 ``repelling``.
 
 Shapes (torchdeq-style; B = batch, S = the state's trailing shape, e.g. (L, d) or (9, 9, d), N = iterations):
 
@@ -58,7 +58,7 @@ from typing import Callable, Optional
 import torch
 
 from stability.errors import ConfigError
-from stability.linalg import jacobian_rho
+from stability.numerics import Linearisation, spectral_radius
 from stability.stats import FIXED_POINT_STATUSES, median
 
 STATUSES = ("converged", "max-iterations", "stalled", "diverged", "non-finite", "repelling")
@@ -441,11 +441,12 @@ def detect_period(f: Callable, x: torch.Tensor, x0: Optional[torch.Tensor], *, m
 
 def classify(result: SolveResult, f: Callable, x0: Optional[torch.Tensor], *, tol: float = 1e-6,
              fast_f: Optional[Callable] = None, **kwargs) -> SolveResult:
-    """ρ(J*) at ``x_best`` of every converged sample, by :func:`stability.linalg.jacobian_rho`
-    (matrix-free Krylov–Schur on Jᵀ, Ritz residual ``tol``; exact to rounding for n ≤ 60); sets ``result.rho``
-    (NaN for the others) and marks a converged sample with ρ(J*) > 1 ``repelling`` (Props. 3–4: plain iteration of f cannot reach it). In place; returns
-    ``result``. The products with Jᵀ are counted in ``result.info["rho_products"]`` (they are not evaluations of
-    f, so not in ``nfe``)."""
+    """ρ(J*) at ``x_best`` of every converged sample, by :func:`stability.numerics.spectra.spectral_radius`
+    (route ``krylov``: matrix-free Krylov–Schur on Jᵀ, Ritz residual ``tol``; exact to rounding for n ≤ 60; with
+    ``fast_f``, the same map in float32, its products in float32 and every result certified in float64); sets
+    ``result.rho`` (NaN for the others) and marks a converged sample with ρ(J*) > 1 ``repelling`` (Props. 3–4:
+    plain iteration of f cannot reach it). In place; returns ``result``. The products with Jᵀ are counted in
+    ``result.info["rho_products"]`` (they are not evaluations of f, so not in ``nfe``)."""
     B = len(result.status)
     rho = torch.full((B,), math.nan, dtype=torch.float64)
     idx = result.converged.nonzero().flatten()
@@ -454,7 +455,8 @@ def classify(result: SolveResult, f: Callable, x0: Optional[torch.Tensor], *, to
         dev = result.x_best.device
         xs = result.x_best[idx.to(dev)]
         xb = None if x0 is None else x0[idx.to(x0.device)]
-        spec = jacobian_rho(f, xs, xb, fast_f=fast_f, tol=tol, **kwargs)
+        fast = None if fast_f is None else Linearisation(fast_f, xs.float(), None if xb is None else xb.float())
+        spec = spectral_radius(Linearisation(f, xs, xb), route="krylov", fast=fast, tol=tol, **kwargs)
         rho[idx] = spec.rho.detach().double().cpu()
         products = int(spec.matvecs)
         for i, b in enumerate(idx.tolist()):

@@ -73,19 +73,21 @@ def test_analyze_writes_text_json_and_plots_for_both_splits(tiny_checkpoint, tmp
 
 
 def test_eigensolver_routes_agree_and_the_report_names_the_route(tiny_checkpoint, tmp_path):
-    """The default route (at this state size, n = 512 with stage prop4: every sample's dense J, ρ by ARPACK on each
-    dense matrix) against the matrix-free ARPACK on Jᵀ (--eig-route arpack)."""
+    """At this state size (n = 512) the default analysis builds every sample's dense J for stage prop4 and takes ρ
+    by ARPACK on each dense matrix; without stage prop4 (--only rho) ρ comes matrix-free, Krylov–Schur on Jᵀ with
+    float32 products certified in float64. The two agree."""
     out = {}
-    for route, flags in (("mixed", []), ("arpack", ["--eig-route", "arpack"])):
+    for route, flags in (("dense", []), ("krylov", ["--only", "rho"])):
         js = tmp_path / f"{route}.json"
         proc = stability("analyze", tiny_checkpoint, "--split", "val", "--json", js, *flags, *FAST)
         assert proc.returncode == 0, proc.stderr
         out[route] = json.loads(js.read_text())["val"]["jacobian"]
-    mixed = out["mixed"]["method"]
-    assert mixed.startswith("dense Jacobian (n = 512") and "ARPACK on each dense J" in mixed
-    assert out["arpack"]["method"].startswith("ARPACK (scipy eigs on Jᵀ")
-    assert all(out["mixed"]["eigen_converged"])
-    assert all(abs(a - b) < 1e-5 for a, b in zip(out["mixed"]["spectral_radius"], out["arpack"]["spectral_radius"]))
+    dense, krylov = out["dense"]["method"], out["krylov"]["method"]
+    assert dense.startswith("dense Jacobian (n = 512") and "ARPACK on each dense J" in dense
+    assert krylov.startswith("Krylov–Schur on Jᵀ") and "certified by float64" in krylov
+    assert all(out["dense"]["eigen_converged"]) and all(out["krylov"]["eigen_converged"])
+    assert all(abs(a - b) < 1e-5 for a, b in zip(out["dense"]["spectral_radius"], out["krylov"]["spectral_radius"]))
+    assert all(abs(a - b) < 1e-5 for a, b in zip(out["dense"]["sigma_max"], out["krylov"]["sigma_max"]))
 
 
 def test_a_checkpoint_that_never_converges_still_gets_its_report(tiny_checkpoint, tmp_path):
@@ -153,7 +155,7 @@ def test_bad_flags_and_an_absent_gpu_give_one_line(tiny_checkpoint):
     _assert_one_line_error(stability("analyze", tiny_checkpoint, "--samples", "0"), "positive integer")
     _assert_one_line_error(stability("analyze", tiny_checkpoint, "--split", "train"), "invalid choice")
     _assert_one_line_error(stability("analyze", tiny_checkpoint, "--eig-precision", "half"), "invalid choice")
-    _assert_one_line_error(stability("analyze", tiny_checkpoint, "--eig-route", "lapack"), "invalid choice")
+    _assert_one_line_error(stability("analyze", tiny_checkpoint, "--eig-route", "arpack"), "invalid choice")
     proc = stability("analyze", tiny_checkpoint, "--device", "cuda", "--split", "val", *FAST)
     if torch.cuda.is_available():
         assert proc.returncode == 0, proc.stderr

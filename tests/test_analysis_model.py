@@ -1,8 +1,8 @@
 """The analysis on small looped transformers of every (recall, norm) combination, built directly (untrained).
 
 Checks the numerical promises: the assembled Prop. 4 / App. A.7 matrix equals the autograd Jacobian of
-``step``, matrix-free ρ(J) agrees with the dense eigen-decomposition to 1e-5, and on a contractive model the
-Prop. 5 error falls to the GMRES tolerance as T grows.
+``step``, matrix-free ρ(J) agrees with the dense eigen-decomposition and with ARPACK (tests/reference_numerics.py)
+to 1e-5, and on a contractive model the Prop. 5 error falls to the GMRES tolerance as T grows.
 """
 
 import copy
@@ -14,13 +14,13 @@ import torch
 from stability.analysis.accuracy import accuracy_vs_iteration
 from stability.analysis.fixed_point import analysis_model
 from stability.analysis.initial_iterate import fixed_point_distance
-from stability.analysis.operators import BatchedJacobian, JacobianOperator
-from stability.analysis.prop5 import default_T_grid, prop5_check
+from reference_numerics import JacobianOperator, arpack_rho, arpack_sigma_max, dense_rho
+from stability.analysis.prop5 import default_T_grid, prop5_check_batched
 from stability.analysis.reachability import reachability
 from stability.analysis.recall import RecallMatrixOperator, prop4, recall_form, rho_W_x
-from stability.analysis.spectra import batched_spectral_radius, dense_spectrum, spectral_radius
 from stability.config import ModelConfig, TaskConfig
 from stability.model import build_model
+from stability.numerics import Linearisation, spectral_radius
 from stability.solvers import solve
 
 RECALLS = ["none", "external", "internal"]
@@ -61,7 +61,7 @@ def test_assembled_recall_matrix_equals_autograd_jacobian_of_step(recall, norm):
     x = solve(m.step, x0, x0, tol=1e-10, max_iter=60).x_best  # near x* where reachable, else a trajectory point
     x = x + 0.1 * torch.randn_like(x)  # and off the fixed point, where the factors still hold
     for b in range(2):
-        M = RecallMatrixOperator(m, x[b], x0[b]).dense()
+        M = RecallMatrixOperator(m, x[b:b + 1], x0[b:b + 1]).linear_map().dense()[0]
         J = JacobianOperator(m.step, x[b], x0[b]).dense()
         assert M.shape == (L * 16, L * 16)
         assert (M - J).abs().max() < 1e-12 * max(1.0, float(J.abs().max()))
@@ -71,7 +71,7 @@ def test_assembled_recall_matrix_equals_autograd_jacobian_of_step(recall, norm):
     else:
         assert result.max_abs_diff_vs_autograd < 1e-12
         assert result.columns_checked == L * 16
-        dense_rhos = [dense_spectrum(JacobianOperator(m.step, x[b], x0[b]).dense()).rho for b in range(2)]
+        dense_rhos = [dense_rho(JacobianOperator(m.step, x[b], x0[b]).dense()) for b in range(2)]
         assert np.allclose(result.rho_M, dense_rhos, atol=1e-5)
         assert result.form.startswith({"external": "M_ext", "internal": "M_int"}[recall])
         assert ("A.7" in result.form) == (norm in ("post", "gru"))
@@ -79,25 +79,25 @@ def test_assembled_recall_matrix_equals_autograd_jacobian_of_step(recall, norm):
 
 @pytest.mark.parametrize("norm", NORMS)
 @pytest.mark.parametrize("recall", RECALLS)
-def test_matrix_free_spectral_radius_matches_dense_eigendecomposition(recall, norm):
+def test_matrix_free_spectral_radius_matches_arpack_and_the_dense_eigendecomposition(recall, norm):
     m = small_model(recall, norm, seed=1)
     x0 = m.embed(inputs(seed=1))
     x = solve(m.step, x0, x0, tol=1e-10, max_iter=100).x_best
+    spec = spectral_radius(Linearisation(m.step, x[:1], x0[:1]), route="krylov", k=6, tol=1e-10)
     op = JacobianOperator(m.step, x[0], x0[0], mode="vjp")
-    dense = dense_spectrum(op.dense())
-    arpack = spectral_radius(op, k=6, tol=1e-10, transpose=True)
-    assert abs(arpack.rho - dense.rho) < 1e-5
-    assert abs(abs(arpack.eigenvalues[0]) - abs(dense.eigenvalues[0])) < 1e-5
+    arpack = arpack_rho(op, k=6, tol=1e-10, transpose=True)
+    assert abs(float(spec.rho[0]) - dense_rho(op.dense())) < 1e-5
+    assert abs(float(spec.rho[0]) - arpack.rho) < 1e-5
+    assert abs(float(spec.eigenvalues[0, 0].abs()) - abs(arpack.eigenvalues[0])) < 1e-5
 
 
-def test_batched_arnoldi_matches_dense_on_a_model():
+def test_batched_krylov_matches_dense_on_a_model():
     m = small_model("internal", "peri", seed=2)
     x0 = m.embed(inputs(3, seed=2))
     x = solve(m.step, x0, x0, tol=1e-10, max_iter=100).x_best
-    bj = BatchedJacobian(m.step, x, x0)
-    spec = batched_spectral_radius(bj.rapply, tuple(x.shape), tol=1e-10, restarts=60, krylov=40)
+    spec = spectral_radius(Linearisation(m.step, x, x0), route="krylov", tol=1e-10, restarts=60, krylov=40)
     for b in range(3):
-        ref = dense_spectrum(JacobianOperator(m.step, x[b], x0[b]).dense()).rho
+        ref = dense_rho(JacobianOperator(m.step, x[b], x0[b]).dense())
         assert abs(float(spec.rho[b]) - ref) < 1e-5
 
 
@@ -115,21 +115,19 @@ def reference_ritz_residual(apply, shape, theta, u):
 @pytest.mark.parametrize("recall,norm", [("external", "gru"), ("internal", "pre")])
 def test_mixed_precision_spectral_radius_matches_dense_and_reports_a_float64_residual(recall, norm):
     """float32 products of the model's float32 copy, each result certified by float64 products."""
-    from stability.analysis.spectra import jacobian_spectral_radius
-
     m = small_model(recall, norm, seed=4)
     m32 = copy.deepcopy(m).float()
     x0 = m.embed(inputs(2, seed=4))
     x = solve(m.step, x0, x0, tol=1e-10, max_iter=200).x_best
-    exact, fast = BatchedJacobian(m.step, x, x0), BatchedJacobian(m32.step, x.float(), x0.float())
-    spec = jacobian_spectral_radius(m.step, x, x0, fast_f=m32.step, tol=1e-6, krylov=40)
+    exact, fast = Linearisation(m.step, x, x0), Linearisation(m32.step, x.float(), x0.float())
+    spec = spectral_radius(exact, route="krylov", fast=fast, tol=1e-6, krylov=40)
     for b in range(2):
-        ref = dense_spectrum(JacobianOperator(m.step, x[b], x0[b]).dense()).rho
+        ref = dense_rho(JacobianOperator(m.step, x[b], x0[b]).dense())
         assert abs(float(spec.rho[b]) - ref) < 1e-5
     assert (spec.ritz_residual < 1e-6).all()
     # the float32 route alone, checked by float64 products the same way, stays above the float64 floor
-    plain = batched_spectral_radius(fast.rapply, tuple(x.shape), tol=1e-7, krylov=40, return_vectors=True)
-    floor = reference_ritz_residual(exact.rapply, tuple(x.shape), plain.eigenvalues[:, 0], plain.vectors)
+    plain = spectral_radius(fast, route="krylov", tol=1e-7, krylov=40, return_vectors=True, dtype=torch.float64)
+    floor = reference_ritz_residual(exact.JT, tuple(x.shape), plain.eigenvalues[:, 0], plain.vectors)
     assert (floor > 1e-9).all() and (floor < 1e-5).all()
 
 
@@ -139,9 +137,9 @@ def test_prop5_error_falls_toward_the_gmres_tolerance_on_a_contractive_model(rec
     x0 = m.embed(inputs(1, seed=3))
     sol = solve(m.step, x0, x0, tol=1e-14, max_iter=400)
     assert sol.status == ["converged"]
-    rho = spectral_radius(JacobianOperator(m.step, sol.x_best[0], x0[0], mode="vjp"), transpose=True).rho
+    rho = float(spectral_radius(Linearisation(m.step, sol.x_best, x0)).rho[0])
     assert rho < 1
-    chk = prop5_check(m.step, sol.x_best[0], x0[0], x0[0], default_T_grid(200), tol=1e-12)
+    chk = prop5_check_batched(m.step, sol.x_best, x0, x0, default_T_grid(200), tol=1e-12).sample(0)
     errs = chk.rel_error
     assert errs[0] > 1e-2  # one iteration is far from the implicit gradient
     assert errs[-1] < 1e-9  # ... and T = 200 is at the GMRES tolerance (plus x*'s own error)
@@ -219,9 +217,10 @@ def test_the_accuracy_scored_during_the_picard_solve_is_the_curve_of_the_models_
     assert out.reachability.status == alone.status and out.reachability.nfe == alone.nfe.tolist()
 
 
-def test_analysis_of_a_split_agrees_between_the_arpack_and_the_batched_arnoldi_route():
-    """analyze_split end to end on a tiny prefix-sums model; the batched torch Arnoldi route (all three samples in
-    one batch, as on CUDA) gives the same spectral radii and σ_max as per-sample ARPACK."""
+def test_analysis_of_a_split_agrees_with_per_sample_arpack():
+    """analyze_split end to end on a tiny prefix-sums model; its routes (the dense one at this size, and the
+    batched Krylov–Schur one with all three samples in one batch, as on CUDA) give the spectral radii and σ_max of
+    per-sample ARPACK at the same x*."""
     from stability.analysis.options import AnalysisOptions
     from stability.analysis.pipeline import analyze_split
     from stability.tasks import make_task
@@ -230,11 +229,19 @@ def test_analysis_of_a_split_agrees_between_the_arpack_and_the_batched_arnoldi_r
                                 hard_length=8))
     m = make_contractive(small_model("external", "post", seed=7))
     opts = AnalysisOptions(samples=3, tol=1e-10, max_iter=80, iterations=5, probes=2, eig_tol=1e-10, eig_batch=3)
-    cpu = analyze_split(m, task, "val", opts).to_dict()
-    gpu_route = analyze_split(m, task, "val", AnalysisOptions(**{**opts.to_dict(), "eig_route": "arpack"})).to_dict()
+    split = analyze_split(m, task, "val", opts)
+    cpu = split.to_dict()
+    ops = [JacobianOperator(m.step, split.x_star[b], split.x0[b], mode="vjp") for b in range(3)]
+    arpack = [arpack_rho(op, tol=1e-12, transpose=True).rho for op in ops]
     assert cpu["fixed_point"]["status"] == ["converged"] * 3
-    assert np.allclose(cpu["jacobian"]["spectral_radius"], gpu_route["jacobian"]["spectral_radius"], atol=1e-6)
-    assert np.allclose(cpu["jacobian"]["sigma_max"], gpu_route["jacobian"]["sigma_max"], atol=1e-6)
+    assert np.allclose(cpu["jacobian"]["spectral_radius"], arpack, atol=1e-6)
+    assert np.allclose(cpu["jacobian"]["sigma_max"], [arpack_sigma_max(op) for op in ops], atol=1e-6)
+    with pytest.MonkeyPatch.context() as mp:  # the matrix-free route at the same size
+        mp.setattr("stability.numerics.spectra.DENSE_MAX", 8)
+        only_rho = AnalysisOptions(**{**opts.to_dict(), "stages": ("reachability", "rho")})
+        krylov = analyze_split(m, task, "val", only_rho).to_dict()["jacobian"]
+    assert krylov["method"].startswith("Krylov–Schur on Jᵀ (torch, 3 sample(s) per batch")
+    assert np.allclose(krylov["spectral_radius"], arpack, atol=1e-6)
     assert np.allclose(cpu["prop4"]["rho_M"], cpu["jacobian"]["spectral_radius"], atol=1e-6)
     assert cpu["prop5"]["rel_error"][-1] < 1e-8
     assert cpu["initial_iterate"]["fixed_point_distance_max"] < 1e-8
@@ -252,7 +259,7 @@ def test_assembled_matrix_follows_the_fixed_point_reasoner_variants(recall, vari
     m = analysis_model(build_model(cfg))
     x0 = m.embed(inputs(1, seed=8))
     x = torch.randn_like(x0)
-    M = RecallMatrixOperator(m, x[0], x0[0]).dense()
+    M = RecallMatrixOperator(m, x[:1], x0[:1]).linear_map().dense()[0]
     J = JacobianOperator(m.step, x[0], x0[0]).dense()
     assert (M - J).abs().max() < 1e-12
     assert all(k in recall_form(m) for k in variant)
@@ -262,7 +269,7 @@ def test_analysis_options_refuse_unknown_routes_naming_the_allowed_ones():
     from stability.analysis.options import AnalysisOptions
     from stability.errors import StabilityError
 
-    for key, bad, allowed in (("eig_precision", "half", "mixed, float64"), ("eig_route", "lapack", "arnoldi, arpack"),
+    for key, bad, allowed in (("eig_precision", "half", "mixed, float64"), ("eig_route", "arpack", "arnoldi"),
                               ("solver", "newton", "picard, anderson")):
         with pytest.raises(StabilityError, match=allowed):
             AnalysisOptions(**{key: bad})

@@ -311,7 +311,7 @@ def test_prop4_from_a_foreign_models_named_parts_equals_autograd(recall, damping
     x0 = m.embed(inputs.double())
     x = x0 + 0.3 * torch.randn(x0.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     for b in range(2):
-        M = RecallMatrixOperator(m, x[b], x0[b]).dense()
+        M = RecallMatrixOperator(m, x[b:b + 1], x0[b:b + 1]).linear_map().dense()[0]
         J = torch.func.jacrev(lambda t: m.step(t.unsqueeze(0), x0[b:b + 1])[0])(x[b]).reshape(L * 6, L * 6)
         assert (M - J).abs().max() < 1e-13
     a = stability.analyze(model, inputs, options=AnalysisOptions(samples=2, tol=1e-10, **FAST))

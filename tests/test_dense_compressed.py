@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-import stability.analysis.operators as ops
+import stability.numerics.jacobian as jac
 from stability.analysis.fixed_point import analysis_model
-from stability.analysis.operators import batched_dense_jacobian, colour_positions, position_pattern
 from stability.analysis.options import AnalysisOptions
 from stability.analysis.pipeline import run_stages
 from stability.analysis.recall import RecallMatrixOperator
-from stability.analysis.spectra import dense_krylov_spectra, dense_sigma_max
 from stability.config import ModelConfig
 from stability.model import build_model
+from stability.numerics import Linearisation, sigma_max, spectral_radius
+from stability.numerics.jacobian import colour_positions, position_pattern
 from stability.solvers import solve
 
 L = 16  # tokens: with a window of 5 a position reaches 5 outputs, so 5 colours serve 16 positions
@@ -63,15 +63,21 @@ def test_compressed_jacobian_equals_jacrev_with_a_third_of_the_products(monkeypa
     m = local_model()
     x, x0 = point(m)
     tangents = []
-    real = ops._jvps
-    monkeypatch.setattr(ops, "_jvps", lambda f, xx, xx0, T, c: tangents.append(T.shape[0]) or real(f, xx, xx0, T, c))
-    J = batched_dense_jacobian(m.step, x, x0)
+    real = torch.func.vmap
+
+    def counting(fn, *args, **kwargs):  # each vmapped forward-mode pass: count its tangents
+        batched = real(fn, *args, **kwargs)
+        return lambda T: tangents.append(T.shape[0]) or batched(T)
+
+    monkeypatch.setattr(torch.func, "vmap", counting)
+    J = Linearisation(m.step, x, x0).dense()
+    monkeypatch.setattr(torch.func, "vmap", real)
     n = x[0].numel()
     assert (J - jacrev(m.step, x, x0)).abs().max() <= 1e-12
     # L pattern probes, then 5 colours x 8 features, against n = 128 columns uncompressed
     assert tangents == [L, 5 * 8] and sum(tangents) < n / 2
-    cols = batched_dense_jacobian(m.step, x, x0, route="columns")
-    rows = batched_dense_jacobian(m.step, x, x0, route="rows")
+    cols = Linearisation(m.step, x, x0).dense(route="columns")
+    rows = Linearisation(m.step, x, x0).dense(route="rows")
     assert (cols - J).abs().max() <= 1e-12 and (rows - J).abs().max() <= 1e-12
 
 
@@ -79,8 +85,8 @@ def test_a_wrong_pattern_fails_the_certificate_and_the_full_columns_are_taken(mo
     m = local_model()
     x, x0 = point(m)
     # pretend every position reaches only itself: one colour for all, which mixes every column
-    monkeypatch.setattr(ops, "position_pattern", lambda f, xx, xx0, c, linear=False: torch.eye(L, dtype=torch.bool))
-    J = batched_dense_jacobian(m.step, x, x0)
+    monkeypatch.setattr(jac, "position_pattern", lambda f, xx, xx0, c, linear=False: torch.eye(L, dtype=torch.bool))
+    J = Linearisation(m.step, x, x0).dense()
     assert (J - jacrev(m.step, x, x0)).abs().max() <= 1e-12
 
 
@@ -88,7 +94,7 @@ def test_full_attention_is_not_compressed_and_still_exact():
     m = local_model(window=None)
     x, x0 = point(m)
     assert position_pattern(m.step, x, x0, c=16).all()
-    assert (batched_dense_jacobian(m.step, x, x0) - jacrev(m.step, x, x0)).abs().max() <= 1e-12
+    assert (Linearisation(m.step, x, x0).dense() - jacrev(m.step, x, x0)).abs().max() <= 1e-12
 
 
 class _NoForwardMode(torch.autograd.Function):
@@ -116,17 +122,16 @@ def test_a_map_without_forward_mode_takes_the_rows_by_reverse_mode():
     x = torch.randn(4, 3, 6, dtype=torch.float64)
     x0 = torch.randn(4, 3, 6, dtype=torch.float64)
     with pytest.raises(Exception):
-        batched_dense_jacobian(f, x, x0, route="columns")
-    assert (batched_dense_jacobian(f, x, x0) - jacrev(f, x, x0)).abs().max() <= 1e-14
+        Linearisation(f, x, x0).dense(route="columns")
+    assert (Linearisation(f, x, x0).dense() - jacrev(f, x, x0)).abs().max() <= 1e-14
 
 
 def test_prop4_M_columns_of_the_linear_map_equal_its_reverse_mode_rows():
     m = local_model()
     x, x0 = point(m)
-    op = RecallMatrixOperator(m, x, x0, batched=True)
-    M = op.dense_batched()
-    zero = torch.zeros_like(op.x_in)
-    rows = batched_dense_jacobian(lambda V, _: op.apply_M(V), zero, None, route="rows")
+    M_map = RecallMatrixOperator(m, x, x0).linear_map()
+    M = M_map.dense()
+    rows = M_map.dense(route="rows")
     assert (M - rows).abs().max() <= 1e-12
     assert (M - jacrev(m.step, x, x0)).abs().max() <= 1e-12  # Prop. 4: M_ext = J at x*
 
@@ -135,14 +140,15 @@ def test_prop4_M_columns_of_the_linear_map_equal_its_reverse_mode_rows():
 def test_dense_sigma_max_equals_the_largest_singular_value(n):
     A = torch.randn(5, n, n, dtype=torch.float64, generator=torch.Generator().manual_seed(n))
     ref = torch.linalg.svdvals(A)[:, 0]
-    assert ((dense_sigma_max(A) - ref).abs() / ref).max() <= 1e-13
+    assert ((sigma_max(A) - ref).abs() / ref).max() <= 1e-13
 
 
-def test_dense_krylov_spectra_on_the_cpu_matches_lapack_to_its_tolerance():
+def test_the_dense_krylov_route_on_the_cpu_matches_lapack_to_its_tolerance():
     g = torch.Generator().manual_seed(0)
     A = torch.randn(4, 150, 150, dtype=torch.float64, generator=g) / 150 ** 0.5
     A[:, 0, 0] += 2.0  # a leading eigenvalue near 2, separated from the disc of radius ~1
-    spec, sig = dense_krylov_spectra(A, k=4, tol=1e-8)
+    spec = spectral_radius(A, route="dense-krylov", k=4, tol=1e-8)
+    sig = sigma_max(A, route="dense-krylov")
     exact = torch.linalg.eigvals(A).abs().max(dim=1).values
     assert ((spec.rho - exact).abs() / exact).max() <= 1e-7
     assert (spec.ritz_residual < 1e-8).all()

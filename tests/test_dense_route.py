@@ -1,4 +1,4 @@
-"""The dense route for small states (n ≤ DENSE_MAX): every sample's Jacobian by batched reverse-mode products, ρ(J*),
+"""The dense route for small states (n ≤ DENSE_MAX): every sample's Jacobian by batched forward-mode columns, ρ(J*),
 σ_max and Prop. 4's ρ(M) by LAPACK, against per-sample autograd (``torch.func.jacrev``) and the Krylov routes."""
 
 import copy
@@ -8,14 +8,13 @@ import pytest
 import torch
 
 from stability.analysis.fixed_point import analysis_model
-from stability.analysis.operators import BatchedJacobian, batched_dense_jacobian
 from stability.analysis.options import AnalysisOptions
 from stability.analysis.pipeline import run_stages
 from stability.analysis.recall import RecallMatrixOperator, prop4
-from stability.analysis.spectra import (DENSE_MAX, batched_sigma_max, dense_batched_spectra,
-                                        jacobian_spectral_radius)
 from stability.config import ModelConfig
 from stability.model import build_model
+from stability.numerics import Linearisation, sigma_max, spectral_radius
+from stability.numerics.spectra import DENSE_MAX
 from stability.solvers import solve
 
 L = 6  # tokens; state 6 × 8 = 48
@@ -47,7 +46,7 @@ def jacrev(m, x, x0, b):
 def test_batched_dense_jacobian_equals_jacrev_per_sample(chunk):
     m = small_model()
     x, x0 = point(m)
-    J = batched_dense_jacobian(m.step, x, x0, chunk=chunk)
+    J = Linearisation(m.step, x, x0).dense(chunk=chunk)
     assert J.shape == (3, 48, 48)
     for b in range(3):
         assert (J[b] - jacrev(m, x, x0, b)).abs().max() <= 1e-12
@@ -56,13 +55,13 @@ def test_batched_dense_jacobian_equals_jacrev_per_sample(chunk):
 def test_dense_jacobian_of_a_sample_does_not_depend_on_its_batch_mates():
     m = small_model()
     x, x0 = point(m, n=4)
-    alone = batched_dense_jacobian(m.step, x[2:3], x0[2:3])[0]
+    alone = Linearisation(m.step, x[2:3], x0[2:3]).dense()[0]
     other = point(m, n=4, seed=5)
     mixed_x, mixed_x0 = other[0].clone(), other[1].clone()
     mixed_x[1], mixed_x0[1] = x[2], x0[2]
-    assert (batched_dense_jacobian(m.step, mixed_x, mixed_x0)[1] - alone).abs().max() <= 1e-12
-    M_alone = RecallMatrixOperator(m, x[2:3], x0[2:3], batched=True).dense_batched()[0]
-    M_mixed = RecallMatrixOperator(m, mixed_x, mixed_x0, batched=True).dense_batched()[1]
+    assert (Linearisation(m.step, mixed_x, mixed_x0).dense()[1] - alone).abs().max() <= 1e-12
+    M_alone = RecallMatrixOperator(m, x[2:3], x0[2:3]).linear_map().dense()[0]
+    M_mixed = RecallMatrixOperator(m, mixed_x, mixed_x0).linear_map().dense()[1]
     assert (M_mixed - M_alone).abs().max() <= 1e-12
 
 
@@ -71,11 +70,11 @@ def test_dense_rho_and_sigma_max_equal_the_krylov_route_on_either_side_of_the_th
         m = small_model(width=width)
         x, x0 = point(m)
         n = x[0].numel()
-        routed = jacobian_spectral_radius(m.step, x, x0, k=3, tol=1e-12, dense_max=64)
-        dense, sig = dense_batched_spectra(batched_dense_jacobian(m.step, x, x0), k=3)
-        krylov = jacobian_spectral_radius(m.step, x, x0, k=3, tol=1e-12, dense_max=0)
-        bj = BatchedJacobian(m.step, x, x0)
-        sig_k = batched_sigma_max(bj.apply_reuse, bj.rapply, tuple(x.shape), dtype=x.dtype, tol=1e-12)
+        lin = Linearisation(m.step, x, x0)
+        routed = spectral_radius(lin, k=3, tol=1e-12, dense_max=64)
+        dense, sig = spectral_radius(lin, route="dense", k=3), sigma_max(lin, route="dense")
+        krylov = spectral_radius(lin, route="krylov", k=3, tol=1e-12)
+        sig_k = sigma_max(lin, route="krylov", tol=1e-12)
         assert (dense.rho - krylov.rho).abs().max() <= 1e-8
         assert (sig - sig_k).abs().max() <= 1e-8
         assert (routed.rho - krylov.rho).abs().max() <= 1e-8
@@ -90,11 +89,11 @@ def test_dense_rho_and_sigma_max_equal_the_krylov_route_on_either_side_of_the_th
 def test_prop4_dense_M_is_the_operator_and_its_rho_equals_the_krylov_rho(recall, norm):
     m = small_model(recall, norm)
     x, x0 = point(m)
-    M = RecallMatrixOperator(m, x, x0, batched=True).dense_batched()
+    M = RecallMatrixOperator(m, x, x0).linear_map().dense()
     g = torch.Generator().manual_seed(1)
     for b in range(3):
         v = torch.randn(5, *x.shape[1:], generator=g, dtype=torch.float64)
-        Mv = RecallMatrixOperator(m, x[b], x0[b]).apply(v).reshape(5, -1)
+        Mv = RecallMatrixOperator(m, x[b:b + 1], x0[b:b + 1]).apply_M(v).reshape(5, -1)  # 5 vectors, one sample
         assert (Mv - v.reshape(5, -1) @ M[b].T).abs().max() <= 1e-12
     dense = prop4(m, x, x0, k=3)
     free = prop4(m, x, x0, k=3, tol=1e-12, dense_max=0)  # the matrix-free route: Krylov–Schur on M, probes
@@ -103,7 +102,7 @@ def test_prop4_dense_M_is_the_operator_and_its_rho_equals_the_krylov_rho(recall,
     assert np.allclose(dense.rho_M, free.rho_M, rtol=0, atol=1e-8)
     assert dense.max_abs_diff_vs_autograd <= 1e-12
     # the dense Jacobian handed over (stage rho's) gives the same check
-    J = batched_dense_jacobian(m.step, x, x0)
+    J = Linearisation(m.step, x, x0).dense()
     assert prop4(m, x, x0, k=3, J=J).max_abs_diff_vs_autograd == dense.max_abs_diff_vs_autograd
 
 
@@ -112,15 +111,15 @@ def test_pipeline_takes_the_dense_route_and_prop4_reuses_stage_rhos_jacobians(mo
     g = torch.Generator().manual_seed(0)
     inputs = torch.randint(0, 2, (3, L, 1), generator=g).double() - 0.5
     assert 48 <= DENSE_MAX
-    import stability.analysis.operators as ops
+    import stability.numerics.jacobian as jac
     calls = []
-    real = ops.batched_dense_jacobian
+    real = jac.batched_dense_jacobian
 
     def counting(*a, **k):
         calls.append(a[1].shape)
         return real(*a, **k)
 
-    monkeypatch.setattr(ops, "batched_dense_jacobian", counting)
+    monkeypatch.setattr(jac, "batched_dense_jacobian", counting)
     out = run_stages(m, inputs, None, AnalysisOptions(samples=3, stages=("rho", "prop4")))
     js = out.to_dict()
     assert js["jacobian"]["method"].startswith("dense")
@@ -137,14 +136,11 @@ def test_pipeline_takes_the_dense_route_and_prop4_reuses_stage_rhos_jacobians(mo
 
 
 def test_mid_size_states_reuse_the_dense_J_with_krylov_on_the_dense_matrices(monkeypatch):
-    import stability.analysis.recall as recall
-    import stability.analysis.spectra as spectra
+    import stability.numerics.spectra as spectra
 
     m = small_model()  # n = 48: made mid-size by moving both thresholds below and above it
     monkeypatch.setattr(spectra, "DENSE_MAX", 32)
-    monkeypatch.setattr(recall, "DENSE_MAX", 32)
     monkeypatch.setattr(spectra, "DENSE_KRYLOV_MAX", 64)
-    monkeypatch.setattr(recall, "DENSE_KRYLOV_MAX", 64)
     g = torch.Generator().manual_seed(0)
     inputs = torch.randint(0, 2, (3, L, 1), generator=g).double() - 0.5
     out = run_stages(m, inputs, None, AnalysisOptions(samples=3, stages=("rho", "prop4"), eig_tol=1e-10))
@@ -167,17 +163,16 @@ def test_mid_size_states_reuse_the_dense_J_with_krylov_on_the_dense_matrices(mon
 @pytest.mark.parametrize("mid", [False, True])
 def test_prop4_takes_stage_rhos_spectra_only_where_M_equals_J_entry_by_entry(mid):
     from stability.analysis.recall import DenseSpectra, prop4_dense
-    from stability.analysis.spectra import dense_krylov_spectra
 
     m = small_model()
     x, x0 = point(m)
-    J = batched_dense_jacobian(m.step, x, x0)
+    J = Linearisation(m.step, x, x0).dense()
     tol = 1e-8 if mid else None
     if mid:
-        spec = dense_krylov_spectra(J, k=3, tol=1e-8, sigma=False)[0]
+        spec = spectral_radius(J, route="dense-krylov", k=3, tol=1e-8)
         route = ("krylov", 3, 1e-8, 0)
     else:
-        spec = dense_batched_spectra(J, k=3)[0]
+        spec = spectral_radius(J, route="dense", k=3)
         route = ("dense", 3)
     given = DenseSpectra(spec.eigenvalues, spec.ritz_residual, spec.products, route)
     own = prop4_dense(m, x, x0, k=3, J=J, krylov_tol=tol)

@@ -1,4 +1,4 @@
-"""stability.linalg.solve_I_minus_J: batched GMRES and Neumann solves of (I − J_b) x_b = b_b against dense solves
+"""stability.numerics.solve_I_minus_J: batched GMRES and Neumann solves of (I − J_b) x_b = b_b against dense solves
 (torch.linalg.solve) and scipy's GMRES, with per-sample residuals checked by recomputing them."""
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 import torch
 from scipy.sparse.linalg import gmres as scipy_gmres
 
-from stability.linalg import relative_residual, solve_I_minus_J
+from stability.numerics.gmres import relative_residual, solve_I_minus_J
 
 D64 = torch.float64
 RHOS = (0.5, 0.9, 0.97, 0.3)

@@ -6,9 +6,7 @@ import pytest
 import torch
 
 import stability
-from stability.analysis.operators import JacobianOperator
-from stability.analysis.prop5 import implicit_input_jvp
-from stability.analysis.spectra import dense_spectrum
+from reference_numerics import JacobianOperator, dense_rho, implicit_input_jvp
 from stability.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
 from stability.errors import StabilityError
 from stability.model import build_model
@@ -59,12 +57,35 @@ def test_monitor_quantities_agree_with_the_analysis_core(recall, norm):
     for b in range(4):
         J = JacobianOperator(model.step, res.x_last[b], x0[b]).dense()
         Jx0 = JacobianOperator(model.step, res.x_last[b], x0[b], wrt="x0").dense()
-        rhos.append(dense_spectrum(J).rho)
+        rhos.append(dense_rho(J))
         frob.append(float(torch.linalg.matrix_norm(torch.linalg.solve(torch.eye(J.shape[0], dtype=J.dtype) - J, Jx0))))
     assert abs(out["rho_J_median"] - float(np.median(rhos))) < 1e-6
     assert abs(out["rho_Wx"] - float(np.abs(np.linalg.eigvals(model.W_x.detach().numpy())).max())) < 1e-9
     # Hutchinson's estimate (8 probes) of the exact ‖dx*/dx0‖_F = ‖(I − J*)⁻¹ ∂f/∂x0‖_F (Prop. 5)
     assert abs(out["input_grad_norm_median"] / float(np.median(frob)) - 1) < 0.35
+
+
+def test_the_monitor_rho_is_the_analysis_spectral_radius_at_x_last_with_its_preset():
+    """The monitor calls the analysis' one spectral_radius with its cheap preset (x_last of the Picard solve,
+    forward-mode products, a short basis): the same numbers bit for bit, and within its Ritz tolerance of the
+    dense spectrum."""
+    from stability.analysis.monitor import RHO_PRESET, measure
+    from stability.numerics import Linearisation, spectral_radius
+    from stability.stats import median
+
+    model, task = small_model("internal", "post", dtype=torch.float32)
+    inputs = task.dataset("val")[0][:5].float()
+    out = measure(model, inputs, max_iter=200, tol=1e-4, krylov=20, restarts=2, seed=3)
+    with torch.no_grad():
+        x0 = model.embed(inputs)
+        res = solve(model.step, x0, x0, method="picard", tol=1e-4, max_iter=200)
+        conv = res.converged
+        rho = spectral_radius(Linearisation(model.step, res.x_last[conv], x0[conv]), krylov=20, restarts=2, seed=3,
+                              **RHO_PRESET).rho
+    assert out["rho_J_median"] == median(rho.tolist()) and out["rho_J_max"] == float(rho.max())
+    dense = [dense_rho(JacobianOperator(model.double().step, res.x_last[b].double(), x0[b].double()).dense())
+             for b in conv.nonzero().flatten().tolist()]
+    assert np.allclose(rho.double().numpy(), dense, rtol=1e-3)
 
 
 def test_monitor_logs_every_k_epochs_without_changing_training(tmp_path):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from stability.errors import ConfigError, StabilityError
-from stability.linalg import solve_I_minus_J
+from stability.numerics import solve_I_minus_J
 from stability.solvers import solve
 from stability.stats import distinct_clusters
 

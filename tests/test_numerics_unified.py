@@ -1,5 +1,5 @@
 """The numerics that used to be written several times now have one home each: one median
-(:mod:`stability.stats`), one (I − J) solver (:mod:`stability.linalg`), one accuracy-vs-iteration routine, one
+(:mod:`stability.stats`), one (I − J) solver (:mod:`stability.numerics.gmres`), one accuracy-vs-iteration routine, one
 distinct-fixed-point routine. Each test checks that every caller gives the same number, against numpy/scipy."""
 
 import numpy as np

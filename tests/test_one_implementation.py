@@ -1,6 +1,8 @@
 """One implementation per concept, checked on the source (issue 23): JSON is serialised only by the output module
-(``stability.atomic``: one NaN policy, null), and no module takes a median other than the middle two's mean
-(``stability.stats.median``, or numpy's, which agrees; torch's ``median`` returns the lower middle element)."""
+(``stability.atomic``: one NaN policy, null), no module takes a median other than the middle two's mean
+(``stability.stats.median``, or numpy's, which agrees; torch's ``median`` returns the lower middle element), and
+ρ(J*), σ_max, the Jacobian products and the (I − J) solves are computed only in the numerics wing
+(``stability.numerics``), which the rest of the package reaches through its entry points."""
 
 import ast
 from pathlib import Path
@@ -103,3 +105,69 @@ def test_a_nan_in_a_metrics_line_and_in_a_halt_json_is_written_as_null(tmp_path,
     report = _strict((tmp_path / "h.json").read_text())
     assert report["rows"][1]["tau"] == 0.1 and report["rows"][1]["accuracy_halted"] is None
     assert report["samples"] == 6
+
+
+# ---- one numerics wing: ρ(J*), σ_max, the Jacobian products and the (I − J) solves live in stability/numerics/ -----
+NUMERICS = "stability/numerics/"
+#: the theory room is self-contained by design (docs/design.md): its checks recompute closed-form instances with
+#: numpy and sympy, independent of the toolkit's numerics
+SELF_CONTAINED = "stability/theory/"
+#: library routines that compute a spectrum, a singular value or a Krylov solve
+SPECTRAL_CALLS = {"eig", "eigvals", "eigh", "eigvalsh", "eigs", "eigsh", "svd", "svds", "svdvals", "schur", "gmres",
+                  "lgmres", "bicgstab", "cg", "minres", "matrix_norm"}
+#: (module, routine) outside the wing, with the reason it is not a second ρ, σ_max or solve of J
+SPECTRAL_ALLOWED = {
+    ("stability/solvers.py", "eigh"): "Broyden's limited memory: the eigenvalues of its stored Gram matrix",
+    ("stability/solvers.py", "svd"): "Broyden's limited memory: the best low-rank compression of its correction",
+}
+#: a function or class whose name says it computes one of these (outside the wing: the GMRES failure's error class
+#: and its message)
+ITERATION_NAMES = ("spectral_radius", "sigma_max", "gmres", "arnoldi", "lanczos", "krylov", "schur", "neumann")
+ITERATION_ALLOWED = {"KrylovError", "krylov_message"}
+
+
+def _outside_the_wing():
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = _rel(path)
+        if not rel.startswith((NUMERICS, SELF_CONTAINED)):
+            yield rel, ast.parse(path.read_text(encoding="utf-8"))
+
+
+def _called_name(node: ast.Call):
+    f = node.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+
+
+def test_no_module_outside_the_numerics_wing_computes_a_spectrum_or_a_krylov_solve():
+    found = sorted({(rel, _called_name(node)) for rel, tree in _outside_the_wing() for node in ast.walk(tree)
+                    if isinstance(node, ast.Call) and _called_name(node) in SPECTRAL_CALLS})
+    assert set(found) - set(SPECTRAL_ALLOWED) == set(), found
+    assert set(SPECTRAL_ALLOWED) <= set(found), "an allowed call is gone: drop it from SPECTRAL_ALLOWED"
+
+
+def test_no_second_spectral_radius_sigma_max_or_krylov_iteration_is_defined_outside_the_wing():
+    found = sorted(f"{rel}:{node.name}" for rel, tree in _outside_the_wing() for node in ast.walk(tree)
+                   if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+                   and any(w in node.name.lower() for w in ITERATION_NAMES) and node.name not in ITERATION_ALLOWED)
+    assert found == []
+
+
+def test_the_package_reaches_the_wing_only_through_its_entry_points_and_scipy_operators_only_in_the_tests():
+    """Callers use spectral_radius, sigma_max, solve_I_minus_J and Linearisation (stability.numerics), never its
+    Krylov–Schur core or dense builders directly; no module builds a scipy LinearOperator (the per-sample scipy
+    routes are the tests' references, tests/reference_numerics.py)."""
+    entry = {"spectral_radius", "sigma_max", "solve_I_minus_J", "Linearisation", "IJSolve", "Spectrum",
+             "DENSE_MAX", "DENSE_KRYLOV_MAX", "DENSE_BUDGET", "serial_blas"}
+    bad, scipy_ops = [], []
+    for rel, tree in _outside_the_wing():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("stability.numerics"):
+                bad += [f"{rel}: {a.name}" for a in node.names if a.name not in entry]
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("scipy.sparse"):
+                scipy_ops.append(rel)
+    assert bad == [] and scipy_ops == []
+    users = {rel for rel, tree in _outside_the_wing() for node in ast.walk(tree)
+             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("stability.numerics")}
+    # the analysis stages, the training monitor, the solvers' repelling check and implicit training all call it
+    assert {"stability/analysis/stages.py", "stability/analysis/monitor.py", "stability/solvers.py",
+            "stability/train/implicit.py"} <= users

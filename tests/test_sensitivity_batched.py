@@ -1,6 +1,6 @@
 """The batched Prop. 5 / App. A.8 / ‖dx*/dx0‖_F functions on a small looped transformer (state 6 × 8 = 48):
-each sample's result equals the per-sample (scipy GMRES) functions' and the dense-Jacobian answer, does not
-depend on its batch mates, and the reported GMRES residuals are the true ones."""
+each sample's result equals the per-sample references' (scipy GMRES, tests/reference_numerics.py) and the
+dense-Jacobian answer, does not depend on its batch mates, and the reported GMRES residuals are the true ones."""
 
 import copy
 
@@ -8,15 +8,16 @@ import numpy as np
 import pytest
 import torch
 
+from reference_numerics import input_dependence_frobenius, prop5_check
 from stability.analysis.fixed_point import analysis_model
 from stability.analysis.initial_iterate import (initial_iterate_sensitivity, initial_iterate_sensitivity_batched,
                                                 prop5_and_initial_iterate_batched)
-from stability.analysis.input_dependence import input_dependence_frobenius, input_dependence_frobenius_batched
-from stability.analysis.prop5 import (KrylovError, default_T_grid, implicit_input_jvp_batched, prop5_check,
-                                      prop5_check_batched)
-from stability.analysis.tangents import Linearisation, unroll_tangents_batched
+from stability.analysis.input_dependence import input_dependence_frobenius_batched
+from stability.analysis.prop5 import KrylovError, default_T_grid, implicit_input_jvp_batched, prop5_check_batched
+from stability.analysis.tangents import unroll_tangents_batched
 from stability.config import ModelConfig
 from stability.model import build_model
+from stability.numerics import Linearisation
 from stability.solvers import solve
 
 D64 = torch.float64
@@ -54,7 +55,7 @@ def dense_jacobians(f, x, x0):
 
 def test_linearisation_products_equal_the_dense_jacobians(setup):
     m, x0, xs = setup
-    lin = Linearisation(m.step, xs, x0)
+    lin = Linearisation(m.step, xs, x0, inputs=True)
     g = torch.Generator().manual_seed(2)
     v, w = torch.randn(xs.shape, generator=g, dtype=D64), torch.randn(x0.shape, generator=g, dtype=D64)
     for b in range(3):

@@ -6,7 +6,8 @@ import torch
 from threadpoolctl import threadpool_info
 
 from stability.analysis.pool import THREAD_ENV, child_thread_env, limit_threads
-from stability.analysis.spectra import dense_krylov_spectra, dense_sigma_max, serial_blas
+from stability.numerics import sigma_max, spectral_radius
+from stability.numerics.spectra import serial_blas
 
 
 def _blas_threads() -> list:
@@ -25,7 +26,7 @@ def _strided_batch(B: int, n: int, seed: int = 0) -> torch.Tensor:
 
 def test_arpack_rho_of_strided_matrices_matches_lapack_eigenvalues():
     J = _strided_batch(3, 80)
-    spec, _ = dense_krylov_spectra(J, k=3, tol=1e-12, seed=0, sigma=False)  # the CPU route: ARPACK per matrix
+    spec = spectral_radius(J, route="dense-krylov", k=3, tol=1e-12, seed=0)  # on the CPU: ARPACK per matrix
     ref = np.abs(np.linalg.eigvals(J.contiguous().numpy())).max(axis=1)
     np.testing.assert_allclose(spec.rho.numpy(), ref, rtol=1e-10)
     assert float(spec.ritz_residual.max()) < 1e-9
@@ -34,7 +35,7 @@ def test_arpack_rho_of_strided_matrices_matches_lapack_eigenvalues():
 def test_sigma_max_of_strided_matrices_matches_svd():
     J = _strided_batch(3, 80, seed=1)
     ref = np.linalg.svd(J.contiguous().numpy(), compute_uv=False)[:, 0]
-    np.testing.assert_allclose(dense_sigma_max(J).numpy(), ref, rtol=1e-12)
+    np.testing.assert_allclose(sigma_max(J).numpy(), ref, rtol=1e-12)
 
 
 def test_serial_blas_runs_openblas_on_one_thread_and_restores_it():

@@ -108,7 +108,7 @@ class Geometry:
                 "groups": self.groups, "outside_loop": self.outside_loop,
                 "rho_estimate": f"Krylov–Schur on Jᵀ, basis {KRYLOV}, ≤ {RESTARTS} restarts, Ritz residual "
                                 f"{ESTIMATE_TOL:g}",
-                "rho_certified": f"spectra.jacobian_spectral_radius at both ends of the first {self.certify} "
+                "rho_certified": f"numerics.spectral_radius (route auto) at both ends of the first {self.certify} "
                                  f"brackets that ρ decided",
                 "estimate_gap_max": self.estimate_gap, "evaluation": self.evaluation, "counts": self.counts,
                 "plane": self.plane, "note": self.note}

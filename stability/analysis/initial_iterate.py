@@ -26,8 +26,9 @@ import numpy as np
 import torch
 
 from stability.analysis.prop5 import prop5_check_batched
-from stability.analysis.tangents import Linearisation, Unroll, seeded_direction, unroll_tangents_batched
+from stability.analysis.tangents import Unroll, seeded_direction, unroll_tangents_batched
 from stability.errors import ConfigError
+from stability.numerics import Linearisation
 from stability.stats import distinct_clusters, median
 
 
@@ -95,7 +96,7 @@ def initial_iterate_sensitivity_batched(f: Callable, e: torch.Tensor, x0: torch.
     elif unroll.initial_tangent is None:
         raise ConfigError("the unroll passed has no initial-iterate tangent")
     norms = unroll.initial_tangent.flatten(2).norm(dim=2).T  # (B, nT)
-    return InitialIterateBatched(T=list(unroll.T), norm=norms.double().cpu().numpy(),
+    return InitialIterateBatched(T=list(unroll.T), norm=norms.detach().double().cpu().numpy(),
                                  frozen_at=unroll.frozen_at.numpy())
 
 

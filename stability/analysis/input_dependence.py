@@ -1,7 +1,7 @@
 """The input-dependence axis (Section 3.2): ‖dx*/dx0‖_F, the Frobenius norm of Prop. 5's implicit input-gradient,
-by Hutchinson's estimator E‖(dx*/dx0) u‖² = ‖dx*/dx0‖_F², u ~ N(0, I): per sample
-(:func:`input_dependence_frobenius`, scipy GMRES) and for a batch (:func:`input_dependence_frobenius_batched`, every
-sample's probes in one batched solve).
+by Hutchinson's estimator E‖(dx*/dx0) u‖² = ‖dx*/dx0‖_F², u ~ N(0, I), for a batch
+(:func:`input_dependence_frobenius_batched`, every sample's probes in one batched solve). The per-sample reference
+(scipy's GMRES, one probe at a time) is in the tests (tests/reference_numerics.py).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from stability.analysis.prop5 import KrylovError, implicit_input_jvp, krylov_message
-from stability.analysis.tangents import Linearisation
+from stability.analysis.prop5 import KrylovError, krylov_message
 from stability.errors import ConfigError
+from stability.numerics import Linearisation
 
 
 @dataclass
@@ -32,24 +32,6 @@ class FrobeniusEstimate:
                 "gmres_residual_max": self.gmres_residual_max}
 
 
-def input_dependence_frobenius(f: Callable, x_star: torch.Tensor, x0: torch.Tensor, *, probes: int = 8,
-                               tol: float = 1e-8, seed: int = 0) -> FrobeniusEstimate:
-    """Stochastic estimate of ‖dx*/dx0‖_F (the input-dependence axis; Prop. 5) at one sample."""
-    gen = torch.Generator().manual_seed(seed)
-    sq, res = [], 0.0
-    for _ in range(probes):
-        u = torch.randn(x0.shape, generator=gen, dtype=torch.float64).to(x0)
-        w, info = implicit_input_jvp(f, x_star, x0, u, tol=tol)
-        sq.append(float(w.double().pow(2).sum()))
-        res = max(res, info.residual)
-    sq = np.asarray(sq)
-    mean = float(sq.mean())
-    value = float(np.sqrt(mean))
-    se_sq = float(sq.std(ddof=1) / np.sqrt(len(sq))) if len(sq) > 1 else float("nan")
-    stderr = se_sq / (2 * value) if value > 0 else 0.0
-    return FrobeniusEstimate(value=value, stderr=stderr, probes=probes, gmres_residual_max=res)
-
-
 @dataclass
 class FrobeniusBatched:
     """‖dx*/dx0‖_F per sample by Hutchinson's estimator (see :class:`FrobeniusEstimate`); residual_max: the
@@ -64,8 +46,7 @@ class FrobeniusBatched:
     converged: np.ndarray  # (B,) bool
 
     def sample(self, b: int) -> FrobeniusEstimate:
-        """Sample b as :func:`input_dependence_frobenius` returns it; raises KrylovError if a probe's GMRES
-        failed."""
+        """Sample b as one record (:class:`FrobeniusEstimate`); raises KrylovError if a probe's GMRES failed."""
         if not self.converged[b]:
             raise KrylovError(krylov_message(float(self.gmres_residual_max[b]),
                                              int(self.gmres_iterations[b].max()), self.tol))
@@ -76,14 +57,14 @@ class FrobeniusBatched:
 def input_dependence_frobenius_batched(f: Callable, x_star: torch.Tensor, x0: torch.Tensor, *, probes: int = 8,
                                        tol: float = 1e-8, seed: int = 0, max_iter: Optional[int] = None,
                                        restart: int = 60, batch: Optional[int] = None) -> FrobeniusBatched:
-    """:func:`input_dependence_frobenius` for every sample of a batch: all B × probes systems (I − J_b) w = K_b u_p
-    in one batched GMRES (``batch``: at most that many systems per solve; default: as many as keep the Krylov
+    """‖dx*/dx0‖_F (Prop. 5) for every sample of a batch: all B × probes systems (I − J_b) w = K_b u_p in one
+    batched GMRES (``batch``: at most that many systems per solve; default: as many as keep the Krylov
     bases within about 512 MiB, all of them for the demo's states).
 
-    The probes u_1 … u_P are the per-sample function's (seeded, the same for every sample), so sample b's value
-    equals ``input_dependence_frobenius(f, x_star[b], x0[b], probes=P, seed=seed)`` to the GMRES tolerance.
+    The probes u_1 … u_P are seeded Gaussians of one sample's shape, the same for every sample, so sample b's value
+    equals a per-sample estimate with those probes to the GMRES tolerance.
     """
-    from stability.linalg import solve_I_minus_J
+    from stability.numerics import solve_I_minus_J
 
     if probes < 1:
         raise ConfigError("probes must be ≥ 1")
@@ -102,7 +83,7 @@ def input_dependence_frobenius_batched(f: Callable, x_star: torch.Tensor, x0: to
     step = max(1, int(batch))
     sq, res, its = [], [], []
     for i in range(0, n_sys, step):
-        lin = Linearisation(f, Xs[i:i + step], X0s[i:i + step])
+        lin = Linearisation(f, Xs[i:i + step], X0s[i:i + step], inputs=True)
         sol = solve_I_minus_J(lin.J, lin.K(Us[i:i + step]), tol=tol, max_iter=max_iter, restart=restart)
         sq.append(sol.x.double().flatten(1).pow(2).sum(1))
         res.append(sol.residual)

@@ -11,12 +11,15 @@ computed on a fixed probe (the first ``samples`` validation samples):
 * ``converged_fraction`` — the share of the probe whose Picard iteration from e reaches a fixed point
   (reachability, Def. 3.3), by :func:`stability.solvers.solve`;
 * ``rho_J_median`` — the median over the converged probe samples of ρ(J*), J* = ∂f/∂x at (x*, x0): x* attracts
-  iff ρ(J*) < 1 (Props. 3–4), by the batched Arnoldi iteration of :mod:`stability.analysis.spectra`;
+  iff ρ(J*) < 1 (Props. 3–4), by the analysis' :func:`stability.numerics.spectra.spectral_radius` with the
+  monitor's preset (:data:`RHO_PRESET`: at x_last, the Picard solve's last image, route ``krylov`` on forward-mode
+  products J v, a basis of ``krylov`` vectors, ``restarts`` restarts, Ritz residual 1e-4; the analysis takes x_best
+  and the transposed products to 1e-6);
 * ``input_grad_norm_median`` — the median of ‖dx*/dx0‖_F (Prop. 5, the input-dependence axis), by Hutchinson's
   estimator E‖(dx*/dx0) u‖² = ‖dx*/dx0‖_F² over ``probes`` Gaussian directions u. Each w = (dx*/dx0) u solves
   (I − J*) w = (∂f/∂x0) u; the monitor solves it for the whole probe at once by the Neumann series of
-  :func:`stability.linalg.solve_I_minus_J` (through :func:`stability.analysis.prop5.implicit_input_jvp_batched`:
-  one batched jvp of f per iteration, to a relative residual of 1e-3 within 100 products; it converges exactly
+  :func:`stability.numerics.gmres.solve_I_minus_J` (through :func:`stability.analysis.prop5.implicit_input_jvp_batched`,
+  one batched product with J per iteration, to a relative residual of 1e-3 within 100 products; it converges exactly
   when ρ(J*) < 1, the attracting case, and samples that do not are left out of the median). The analysis solves
   the same system by GMRES to a tight tolerance.
 
@@ -37,6 +40,9 @@ from stability.errors import ConfigError
 from stability.stats import median
 
 MONITOR_KEYS = ("rho_Wx", "rho_J_median", "converged_fraction", "input_grad_norm_median")
+#: how the monitor calls :func:`stability.numerics.spectra.spectral_radius` (besides its ``krylov``, ``restarts`` and
+#: ``seed``): forward-mode products under ``torch.no_grad``, finished samples riding along as zero vectors
+RHO_PRESET = {"route": "krylov", "product": "forward", "shrink": False, "tol": 1e-4}
 
 
 def measure(model, inputs: torch.Tensor, *, max_iter: int = 200, tol: float = 1e-4, krylov: int = 20,
@@ -76,8 +82,8 @@ def input_gradient_norms(f, x_star: torch.Tensor, x0: torch.Tensor, *, probes: i
                          tol: float = 1e-3, max_iter: int = 100) -> tuple[torch.Tensor, torch.Tensor]:
     """Hutchinson's estimate of ‖dx*/dx0‖_F per sample (Prop. 5): the root of the mean over ``probes`` Gaussian
     directions u of ‖(dx*/dx0) u‖², each (dx*/dx0) u = (I − J*)⁻¹ (∂f/∂x0) u by the batched Neumann series of
-    :func:`stability.linalg.solve_I_minus_J` to relative residual ``tol`` within ``max_iter`` products. Returns the
-    (B,) norms (float64) and a (B,) bool of the samples whose every solve met ``tol``."""
+    :func:`stability.numerics.gmres.solve_I_minus_J` to relative residual ``tol`` within ``max_iter`` products.
+    Returns the (B,) norms (float64) and a (B,) bool of the samples whose every solve met ``tol``."""
     from stability.analysis.prop5 import implicit_input_jvp_batched
 
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -92,9 +98,8 @@ def input_gradient_norms(f, x_star: torch.Tensor, x0: torch.Tensor, *, probes: i
 
 
 def _measure(model, inputs: torch.Tensor, *, max_iter, tol, krylov, restarts, probes, seed) -> dict:
-    from stability.analysis.operators import BatchedJacobian
     from stability.analysis.recall import rho_W_x
-    from stability.analysis.spectra import batched_spectral_radius
+    from stability.numerics import Linearisation, spectral_radius
     from stability.solvers import solve
 
     spec = rho_W_x(model) if getattr(model, "W_x", None) is not None else None
@@ -121,9 +126,8 @@ def _measure(model, inputs: torch.Tensor, *, max_iter, tol, krylov, restarts, pr
     if not bool(conv.any()):
         return out
     xs, X0 = result.x_last[conv].detach(), x0[conv].detach()
-    jac = BatchedJacobian(model.step, xs, X0)
-    rho = batched_spectral_radius(jac.apply, tuple(xs.shape), dtype=xs.dtype, device=xs.device,
-                                  krylov=krylov, restarts=restarts, tol=1e-4, seed=seed).rho
+    rho = spectral_radius(Linearisation(model.step, xs, X0), krylov=krylov, restarts=restarts, seed=seed,
+                          **RHO_PRESET).rho
     out["rho_J_median"] = median(rho.tolist())
     out["rho_J_max"] = float(rho.max())
     norms, ok = input_gradient_norms(model.step, xs, X0, probes=probes, seed=seed + 1, tol=1e-3,

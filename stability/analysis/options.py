@@ -69,8 +69,8 @@ class AnalysisOptions:
     prop4_probes: int = 4  # Prop. 4 on states too large for dense matrices: Gaussian probes of M against J
     seed: int = 0
     eig_route: str = field(default="arnoldi", metadata={
-        "choices": ("arnoldi", "arpack"), "help": "ρ(J*) and σ_max by the torch Krylov–Schur iteration (arnoldi: "
-        "batched, GPU-capable) or by scipy's ARPACK per sample (arpack)"})
+        "choices": ("arnoldi",), "help": "ρ(J*) and σ_max by the package's one route choice (stability.numerics: "
+        "dense for small states, batched Krylov–Schur above; scipy's per-sample ARPACK is the tests' reference)"})
     eig_batch: Optional[int] = None  # samples per Arnoldi batch; None: 1 on the CPU, all on CUDA
     eig_precision: str = field(default="mixed", metadata={
         "choices": ("mixed", "float64"), "help": "products of the ρ(J*) eigensolver: mixed (float32, every result "
@@ -111,7 +111,7 @@ class AnalysisOptions:
     geometry_plane: int = 0
 
     def __post_init__(self):
-        for name, allowed in (("eig_route", ("arnoldi", "arpack")), ("eig_precision", ("mixed", "float64")),
+        for name, allowed in (("eig_route", ("arnoldi",)), ("eig_precision", ("mixed", "float64")),
                               ("solver", ("picard", "anderson"))):
             if getattr(self, name) not in allowed:
                 raise StabilityError(f"unknown {name} {getattr(self, name)!r}; allowed: {', '.join(allowed)}")

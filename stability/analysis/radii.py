@@ -13,11 +13,11 @@ measured (±D are two radii).
 radius is √(lo·hi), within ``accuracy``/2 of the crossing. A window of instability narrower than one grid step is
 stepped over, so the radius is the first crossing the grid sees. A radius past :data:`T_MAX` (1: a perturbation
 as large as the weights) is censored there; one below T_MIN is 0 ("unstable at t → 0"). Inside the search ρ(J*) is
-a cheap estimate: the Krylov–Schur method of :func:`stability.linalg.batched_spectral_radius` on Jᵀ with a basis of
+a cheap estimate: :func:`stability.numerics.spectra.spectral_radius`, route ``krylov`` on Jᵀ with a basis of
 :data:`KRYLOV` vectors and at most :data:`RESTARTS` restarts (Ritz residual :data:`ESTIMATE_TOL`). The final ρ is
 certified on a few radii (``certify``: the first ones, in sample then direction order, whose crossing ρ decided):
-at both ends of their bracket by :func:`stability.analysis.spectra.jacobian_spectral_radius`, the routine of stage
-``rho`` (LAPACK on the dense J for n ≤ 256, Krylov–Schur to Ritz residual ``eig_tol`` above); a certified value
+at both ends of their bracket by the same function with route ``auto`` (LAPACK on the dense J for n ≤ 256,
+Krylov–Schur to Ritz residual ``eig_tol`` above); a certified value
 that reverses a decision re-opens that bracket, searched again with certified ρ. Every open radius iterates at
 once: the perturbed parameters of all rows are stacked and the map is vmapped over them (a loop over rows where the
 model's code cannot be vmapped; the geometry block's ``evaluation`` says which), and a radius whose solve ends
@@ -47,22 +47,20 @@ def rho_estimate(fam: Family, x: torch.Tensor, rows: torch.Tensor, seed: int = 0
     """The cheap ρ(J*) of the search for the rows ``rows`` at states ``x``: Krylov–Schur on Jᵀ with a basis of
     :data:`KRYLOV` vectors, at most :data:`RESTARTS` restarts, to Ritz residual :data:`ESTIMATE_TOL`. Returns
     (ρ (A,), Ritz residual (A,), products)."""
-    from stability.linalg import BatchedJacobian, batched_spectral_radius
+    from stability.numerics import Linearisation, spectral_radius
 
-    bj = BatchedJacobian(fam.step, x, rows)
-    spec = batched_spectral_radius(bj.rapply, tuple(x.shape), krylov=KRYLOV, restarts=RESTARTS, tol=ESTIMATE_TOL,
-                                   k=3, seed=seed, restrict=lambda i: bj.restrict(i).rapply, dtype=x.dtype,
-                                   device=x.device)
+    spec = spectral_radius(Linearisation(fam.step, x, rows), route="krylov", krylov=KRYLOV, restarts=RESTARTS,
+                           tol=ESTIMATE_TOL, k=3, seed=seed)
     return spec.rho.double().cpu(), spec.ritz_residual.double().cpu(), int(spec.matvecs)
 
 
 def rho_certified(fam: Family, x: torch.Tensor, rows: torch.Tensor, *, tol: float = 1e-6, k: int = 3,
                   seed: int = 0) -> torch.Tensor:
-    """ρ(J*) of the rows by stage ``rho``'s routine, :func:`stability.analysis.spectra.jacobian_spectral_radius`
-    (dense LAPACK for n ≤ DENSE_MAX, Krylov–Schur to Ritz residual ``tol`` above)."""
-    from stability.analysis.spectra import jacobian_spectral_radius
+    """ρ(J*) of the rows by :func:`stability.numerics.spectra.spectral_radius`, route ``auto`` (dense LAPACK for
+    n ≤ DENSE_MAX, Krylov–Schur to Ritz residual ``tol`` above)."""
+    from stability.numerics import Linearisation, spectral_radius
 
-    return jacobian_spectral_radius(fam.step, x, rows, tol=tol, k=k, seed=seed).rho.double().cpu()
+    return spectral_radius(Linearisation(fam.step, x, rows), tol=tol, k=k, seed=seed).rho.double().cpu()
 
 
 @dataclass

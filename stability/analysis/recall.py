@@ -32,8 +32,8 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from stability.analysis.operators import JacobianOperator, TorchLinearOperator
-from stability.analysis.spectra import DENSE_KRYLOV_MAX, DENSE_MAX, Spectrum, dense_spectrum, spectral_radius
+from stability.numerics import Linearisation, spectral_radius
+from stability.numerics.spectra import Spectrum
 
 
 def _tile(p: torch.Tensor, k: int) -> torch.Tensor:
@@ -68,23 +68,23 @@ def recall_form(model) -> str:
     return name
 
 
-class RecallMatrixOperator(TorchLinearOperator):
-    """M_ext or M_int of Prop. 4 / App. A.7 at one sample's (x*, x0), assembled from the named parts of a
+class RecallMatrixOperator:
+    """M_ext or M_int of Prop. 4 / App. A.7 at P samples' points (x*, x0), assembled from the named parts of a
     :class:`~stability.protocols.RecallParts` model: g, pre, h, residual R, φ (and conv, damping when present).
 
     Every factor is a jvp of one part at its point: ∂g/∂x (= W_x, g is linear in x), J[pre_s], J[h_s], the two
-    partials of R_s, Jφ_s, J[conv]; no norm name is consulted. x_star, x0: (*S) / (*S0) without the batch
-    dimension. For an autonomous model (recall none) the same product with g = I is assembled (J of Def. 3.2's
-    map); Prop. 4 itself concerns recall models.
+    partials of R_s, Jφ_s, J[conv]; no norm name is consulted. x_star, x0: (P, *S) / (P, *S0). For an autonomous
+    model (recall none) the same product with g = I is assembled (J of Def. 3.2's map); Prop. 4 itself concerns
+    recall models. :meth:`linear_map` is M as the package's operator type (products, Mᵀ, dense).
     """
 
-    def __init__(self, model, x_star: torch.Tensor, x0: torch.Tensor, *, batched: bool = False):
+    def __init__(self, model, x_star: torch.Tensor, x0: torch.Tensor):
         from stability.protocols import damping
 
         self.model = m = model
-        self.batched = batched  # x_star: (P, *S), x0: (P, *S0): P samples' points; see :meth:`dense_batched`
-        x, X0 = (x_star.detach(), x0.detach()) if batched else (x_star.detach().unsqueeze(0), x0.detach().unsqueeze(0))
+        x, X0 = x_star.detach(), x0.detach()
         self.x_in, self.X0 = x, X0
+        self._linear = None
         self.has_conv = callable(getattr(m, "conv", None))
         self.damping = damping(m)
         self.g_x = _g_x(m, X0)
@@ -110,19 +110,16 @@ class RecallMatrixOperator(TorchLinearOperator):
             self.p1, self.p2 = m.pre(1, self.u1), m.pre(2, self.z)  # the points where h1, h2 are linearised
             if m.recall == "internal":
                 self.q1, self.q2 = m.pre(1, self.u1), m.pre(2, self.z)  # where ∂g/∂x is taken
-        S = x_star.shape[1:] if batched else x_star.shape
-        super().__init__(self.apply_M, S, S, x_star.dtype, x_star.device)
 
-    def dense_batched(self, chunk: Optional[int] = None) -> torch.Tensor:
-        """Every sample's dense M_b, (P, n, n), for an operator built with ``batched=True``. The product
-        V ↦ (M_b V_b)_b (jvps of the named parts) is linear in V, so M's columns are that product applied to the
-        basis vectors, vmapped (:func:`~stability.analysis.operators.batched_dense_jacobian` with ``linear=True``,
-        compressed where positions reach only their neighbours; measured on the demo's hard split: 1.4 s for
-        32 samples of n = 512, against 7–9 s for the rows by reverse mode; benchmarks/RESULTS.md)."""
-        from stability.analysis.operators import batched_dense_jacobian
-
-        zero = torch.zeros_like(self.x_in)
-        return batched_dense_jacobian(lambda V, _: self.apply_M(V), zero, None, chunk=chunk, linear=True)
+    def linear_map(self) -> Linearisation:
+        """M as a linear map (:class:`~stability.numerics.jacobian.Linearisation` with ``linear=True``): ``J`` is
+        :meth:`apply_M`, ``JT`` its vjp taken once at V = 0 and reused (sudoku, width 32: 1.2 ms a product against
+        16 ms for the forward-mode M V), ``dense()`` every sample's M_b (P, n, n), the product applied to the basis
+        vectors, vmapped and compressed where positions reach only their neighbours (measured on the demo's hard
+        split: 1.4 s for 32 samples of n = 512, against 7–9 s for the rows by reverse mode; benchmarks/RESULTS.md)."""
+        if self._linear is None:
+            self._linear = Linearisation(lambda V, _: self.apply_M(V), torch.zeros_like(self.x_in), linear=True)
+        return self._linear
 
     # J[part] products at the stored points ------------------------------------------------------
     def _g(self, point, v):
@@ -141,13 +138,6 @@ class RecallMatrixOperator(TorchLinearOperator):
 
     def _phi(self, s, point, v):
         return _jvp(lambda t: self.model.phi(s, t), (point,), (v,))
-
-    def rapply_M(self, U: torch.Tensor) -> torch.Tensor:
-        """Mᵀ U by the vjp of the linear map V ↦ M V, taken once at V = 0 and reused (sudoku, width 32: 1.2 ms a
-        product against 16 ms for the forward-mode M V)."""
-        if getattr(self, "_vjp_M", None) is None:
-            _, self._vjp_M = torch.func.vjp(self.apply_M, torch.zeros_like(self.x_in))
-        return self._vjp_M(U.to(self.x_in.dtype))[0]
 
     def apply_M(self, V: torch.Tensor) -> torch.Tensor:
         """∂step/∂x V for V: (k, *S): the product below, with the model's conv and damping around it."""
@@ -177,7 +167,8 @@ def rho_W_x(model) -> Optional[Spectrum]:
     W = getattr(model, "W_x", None)
     if W is None:
         return None
-    return dense_spectrum(W.detach().double(), k=6)
+    spec = spectral_radius(W.detach().double(), route="dense", k=6)
+    return Spectrum(rho=float(spec.rho[0]), eigenvalues=[complex(z) for z in spec.eigenvalues[0].tolist()])
 
 
 @dataclass
@@ -221,39 +212,21 @@ class DenseSpectra(NamedTuple):
                             self.products[start:stop], self.route)
 
 
-def assembled_vs_autograd(model, x_star: torch.Tensor, x0: torch.Tensor, *, columns: Optional[int] = None,
-                          seed: int = 0) -> tuple[float, int]:
-    """max |M − ∂step/∂x| over all entries (``columns`` None) or over a random subset of columns (large states)."""
-    M = RecallMatrixOperator(model, x_star, x0)
-    J = JacobianOperator(model.step, x_star, x0)
-    n = M.shape[1]
-    if columns is None or columns >= n:
-        idx = torch.arange(n)
-    else:
-        idx = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:columns]
-    E = torch.zeros(len(idx), n, dtype=x_star.dtype, device=x_star.device)
-    E[torch.arange(len(idx)), idx.to(E.device)] = 1.0
-    E = E.reshape(len(idx), *x_star.shape)
-    diff = (M.apply(E) - J.apply(E)).abs().max()
-    return float(diff), len(idx)
-
-
 def prop4_dense(model, x_star: torch.Tensor, x0: torch.Tensor, *, k: int = 3, J: Optional[torch.Tensor] = None,
                 sample_chunk: Optional[int] = None, krylov_tol: Optional[float] = None,
                 J_spectra: Optional[DenseSpectra] = None) -> Prop4Result:
     """Prop. 4 / App. A.7 on small states, every sample at once: M_b assembled densely from the named parts
-    (:meth:`RecallMatrixOperator.dense_batched`), ρ(M_b) and its leading eigenvalues by LAPACK (exact to rounding),
+    (:meth:`RecallMatrixOperator.linear_map`), ρ(M_b) and its leading eigenvalues by LAPACK (exact to rounding),
     and max |M_b − J_b| over ALL n columns against the dense autograd Jacobian of ``step``: ``J`` (B, n, n) when
-    the caller has it (stage rho's), else built by
-    :func:`~stability.analysis.operators.batched_dense_jacobian`. Samples go in groups of ``sample_chunk`` (default:
-    dense matrices of at most 64 MiB per group). With ``krylov_tol`` (mid-size states) ρ(M_b) is taken by
-    Krylov–Schur on the dense M_b (:func:`~stability.analysis.spectra.dense_krylov_spectra`, leading Ritz residual
-    below ``krylov_tol``) instead of LAPACK's full ``eigvals``. ``J_spectra``: the spectra stage rho computed
+    the caller has it (stage rho's), else built (:meth:`~stability.numerics.jacobian.Linearisation.dense`).
+    Samples go in groups of ``sample_chunk`` (default: dense matrices of at most 64 MiB per group). With
+    ``krylov_tol`` (mid-size states) ρ(M_b) is taken by the ``dense-krylov`` route of
+    :func:`~stability.numerics.spectra.spectral_radius` (leading Ritz residual below ``krylov_tol``) instead of
+    LAPACK's full ``eigvals``. ``J_spectra``: the spectra stage rho computed
     on ``J`` (:class:`DenseSpectra`); a group whose M equals its J entry by entry (as it does for this toolkit's
     models, whose M is built from the same forward-mode products) takes them instead of computing the same
     eigenvalues of the same matrices again, when they were computed by the same route."""
-    from stability.analysis.spectra import dense_krylov_spectra
-    from stability.analysis.operators import DENSE_BUDGET, batched_dense_jacobian
+    from stability.numerics.jacobian import DENSE_BUDGET
 
     B = x_star.shape[0]
     n = int(torch.tensor(x_star.shape[1:]).prod())
@@ -261,8 +234,8 @@ def prop4_dense(model, x_star: torch.Tensor, x0: torch.Tensor, *, k: int = 3, J:
     rhos, spectra, diff, reused = [], [], 0.0, 0
     for i in range(0, B, g):
         xs, xb = x_star[i:i + g], x0[i:i + g]
-        M = RecallMatrixOperator(model, xs, xb, batched=True).dense_batched()
-        Jg = J[i:i + g].to(M) if J is not None else batched_dense_jacobian(model.step, xs, xb)
+        M = RecallMatrixOperator(model, xs, xb).linear_map().dense()
+        Jg = J[i:i + g].to(M) if J is not None else Linearisation(model.step, xs, xb).dense()
         diff = max(diff, float((M - Jg).abs().max()))
         route = DenseSpectra.route_for(k, krylov_tol)
         same = torch.zeros(M.shape[0], dtype=torch.bool)
@@ -275,7 +248,7 @@ def prop4_dense(model, x_star: torch.Tensor, x0: torch.Tensor, *, k: int = 3, J:
         if krylov_tol is not None:
             ks = given
             if own.numel():
-                mine = dense_krylov_spectra(M[own.to(M.device)], k=k, tol=krylov_tol, sigma=False)[0]
+                mine = spectral_radius(M[own.to(M.device)], route="dense-krylov", k=k, tol=krylov_tol)
                 ks = _merge(ks, own, mine)
             for row, res, p in zip(ks.eigenvalues.cpu(), ks.ritz_residual.cpu(), ks.products.tolist()):
                 spectra.append(Spectrum(rho=float(row[0].abs()), eigenvalues=[complex(z) for z in row.tolist()],
@@ -288,8 +261,7 @@ def prop4_dense(model, x_star: torch.Tensor, x0: torch.Tensor, *, k: int = 3, J:
             taken = given.eigenvalues.cpu()
             vals[same, :taken.shape[1]] = taken[same]
         if own.numel():
-            mine = torch.linalg.eigvals(M[own.to(M.device)].detach().double().cpu())
-            vals[own] = torch.gather(mine, 1, torch.argsort(-mine.abs(), dim=1, stable=True))
+            vals[own] = spectral_radius(M[own.to(M.device)], route="dense", k=n).eigenvalues.cpu()
         for row in vals:
             spectra.append(Spectrum(rho=float(row[0].abs()), eigenvalues=[complex(z) for z in row[:k].tolist()],
                                     method="dense", matvecs=n))
@@ -315,17 +287,15 @@ def probe_check(model, x_star: torch.Tensor, x0: torch.Tensor, *, probes: int = 
     """M against the autograd Jacobian of ``step`` by ``probes`` seeded Gaussian products v, every sample at once:
     (max |M_b v − J_b v|, (B,) float64; every probe within :data:`SAME_TO`, (B,) bool). D ≠ 0 has Dv ≠ 0 for a
     Gaussian v with probability 1, so this certifies M = J (to rounding) for 2 · ``probes`` products a sample."""
-    from stability.linalg import BatchedJacobian
-
-    M = RecallMatrixOperator(model, x_star, x0, batched=True)
-    J = BatchedJacobian(model.step, x_star, x0)
+    M = RecallMatrixOperator(model, x_star, x0)
+    J = Linearisation(model.step, x_star, x0)
     g = torch.Generator().manual_seed(seed)
     diff = torch.zeros(x_star.shape[0], dtype=torch.float64)
     equal = torch.ones(x_star.shape[0], dtype=torch.bool)
     with torch.no_grad():
         for _ in range(probes):
             V = torch.randn(x_star.shape, generator=g, dtype=torch.float64).to(x_star)
-            JV = J.apply(V).flatten(1)
+            JV = J.jvp(V).flatten(1)
             D = (M.apply_M(V).flatten(1) - JV).abs().amax(1)
             diff = torch.maximum(diff, D.double().cpu())
             equal &= (D <= SAME_TO * JV.abs().amax(1)).cpu()
@@ -338,11 +308,9 @@ def prop4_matrix_free(model, x_star: torch.Tensor, x0: torch.Tensor, *, probes: 
     """Prop. 4 / App. A.7 on states too large for dense matrices, every sample matrix-free: M checked against J by
     :func:`probe_check`; where M = J on every probe and ``J_spectra`` (stage rho's (ρ, eigenvalues) per sample, at
     the same x*) is given, M's spectra are J's; elsewhere ρ(M) by the Krylov–Schur method stage rho runs on Jᵀ,
-    here on Mᵀ (:meth:`RecallMatrixOperator.rapply_M`; :func:`~stability.linalg.certified_spectral_radius`: float32
-    products of ``fast_model``'s M, each leading Ritz pair certified by float64 products; float64 alone without
-    it), ``chunk`` samples a batch."""
-    from stability.linalg import batched_spectral_radius, certified_spectral_radius
-
+    here on Mᵀ (route ``krylov`` of :func:`~stability.numerics.spectra.spectral_radius` on
+    :meth:`RecallMatrixOperator.linear_map`: float32 products of ``fast_model``'s M, each leading Ritz pair
+    certified by float64 products; float64 alone without it), ``chunk`` samples a batch."""
     B = x_star.shape[0]
     diff, equal = probe_check(model, x_star, x0, probes=probes, seed=seed)
     reuse = equal.clone() if J_spectra is not None else torch.zeros(B, dtype=torch.bool)
@@ -356,16 +324,11 @@ def prop4_matrix_free(model, x_star: torch.Tensor, x0: torch.Tensor, *, probes: 
     for i in range(0, len(own), chunk):
         idx = torch.tensor(own[i:i + chunk], device=x_star.device)
         xs, xb = x_star[idx], x0[idx]
-        exact = RecallMatrixOperator(model, xs, xb, batched=True).rapply_M
-        shape = tuple(xs.shape)
-        if fast_model is not None:
-            M32 = RecallMatrixOperator(fast_model, xs.float(), xb.float(), batched=True)
-            res = certified_spectral_radius(M32.rapply_M, exact, shape, tol=tol, k=k, seed=seed, dtype=xs.dtype,
-                                            device=xs.device)
-            how = "Krylov–Schur on Mᵀ (float32 products, certified by float64 products)"
-        else:
-            res = batched_spectral_radius(exact, shape, tol=tol, k=k, seed=seed, dtype=xs.dtype, device=xs.device)
-            how = "Krylov–Schur on Mᵀ (float64 products)"
+        exact = RecallMatrixOperator(model, xs, xb).linear_map()
+        fast = None if fast_model is None else RecallMatrixOperator(fast_model, xs.float(), xb.float()).linear_map()
+        res = spectral_radius(exact, route="krylov", fast=fast, tol=tol, k=k, seed=seed)
+        how = ("Krylov–Schur on Mᵀ (float32 products, certified by float64 products)" if fast is not None else
+               "Krylov–Schur on Mᵀ (float64 products)")
         if tick is not None:
             tick(min(i + chunk, len(own)), len(own), "samples of M's own spectra")
         for j, b in enumerate(idx.tolist()):
@@ -384,11 +347,13 @@ def prop4(model, x_star: torch.Tensor, x0: torch.Tensor, *, probes: int = 4, k: 
           chunk: int = 1, seed: int = 0, tick=None) -> Optional[Prop4Result]:
     """Prop. 4 / App. A.7 on a batch of fixed points x_star (B, *S): ρ(M) per sample, and the largest difference
     between M and the autograd Jacobian of ``step``. States of n ≤ ``dense_max`` (default
-    :data:`~stability.analysis.spectra.DENSE_MAX`): :func:`prop4_dense` (dense M, LAPACK, all n columns checked;
+    :data:`~stability.numerics.spectra.DENSE_MAX`): :func:`prop4_dense` (dense M, LAPACK, all n columns checked;
     ``J`` the dense Jacobians when already built, ``J_spectra`` their spectra); mid-size states with ``J`` at
     hand likewise, ρ by Krylov–Schur on the dense M. Larger states: :func:`prop4_matrix_free` (``probes`` Gaussian
     probe products per sample; ``J_rho`` = stage rho's (ρ, eigenvalues) per sample, taken where M = J). None
     without recall."""
+    from stability.numerics.spectra import DENSE_KRYLOV_MAX, DENSE_MAX
+
     if model.recall not in ("external", "internal"):
         return None
     n = int(torch.tensor(x_star.shape[1:]).prod())

@@ -12,10 +12,10 @@ found are merged up to ``distinct_tol`` (relative L∞, :func:`stability.stats.d
 distinct root is classified by ρ(J) there: *repelling* ρ > 1 + m, *attracting* ρ < 1 − m, else *marginal*
 (App. A.1 case 3, non-hyperbolic; m = max(1e-4, 10 τ): a root known to residual τ cannot be told from ρ = 1
 closer than that, and a neutral direction of f gives a continuum of roots with ρ = 1 to about 1e-6). ρ is
-computed by the dense route or the certified Krylov–Schur route of
-:func:`stability.analysis.spectra.jacobian_spectral_radius`; at the Picard x* itself stage ``rho``'s value is
-reused. A start that ends without a root after spending its budget (max-iterations or stalled) makes the sample
-``ran_out``: the search there is incomplete. Finding no repelling root is evidence only up to these starts and
+computed by :func:`stability.numerics.spectra.spectral_radius` (route ``auto``: dense for small states,
+Krylov–Schur on Jᵀ above); at the Picard x* itself stage ``rho``'s value is reused. A start that ends without a
+root after spending its budget (max-iterations or stalled) makes the sample ``ran_out``: the search there is
+incomplete. Finding no repelling root is evidence only up to these starts and
 this budget, which is what the report says.
 """
 
@@ -103,7 +103,7 @@ def search(f: Callable, x_best: torch.Tensor, x0: torch.Tensor, *, starts: int =
     """Roots of f(x, x0) − x from x_best and ``starts`` perturbations of it, per sample, classified by ρ(J)
     (module docstring). ``rho_at_best``: ρ(J) at x_best per sample where already known (stage ``rho``), reused
     for a root that is x_best itself. Every start of every sample is one row of one batched Broyden solve."""
-    from stability.analysis.spectra import jacobian_spectral_radius
+    from stability.numerics import Linearisation, spectral_radius
     from stability.solvers import solve
 
     B = x_best.shape[0]
@@ -135,7 +135,7 @@ def search(f: Callable, x_best: torch.Tensor, x0: torch.Tensor, *, starts: int =
     if todo:
         xs = torch.stack([roots[reps[i][1], reps[i][0]] for i in todo])
         xb = torch.stack([x0[reps[i][0]] for i in todo])
-        spec = jacobian_spectral_radius(f, xs, xb, tol=eig_tol, k=eig_k, seed=seed)
+        spec = spectral_radius(Linearisation(f, xs, xb), tol=eig_tol, k=eig_k, seed=seed)
         for i, v in zip(todo, spec.rho.detach().double().cpu().tolist()):
             rho[i] = float(v)
         out.rho_products = int(getattr(spec, "matvecs", 0) or 0)

@@ -58,29 +58,32 @@ def stage_reachability(at: AtFixedPoint):
 
 
 def stage_rho(at: AtFixedPoint) -> JacobianSpectra:
-    """ρ(J*), σ_max and the leading eigenvalues of J = ∂step/∂x at x_best (Props. 3–4)."""
-    from stability.analysis.operators import DENSE_BUDGET, BatchedJacobian, JacobianOperator, batched_dense_jacobian
+    """ρ(J*), σ_max and the leading eigenvalues of J = ∂step/∂x at x_best (Props. 3–4), by
+    :func:`stability.numerics.spectra.spectral_radius` and :func:`~stability.numerics.spectra.sigma_max`: the dense
+    routes for small states, ``krylov`` on Jᵀ above."""
     from stability.analysis.recall import DenseSpectra
-    from stability.analysis.spectra import (DENSE_KRYLOV_MAX, DENSE_MAX, batched_sigma_max, dense_batched_spectra,
-                                            dense_krylov_spectra, jacobian_spectral_radius, sigma_max, spectral_radius)
+    from stability.numerics import Linearisation, sigma_max, spectral_radius
+    from stability.numerics.jacobian import DENSE_BUDGET
+    from stability.numerics.spectra import DENSE_KRYLOV_MAX, DENSE_MAX
 
     o, f, x_star, x0 = at.options, at.f, at.x_star, at.x0
-    N, dtype, dev = x_star.shape[0], x_star.dtype, x_star.device
+    N, dev = x_star.shape[0], x_star.device
     n = int(np.prod(x_star.shape[1:]))
     rhos, sigmas, eigs, flags = [], [], [], []
     keep = N * n * n * 8 <= 4 * DENSE_BUDGET
     mid = n > DENSE_MAX and n <= DENSE_KRYLOV_MAX and keep and "prop4" in o.stages
-    if o.eig_route == "arnoldi" and (n <= DENSE_MAX or mid):
+    if n <= DENSE_MAX or mid:
         # small states: every sample's dense J (forward-mode columns, compressed where positions reach only their
         # neighbours, chunked by memory) and LAPACK, exact to rounding;
         # the dense J go to stage prop4 (its check against autograd) when they fit 4 × the chunk budget. Mid-size
-        # states (``mid``): the same J, ρ by Krylov–Schur on the dense matrices, for Prop. 4 to reuse
+        # states (``mid``): the same J, ρ by the dense-krylov route, for Prop. 4 to reuse
+        route = "dense-krylov" if mid else "dense"
         group = max(1, (DENSE_BUDGET // 4) // (8 * n * n))
         Js, specs = [], []
         for i in range(0, N, group):
-            J = batched_dense_jacobian(f, x_star[i:i + group], x0[i:i + group])
-            spec, sig = (dense_krylov_spectra(J, k=o.eig_k, tol=o.eig_tol, seed=o.seed) if mid
-                         else dense_batched_spectra(J, k=o.eig_k))
+            J = Linearisation(f, x_star[i:i + group], x0[i:i + group]).dense()
+            spec = spectral_radius(J, route=route, k=o.eig_k, tol=o.eig_tol, seed=o.seed)
+            sig = sigma_max(J, route=route)
             specs.append(spec)
             rhos += spec.rho.cpu().tolist()
             sigmas += sig.cpu().tolist()
@@ -97,17 +100,16 @@ def stage_rho(at: AtFixedPoint) -> JacobianSpectra:
                   f"eigenvalues by LAPACK, σ_max by λ_max(JᵀJ); exact to rounding, ritz_residual 0)" if not mid else
                   f"dense Jacobian (n = {n} ≤ {DENSE_KRYLOV_MAX}: every sample's J by batched forward-mode columns), "
                   f"ρ by ARPACK on each dense J (leading Ritz residual < {o.eig_tol:g}), σ_max by λ_max(JᵀJ)")
-    elif o.eig_route == "arnoldi":
+    else:
         chunk = o.eig_batch or (N if dev.type == "cuda" else 1)
-        mixed = o.eig_precision == "mixed" and dtype == torch.float64
+        mixed = o.eig_precision == "mixed" and x_star.dtype == torch.float64
         fast_model = copy.deepcopy(at.model).float() if mixed else None
         for i in range(0, N, chunk):
             xs, xb = x_star[i:i + chunk], x0[i:i + chunk]
-            bj = BatchedJacobian(f, xs, xb)
-            spec = jacobian_spectral_radius(f, xs, xb, fast_f=fast_model.step if mixed else None, k=o.eig_k,
-                                            tol=o.eig_tol, seed=o.seed)
-            sig = batched_sigma_max(bj.apply_reuse, bj.rapply, tuple(xs.shape), dtype=dtype, device=dev,
-                                    tol=o.eig_tol, seed=o.seed)
+            J = Linearisation(f, xs, xb)
+            fast = Linearisation(fast_model.step, xs.float(), xb.float()) if mixed else None
+            spec = spectral_radius(J, route="krylov", fast=fast, k=o.eig_k, tol=o.eig_tol, seed=o.seed)
+            sig = sigma_max(J, route="krylov", tol=o.eig_tol, seed=o.seed)
             rhos += spec.rho.cpu().tolist()
             sigmas += sig.cpu().tolist()
             eigs += [[[float(z.real), float(z.imag)] for z in row] for row in spec.eigenvalues.cpu()]
@@ -116,15 +118,6 @@ def stage_rho(at: AtFixedPoint) -> JacobianSpectra:
         method = (f"Krylov–Schur on Jᵀ (torch, {chunk} sample(s) per batch; "
                   + ("float32 products, each leading Ritz pair certified by float64 products)" if mixed
                      else "float64 products)"))
-    else:
-        for b in range(N):
-            op = JacobianOperator(f, x_star[b], x0[b], mode="vjp")
-            s = spectral_radius(op, k=o.eig_k, tol=o.eig_tol, transpose=True)
-            rhos.append(s.rho)
-            eigs.append(s.to_dict()["eigenvalues"])
-            flags.append(s.converged)
-            sigmas.append(sigma_max(op, tol=o.eig_tol))
-        method = "ARPACK (scipy eigs on Jᵀ, reused vjp)"
     at.jacobian_spectra = JacobianSpectra(method=method, spectral_radius=rhos, sigma_max=sigmas, eigenvalues=eigs,
                                           eigen_converged=flags, converged=at.converged.tolist())
     return at.jacobian_spectra
@@ -304,10 +297,11 @@ def stage_geometry(at: AtFixedPoint):
     samples = list(range(min(o.geometry_samples, N)))
     rho = None if at.jacobian_spectra is None else at.jacobian_spectra.spectral_radius
     if rho is None:  # stage rho did not run: ρ(J*) at θ* of the geometry samples by its routine
-        from stability.analysis.spectra import jacobian_spectral_radius
+        from stability.numerics import Linearisation, spectral_radius
 
         sel = torch.tensor(samples, device=at.x_star.device)
-        got = jacobian_spectral_radius(at.f, at.x_star[sel], at.x0[sel], tol=o.eig_tol, k=o.eig_k, seed=o.seed)
+        got = spectral_radius(Linearisation(at.f, at.x_star[sel], at.x0[sel]), tol=o.eig_tol, k=o.eig_k,
+                              seed=o.seed)
         rho = [None] * N
         for b, v in zip(samples, got.rho.tolist()):
             rho[b] = float(v)

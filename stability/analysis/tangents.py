@@ -1,7 +1,7 @@
-"""Forward-mode products of the loop map f on a batch of independent samples (``step`` keeps samples independent):
-the linearisation J = ∂f/∂x, K = ∂f/∂x0 at a point (:class:`Linearisation`), and the unrolled iteration
-x_{t+1} = f(x_t, x0) from e with its tangents dx_T/dx0 · u (Prop. 5) and dx_T/de · u_e (App. A.8) at the T of a
-grid, both in one pass (:func:`unroll_tangents_batched`). :mod:`stability.analysis.prop5`,
+"""The unrolled iteration x_{t+1} = f(x_t, x0) from e with its tangents dx_T/dx0 · u (Prop. 5) and dx_T/de · u_e
+(App. A.8) at the T of a grid, both in one pass, on a batch of independent samples (``step`` keeps samples
+independent): :func:`unroll_tangents_batched`. Once a sample has reached x*, its remaining steps use the
+linearisation there (:class:`~stability.numerics.jacobian.Linearisation`). :mod:`stability.analysis.prop5`,
 :mod:`stability.analysis.input_dependence` and :mod:`stability.analysis.initial_iterate` are built on them.
 """
 
@@ -13,40 +13,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from stability.errors import ConfigError
-
-
-class Linearisation:
-    """J = ∂f/∂x and K = ∂f/∂x0 at a batch of points (x, x0), from one reverse-mode forward pass.
-
-    ``JT(u)``, ``KT(u)`` are the vjps; ``J(v)`` and ``JK(v, w)`` = J v + K w are the transposes of that cached vjp
-    map (the map u ↦ (Jᵀu, Kᵀu) is linear, so its own vjp is (v, w) ↦ Jv + Kw): forward-mode numbers without a
-    new forward pass, and on the CPU several times cheaper than a jvp. Built once at x*, it serves the Prop. 5
-    solve, the Hutchinson probes and any other product at the same points.
-    """
-
-    def __init__(self, f: Callable, x: torch.Tensor, x0: torch.Tensor):
-        self.x, self.x0 = x.detach(), x0.detach()
-        self.fx, self._vjp = torch.func.vjp(f, self.x, self.x0)
-        self._tJ = self._tJK = None
-
-    def JT(self, u: torch.Tensor) -> torch.Tensor:
-        return self._vjp(u.to(self.x.dtype))[0]
-
-    def KT(self, u: torch.Tensor) -> torch.Tensor:
-        return self._vjp(u.to(self.x.dtype))[1]
-
-    def J(self, v: torch.Tensor) -> torch.Tensor:
-        if self._tJ is None:
-            _, self._tJ = torch.func.vjp(lambda u: self._vjp(u)[0], torch.zeros_like(self.fx))
-        return self._tJ(v.to(self.x.dtype))[0]
-
-    def JK(self, v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        if self._tJK is None:
-            _, self._tJK = torch.func.vjp(lambda u: self._vjp(u), torch.zeros_like(self.fx))
-        return self._tJK((v.to(self.x.dtype), w.to(self.x0.dtype)))[0]
-
-    def K(self, w: torch.Tensor) -> torch.Tensor:
-        return self.JK(torch.zeros_like(self.x), w)
+from stability.numerics import Linearisation
 
 
 def _tangent_step(f: Callable, x: torch.Tensor, X0: torch.Tensor, dx: torch.Tensor, U: torch.Tensor):
@@ -156,13 +123,13 @@ def unroll_tangents_batched(f: Callable, e: torch.Tensor, x0: torch.Tensor, Ts: 
 
 def _frozen_affine(f: Callable, x: torch.Tensor, X0: torch.Tensor, U: torch.Tensor, dense_max: int) -> Callable:
     """dx ↦ J dx + K U at the points (x, X0), J and K held: by dense per-row matrices when n ≤ dense_max."""
-    lin = Linearisation(f, x, X0)
+    lin = Linearisation(f, x, X0, inputs=True)
     c = lin.K(U)
     n, R = x[0].numel(), x.shape[0]
     if n > dense_max:
         return lambda d: lin.J(d) + c
     eye = torch.eye(n, dtype=x.dtype, device=x.device).reshape(n, *x.shape[1:])
-    cols = Linearisation(f, x.repeat_interleave(n, 0), X0.repeat_interleave(n, 0)).J(
+    cols = Linearisation(f, x.repeat_interleave(n, 0), X0.repeat_interleave(n, 0), inputs=True).J(
         eye.repeat(R, *([1] * (x.dim() - 1))))
     D = cols.reshape(R, n, n).transpose(1, 2).contiguous()  # D[r] = J at row r's point
 
@@ -173,8 +140,8 @@ def _frozen_affine(f: Callable, x: torch.Tensor, X0: torch.Tensor, U: torch.Tens
 
 
 def seeded_direction(shape, seed: int, like: torch.Tensor, B: int) -> torch.Tensor:
-    """The per-sample functions' seeded unit direction (one sample's shape: ``torch.randn`` from
-    ``Generator().manual_seed(seed)``, normalised), repeated for the B samples of a batch."""
+    """One seeded unit direction of one sample's shape (``torch.randn`` from ``Generator().manual_seed(seed)``,
+    normalised), repeated for the B samples of a batch (the tests' per-sample references draw the same)."""
     gen = torch.Generator().manual_seed(seed)
     u = torch.randn(tuple(shape), generator=gen, dtype=torch.float64).to(like)
     u = u / u.norm()

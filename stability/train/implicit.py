@@ -13,8 +13,8 @@ application of f kept):
 * ``neumann``: the fixed-point iteration u ← Jᵀu + δ, i.e. the Neumann series Σ_j (Jᵀ)ʲ δ (converges at rate
   ρ(J) when ρ(J) < 1; Attractor Models App. B.1);
 
-both by :func:`stability.linalg.solve_I_minus_J` on the transposed map v ↦ Jᵀv (:func:`adjoint_solve`), the one
-solver of (I − J) systems that the analysis (Prop. 5) and the training monitor use too;
+both by :func:`stability.numerics.gmres.solve_I_minus_J` on the transposed map v ↦ Jᵀv (:func:`adjoint_solve`), the
+one solver of (I − J) systems that the analysis (Prop. 5) and the training monitor use too;
 * ``one-step``: the Jacobian-free backward (JFB), u = δ: the gradient through one application of f at x*.
 
 The same u flows to x0 (hence to the embedding): the fixed point depends on x0 through f, not on the first
@@ -46,12 +46,12 @@ class AdjointInfo:
 
 def adjoint_solve(JT: Callable[[torch.Tensor], torch.Tensor], delta: torch.Tensor, method: str, *,
                   tol: float = 1e-6, max_iter: int = 30, restart: int = 20) -> tuple[torch.Tensor, AdjointInfo]:
-    """u with (I − Jᵀ) u = δ for every sample of the batch, by :func:`stability.linalg.solve_I_minus_J` on the
-    transposed map ``JT`` (v ↦ Jᵀ v per sample): ``krylov`` is its batched GMRES(``restart``), ``neumann`` its
+    """u with (I − Jᵀ) u = δ for every sample of the batch, by :func:`stability.numerics.gmres.solve_I_minus_J` on
+    the transposed map ``JT`` (v ↦ Jᵀ v per sample): ``krylov`` is its batched GMRES(``restart``), ``neumann`` its
     Neumann series u ← Jᵀu + δ. ``max_iter`` caps the products with Jᵀ per sample (the residual check
     included); the info's residual is the per-sample ‖δ − (I − Jᵀ) u‖ / ‖δ‖ recomputed from u, its ``matvecs``
     the most products any sample spent."""
-    from stability.linalg import solve_I_minus_J
+    from stability.numerics import solve_I_minus_J
 
     kind = {"krylov": "gmres", "neumann": "neumann"}.get(method)
     if kind is None:
