@@ -421,6 +421,27 @@ class RunConfig(_Config):
         return self
 
 
+class SweepSummary(_Config):
+    """How a sweep summarises each cell after training (a grid file's ``[summary]`` table; ``stability sweep``'s
+    flags of the same names override it): ``summary`` analyze (the analysis pipeline on the first
+    ``analyze_samples`` samples of ``analyze_splits``, its solver budget ``analyze_max_iter``) or monitor (the
+    stability monitor's four quantities only); ``reproducible``: every cell with pinned CPU kernels (the global
+    ``--reproducible``); ``analyze_geometry``: the analysis adds the geometry stage."""
+
+    owner_name: typing.ClassVar[str] = "summary"
+    #: the fields with a flag of ``stability sweep`` (the others: ``--reproducible``, or the grid file only)
+    FLAGS: typing.ClassVar[tuple[str, ...]] = ("summary", "analyze_samples", "analyze_splits", "analyze_max_iter")
+
+    summary: Literal["analyze", "monitor"] = _f("analyze", "after training: the analysis pipeline, or only the "
+                                                "monitor's four quantities")
+    analyze_samples: int = _f(8, "samples per split of the analysis (0: the monitor summary only)", metavar="N",
+                              ge=0)
+    analyze_splits: Literal["val", "hard", "both"] = _f("val", "splits the analysis covers")
+    analyze_max_iter: int = _f(500, "fixed-point solver budget of the analysis", metavar="N", ge=1)
+    reproducible: bool = _f(False, "every cell with pinned CPU kernels (README: Reproducibility)")
+    analyze_geometry: bool = _f(False, "the analysis adds the geometry stage (docs/analysis.md)")
+
+
 #: the sections of a RunConfig (TOML tables [model], [task], [train])
 SECTIONS: dict[str, type] = {"model": ModelConfig, "task": TaskConfig, "train": TrainConfig}
 

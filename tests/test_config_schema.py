@@ -328,3 +328,24 @@ def test_a_grid_writes_a_method_and_its_options_in_the_method_table():
         grid.parse({"fixed": {"train": {"method": {"name": "implicit", "alpha": 0.5}}}})
     with pytest.raises(ConfigError, match=r"fixed.train.method: unknown key\(s\) solvertol"):
         grid.parse({"fixed": {"train": {"method": {"name": "implicit", "solvertol": 0.5}}}})
+
+
+def test_the_sweeps_summary_flags_and_its_grid_table_derive_from_one_schema(tmp_path, capsys):
+    from stability.cli import build_parser, main
+    from stability.config import SweepSummary
+    from stability.errors import ConfigError
+    from stability.sweep import grid
+
+    actions = {a.dest: a for a in build_parser("sweep")._subparsers._group_actions[0].choices["sweep"]._actions}
+    for name in SweepSummary.FLAGS:
+        info = SweepSummary.model_fields[name]
+        assert actions[name].default is None and info.description in actions[name].help, name
+    assert actions["analyze_splits"].choices == ["val", "hard", "both"]
+    assert grid.SUMMARY_KEYS == tuple(SweepSummary.model_fields)
+    with pytest.raises(ConfigError, match=r"summary.analyze_max_iter: 0 is outside \[1, inf\]"):
+        grid.parse({"fixed": {"task": {"train_size": 40}}, "summary": {"analyze_max_iter": 0}})
+    toml = tmp_path / "g.toml"
+    toml.write_text('[fixed.task]\nname = "prefix-sums"\n[summary]\nanalyze_samples = 2\n')
+    assert main(["sweep", str(toml), "--analyze-samples", "-1", "--dry-run", "--results", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "summary.analyze_samples: -1 is outside [0, inf]" in err[0], err

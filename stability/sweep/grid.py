@@ -75,8 +75,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from stability.config import (METHOD_CLASSES, METHOD_KEYS, SECTIONS, RunConfig, dotted, from_dict, option_names,
-                              parse_toml, section_options, to_dict)
+from stability.config import (METHOD_CLASSES, METHOD_KEYS, SECTIONS, RunConfig, SweepSummary, dotted, from_dict,
+                              option_names, parse_toml, section_options, to_dict)
 from stability.errors import ConfigError
 
 try:
@@ -85,10 +85,9 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 TOP_KEYS = ("name", "description", "include", "fixed", "axes", "slurm", "summary")
-#: the ``[summary]`` table: how each cell is summarised after training (defaults of the sweep's --summary,
-#: --analyze-samples, --analyze-splits, --analyze-max-iter; the command line overrides them)
-SUMMARY_KEYS = {"summary": ("analyze", "monitor"), "analyze_samples": int, "analyze_splits": ("val", "hard", "both"),
-                "analyze_max_iter": int, "reproducible": bool, "analyze_geometry": bool}
+#: the ``[summary]`` table: how each cell is summarised after training (:class:`stability.config.SweepSummary`; the
+#: command line overrides it)
+SUMMARY_KEYS = tuple(SweepSummary.model_fields)
 #: resources of one SLURM job (submitit's AutoExecutor parameters, without the ``slurm_`` prefix where it has one)
 SLURM_KEYS = ("partition", "timeout_min", "gpus_per_node", "cpus_per_task", "mem_gb", "account", "qos",
               "constraint", "array_parallelism", "additional_parameters", "setup")
@@ -317,18 +316,10 @@ def parse(data: dict, *, path: Optional[Path] = None, extra_fixed: Optional[dict
     if not isinstance(summary, dict):
         raise ConfigError(f"{_where(path)}summary: expected a table")
     _check_keys(path, "summary", summary, SUMMARY_KEYS)
-    for key, allowed in SUMMARY_KEYS.items():
-        if key not in summary:
-            continue
-        v = summary[key]
-        if allowed is bool:
-            if not isinstance(v, bool):
-                raise ConfigError(f"{_where(path)}summary.{key}: expected true or false, got {v!r}")
-            continue
-        if allowed is int and (isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "analyze_samples" else 1)):
-            raise ConfigError(f"{_where(path)}summary.{key}: expected a {'non-negative' if key == 'analyze_samples' else 'positive'} integer, got {v!r}")
-        if allowed is not int and v not in allowed:
-            raise ConfigError(f"{_where(path)}summary.{key}: {v!r} is not allowed; allowed: {', '.join(allowed)}")
+    try:
+        SweepSummary(**summary)
+    except ConfigError as exc:
+        raise ConfigError(f"{_where(path)}{exc}") from None
     grid = Grid(name=name, path=path, description=description, slurm=dict(slurm),
                 axes={k: list(v) for k, v in axes.items()}, summary=dict(summary))
     includes = data.get("include", [])
@@ -394,8 +385,8 @@ def select(cells: list, where: list[str]) -> list:
         section, _, name = key.partition(".")
         if section not in SECTIONS:
             raise ConfigError(f"--where {key}: unknown section {section!r}; allowed: {', '.join(SECTIONS)}")
-        allowed = [n for n in option_names(section) if (section, n) != ("train", "method")]
-        allowed += [f"method.{k}" for k in METHOD_KEYS] if section == "train" else []
+        allowed = [m for n in option_names(section) for m in ([f"method.{k}" for k in METHOD_KEYS]
+                                                             if (section, n) == ("train", "method") else [n])]
         if name not in allowed:
             raise ConfigError(f"--where {key}: unknown option {name!r}; allowed: {', '.join(allowed)}")
         wanted = [_parse_value(v.strip()) for v in raw.split(",")]

@@ -6,7 +6,7 @@ Layout of a results directory (``stability sweep GRID --results DIR``)::
     DIR/runs/<cell id>.pt         the cell's checkpoint (and <cell id>.metrics.jsonl beside it)
     DIR/analysis/<cell id>.json   the full ``stability analyze`` report of the cell (when analysed)
     DIR/locks/<cell id>.lock      held while a process works on the cell
-    DIR/cells.json                the expanded grid (written by ``stability sweep``)
+    DIR/cells/<cell id>.json      the cell its worker runs (written by the executor)
 
 A cell is *done* when its record exists: a resumed sweep skips it. A cell killed in flight has a checkpoint but
 no record; running it again continues the checkpoint (``train(..., resume=True)``), so a kill loses at most the
