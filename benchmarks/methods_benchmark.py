@@ -112,7 +112,7 @@ def main(argv=None) -> int:
             if args.only and not any(s in name for s in args.only):
                 continue
             cfg = RunConfig(model=ModelConfig(**{**base_model, **m_opts}), task=task,
-                            train=TrainConfig(**{**base_train, **t_opts}))
+                            train=TrainConfig(**base_train, method={"name": t_opts["method"], **{k: v for k, v in t_opts.items() if k != "method"}}))
             path = Path(tmp) / f"{len(rows)}.pt"
             t0 = time.perf_counter()
             train(cfg, path, progress=False)

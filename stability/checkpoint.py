@@ -4,7 +4,7 @@ Format (schema 2), a dict that ``torch.load(weights_only=True)`` reads (tensors,
 
 =================  ==========================================================================================
 ``format``         ``"stability-checkpoint"``
-``schema_version`` 2 (1: the same, but the method options flat in ``train``; still read)
+``schema_version`` 2 (1: the same, but the method options flat in ``train``; ``stability migrate`` converts it)
 ``package_version`` the ``stability`` version that wrote it; ``torch_version`` likewise
 ``hardware``       what computed the weights (:func:`stability.hardware.signature`: versions, BLAS, CPU,
                    threads, kernel pins; absent in files written before it existed)
@@ -26,9 +26,8 @@ paper's release checkpoints (``{"net": state_dict, "epoch", "optimizer"}`` with 
 :func:`load` imports (stability/release.py; docs/release-differences.md).
 
 A config written before an option existed loads with that option's legacy value (:func:`with_legacy_defaults`):
-old checkpoints keep the semantics they were trained with. A schema-1 config block is migrated on reading
-(:func:`stability.config.migrate_v1`: the chosen method's options move into the method block, the others' are
-dropped); a schema-1 file's ``scaler`` entry (a GradScaler that was never enabled) is ignored.
+old checkpoints keep the semantics they were trained with. A schema-1 file (written before the method block) is
+refused with one line naming ``stability migrate``, which rewrites it once as schema 2 (:mod:`stability.migrate`).
 """
 
 from __future__ import annotations
@@ -36,14 +35,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from stability.config import ModelConfig, RunConfig, from_dict, migrate_v1
+from stability.config import ModelConfig, RunConfig, from_dict
 from stability.errors import CheckpointError, ConfigError, first_line
 from stability.stored import Loaded, atomic_save, read_torch  # noqa: F401 - re-exported: ckpt.read_torch, ...
 
 FORMAT = "stability-checkpoint"
 SCHEMA_VERSION = 2
-#: the schema versions this toolkit reads (1: method options flat in ``train``, migrated by ``migrate_v1``)
-READABLE_VERSIONS = (1, 2)
+#: the schema versions this toolkit reads (1, the method options flat in ``train``: ``stability migrate`` first)
+READABLE_VERSIONS = (2,)
 #: TrainConfig values for a checkpoint written before the option existed (``with_legacy_defaults``)
 LEGACY_TRAIN_VALUES = {"decay_exempt": "norms"}
 
@@ -57,6 +56,9 @@ def read(path: Path | str, obj: Any = None) -> dict:
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a stability checkpoint (a foreign file: no '{FORMAT}' marker)")
     version = obj.get("schema_version")
+    if version == 1:
+        raise CheckpointError(f"{path}: checkpoint schema 1 (written before the method block) is no longer read; "
+                              f"convert it once with `stability migrate {path}`")
     if version not in READABLE_VERSIONS:
         raise CheckpointError(
             f"{path}: checkpoint schema version {version!r} is not supported (this toolkit reads "
@@ -89,10 +91,9 @@ def with_legacy_defaults(config: dict) -> dict:
 
 
 def run_config(obj: dict, path: Path | str = "checkpoint") -> RunConfig:
-    """The checkpoint's RunConfig (fields it predates take their legacy values: ``with_legacy_defaults``; a schema-1
-    block is migrated: ``migrate_v1``)."""
+    """The checkpoint's RunConfig (fields it predates take their legacy values: ``with_legacy_defaults``)."""
     try:
-        return from_dict(RunConfig, migrate_v1(with_legacy_defaults(obj["config"])))
+        return from_dict(RunConfig, with_legacy_defaults(obj["config"]))
     except ConfigError as exc:
         raise CheckpointError(f"{path}: invalid config in checkpoint: {exc}") from None
 

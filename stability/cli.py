@@ -28,6 +28,7 @@ COMMANDS = {
     "import": "stability.commands.import_",
     "compare": "stability.commands.compare",
     "claims": "stability.commands.claims",
+    "migrate": "stability.commands.migrate",
 }
 
 

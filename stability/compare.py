@@ -113,6 +113,8 @@ def _sniff(path: Path) -> str:
 
 def load_analysis(path: Path | str) -> dict:
     """An analysis JSON, checked to be one (``splits`` and one block per split with its ``fixed_point``)."""
+    from stability.config import is_flat_config
+
     path = Path(path)
     try:
         obj = json.loads(path.read_text(encoding="utf-8"))
@@ -128,6 +130,9 @@ def load_analysis(path: Path | str) -> dict:
     if not isinstance(splits, list) or not splits or not all(
             isinstance(obj.get(s), dict) and isinstance(obj[s].get("fixed_point"), dict) for s in splits):
         raise StabilityError(f"{what} (no 'splits' with a 'fixed_point' block each)")
+    if is_flat_config(obj.get("config")):
+        raise StabilityError(f"{path}: written before the method block (its config has the method options beside "
+                             f"the train options); convert it once with `stability migrate {path}`")
     return obj
 
 
@@ -207,24 +212,6 @@ def _accuracy_rows(split: str, acc_a: Any, acc_b: Any, what: str = "accuracy") -
                 _num(acc_b[t - 1]) if t <= lb else None, percent=True) for t in marks]
 
 
-def _flat(d: Any, prefix: str = "") -> dict:
-    out = {}
-    if isinstance(d, dict):
-        for k, v in d.items():
-            out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-
-
-def _flat_config(config: dict) -> dict:
-    """A stored RunConfig dict (schema 1 or 2) as ``section.option`` -> value, method options as ``train.X``."""
-    from stability.config import flat_options, migrate_v1
-
-    try:
-        return flat_options(migrate_v1(config))
-    except (AttributeError, TypeError, ValueError):  # not a RunConfig dict: compare it as it is
-        return _flat(config)
-
-
 #: analysis options that do not change the numbers (tests/test_parallel_splits.py): left out of the comparison
 _SAME_NUMBERS = ("workers",)
 
@@ -238,9 +225,11 @@ def analysis_changes(a: dict, b: dict) -> list[tuple[str, Any, Any]]:
 
 
 def config_changes(a: dict, b: dict) -> list[tuple[str, Any, Any]]:
-    """The options (``section.name``) whose values differ between two stored RunConfig dicts."""
-    fa, fb = _flat_config(a), _flat_config(b)
-    return [(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
+    """The options (``section.name``, ``train.method.name``) whose values differ between two stored RunConfig
+    dicts (:func:`stability.config.changes`)."""
+    from stability.config import changes
+
+    return changes(a, b)
 
 
 def compare_analyses(a: dict, b: dict, name_a: str = "A", name_b: str = "B") -> Comparison:

@@ -8,10 +8,10 @@ ones, so that no key is ever silently ignored (the paper's release did that). Ea
 the style ``ModelConfig.width: 0 is outside [1, inf]`` (:func:`_message` converts pydantic's ValidationError).
 
 ``TrainConfig.method`` is a discriminated union (on ``name``) of :class:`Progressive`, :class:`DeepSupervision` and
-:class:`Implicit`: the options of a method live in its block, so an explicit value is never an error, and an option
-of another method is refused naming the method that has it. The *flat view* (method options beside the other train
-options, ``method`` = the method's name: schema 1 of the checkpoints, the grid files' keys) is accepted on input
-(:meth:`TrainConfig._nest_method`) and produced by :func:`flat_train`.
+:class:`Implicit`: the options of a method live in its block (``{"name": "implicit", "solver_tol": 1e-4}``; in TOML
+``[train.method]``), so an explicit value is never an error, and an option of another method, or one given beside
+the other train options, is refused naming the method and the table that has it. :func:`dotted` names every option
+by its path (``train.method.solver_tol``): the keys of ``--where`` filters, of table columns and of config diffs.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def from_dict(cls, data: dict):
 
 # ---- methods ------------------------------------------------------------------------------------------------
 class _MethodConfig(_Config):
-    """A training method's options (errors name them ``TrainConfig.<option>``: the flat view's name)."""
+    """A training method's options (errors name them ``TrainConfig.<option>``, as their flags ``--<option>``)."""
 
     owner_name: typing.ClassVar[str] = "TrainConfig"
 
@@ -356,7 +356,7 @@ class TrainConfig(_Config):
     1..``eval_iterations``; the final evaluation runs to ``test_iterations``. ``monitor_every``: every this
     many epochs (0 = never) log the stability monitor on a fixed probe of ``monitor_samples`` val samples.
     ``method``: the method and its options, :class:`Progressive`, :class:`DeepSupervision` or :class:`Implicit`
-    (given flat, ``method="implicit", solver_tol=1e-4``, or as a block, ``method={"name": "implicit", ...}``).
+    (a block, ``method={"name": "implicit", "solver_tol": 1e-4}``, or ``method=Implicit(solver_tol=1e-4)``).
     ``iterations`` is every method's cap on the loop.
     """
 
@@ -393,40 +393,6 @@ class TrainConfig(_Config):
     train_accuracy_samples: int = _f(0, "after every epoch, whole-answer accuracy on the first N training inputs at "
                                      "iteration T, the training depth (0: off)", metavar="N", ge=0)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _nest_method(cls, data: Any) -> Any:
-        """The flat view (method options beside the others, ``method`` a name) into the method block; an option of
-        another method is refused naming the method that has it."""
-        if not isinstance(data, dict):
-            return data
-        data = dict(data)
-        flat = {k: data.pop(k) for k in list(data) if k in OPTION_METHOD}
-        method = data.get("method", "progressive")
-        if isinstance(method, _MethodConfig):
-            block = to_dict(method)
-        elif isinstance(method, str):
-            if method not in METHOD_CLASSES:
-                raise ConfigError(f"TrainConfig.method: {method!r} is not allowed; allowed: {', '.join(METHODS)}")
-            block = {"name": method}
-        elif isinstance(method, dict):
-            block = dict(method)
-        else:
-            return {**data, **flat}
-        name = block.get("name")
-        if name not in METHOD_CLASSES:
-            if flat:
-                data.update(flat)
-            return data
-        for key in [*block, *flat]:
-            owner = OPTION_METHOD.get(key)
-            if owner is not None and owner != name:
-                raise ConfigError(f"TrainConfig.{key}: only the {owner} method uses it, not {name} (choose method "
-                                  f"{owner} to set it)")
-        if flat or not isinstance(method, _MethodConfig):
-            data["method"] = {**block, **flat}
-        return data
-
     @model_validator(mode="after")
     def _check(self):
         if not is_device_name(self.device):
@@ -455,60 +421,61 @@ class RunConfig(_Config):
         return self
 
 
+class SweepSummary(_Config):
+    """How a sweep summarises each cell after training (a grid file's ``[summary]`` table; ``stability sweep``'s
+    flags of the same names override it): ``summary`` analyze (the analysis pipeline on the first
+    ``analyze_samples`` samples of ``analyze_splits``, its solver budget ``analyze_max_iter``) or monitor (the
+    stability monitor's four quantities only); ``reproducible``: every cell with pinned CPU kernels (the global
+    ``--reproducible``); ``analyze_geometry``: the analysis adds the geometry stage."""
+
+    owner_name: typing.ClassVar[str] = "summary"
+    #: the fields with a flag of ``stability sweep`` (the others: ``--reproducible``, or the grid file only)
+    FLAGS: typing.ClassVar[tuple[str, ...]] = ("summary", "analyze_samples", "analyze_splits", "analyze_max_iter")
+
+    summary: Literal["analyze", "monitor"] = _f("analyze", "after training: the analysis pipeline, or only the "
+                                                "monitor's four quantities")
+    analyze_samples: int = _f(8, "samples per split of the analysis (0: the monitor summary only)", metavar="N",
+                              ge=0)
+    analyze_splits: Literal["val", "hard", "both"] = _f("val", "splits the analysis covers")
+    analyze_max_iter: int = _f(500, "fixed-point solver budget of the analysis", metavar="N", ge=1)
+    reproducible: bool = _f(False, "every cell with pinned CPU kernels (README: Reproducibility)")
+    analyze_geometry: bool = _f(False, "the analysis adds the geometry stage (docs/analysis.md)")
+
+
 #: the sections of a RunConfig (TOML tables [model], [task], [train])
 SECTIONS: dict[str, type] = {"model": ModelConfig, "task": TaskConfig, "train": TrainConfig}
 
 
-# ---- the flat view ------------------------------------------------------------------------------------------
-def flat_train(train: Any) -> dict:
-    """A TrainConfig (or its dict, in either shape) as the flat view: ``method`` the method's name, its options
-    beside the other train options (schema 1's shape, without the other methods' options)."""
-    d = to_dict(train) if isinstance(train, BaseModel) else dict(train)
-    method = d.get("method", "progressive")
-    if isinstance(method, dict):
-        method = dict(method)
-        d["method"] = method.pop("name", None)
-        d.update(method)
-    return d
+# ---- schema metadata ----------------------------------------------------------------------------------
+def is_flat_config(config: Any) -> bool:
+    """A stored RunConfig dict written before the method block (checkpoint schema 1, and the records and analyses
+    written with it): ``train``'s ``method`` a name, the method options beside the other train options. The
+    loaders refuse it; ``stability migrate`` converts it once (:mod:`stability.migrate`)."""
+    train = config.get("train") if isinstance(config, dict) else None
+    return isinstance(train, dict) and (isinstance(train.get("method"), str) or any(k in OPTION_METHOD for k in train))
 
 
-def flat_train_defaults() -> dict:
-    """The default of every train option in the flat view, every method's options included (schema 1's dict)."""
-    out = flat_train(TrainConfig())
-    for cls in METHOD_CLASSES.values():
-        out.update({n: f.default for n, f in cls.model_fields.items() if n != "name"})
+def dotted(config: Any) -> dict:
+    """``{"section.option": value}`` of a RunConfig or any nested dict, tables joined by dots (``model.width``,
+    ``train.method.name``, ``train.method.solver_tol``)."""
+    out: dict = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}{k}.", v)
+        elif prefix:
+            out[prefix[:-1]] = value
+
+    walk("", to_dict(config) if isinstance(config, BaseModel) else config)
     return out
 
 
-def flat_options(config: Any) -> dict:
-    """``{"section.option": value}`` of a RunConfig or its dict (either shape), method options as ``train.X``."""
-    d = to_dict(config) if isinstance(config, BaseModel) else config
-    out = {}
-    for section, opts in d.items():
-        opts = flat_train(opts) if section == "train" else opts
-        out.update({f"{section}.{k}": v for k, v in opts.items()})
-    return out
-
-
-def migrate_v1(config: dict) -> dict:
-    """A schema-1 config block (method options flat in ``train``, every method's options present) in the current
-    shape: the chosen method's options move into the ``method`` block, the other methods' (at their defaults in
-    schema 1, whose validation refused anything else) are dropped."""
-    if not isinstance(config, dict) or not isinstance(config.get("train"), dict):
-        return config
-    train = dict(config["train"])
-    if isinstance(train.get("method"), dict):
-        return config
-    name = train.get("method", "progressive")
-    block = {"name": name}
-    for key in list(train):
-        owner = OPTION_METHOD.get(key)
-        if owner is not None:
-            value = train.pop(key)
-            if owner == name:
-                block[key] = value
-    train["method"] = block
-    return {**config, "train": train}
+def changes(a: Any, b: Any) -> list[tuple[str, Any, Any]]:
+    """``(option, value in a, value in b)`` for each :func:`dotted` option whose values differ, sorted by name (an
+    option only one side has: None on the other)."""
+    da, db = dotted(a), dotted(b)
+    return [(k, da.get(k), db.get(k)) for k in sorted(set(da) | set(db)) if da.get(k) != db.get(k)]
 
 
 def field_extra(info) -> dict:
@@ -588,6 +555,9 @@ def _message(cls: type, exc: ValidationError) -> str:
         target = _walk_class(cls, parent)
         allowed = list(target.model_fields) if target is not None else []
         owner = getattr(target, "__name__", cls.__name__)
+        misplaced = method_option_message(unknown[0], target)
+        if misplaced:
+            return misplaced
         if target in METHOD_CLASSES.values():
             owner = f"TrainConfig.method ({target.model_fields['name'].default})"
         return f"{owner}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}"
@@ -604,8 +574,26 @@ def _message(cls: type, exc: ValidationError) -> str:
         lo, hi = bounds(info)
         return f"{where}: {value!r} is outside [{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
     if kind in _EXPECTED:
+        if where == "TrainConfig.method" and isinstance(value, str) and value in METHOD_CLASSES:
+            return (f"TrainConfig.method: expected a table of options, got {value!r}: a method is a table with its "
+                    f"name and options, {{\"name\": \"{value}\", ...}} (TOML: [train.method] name = \"{value}\")")
         return f"{where}: expected {_EXPECTED[kind]}, got {value!r}"
     return f"{where}: {first['msg']}"
+
+
+def method_option_message(key: str, table: Optional[type]) -> Optional[str]:
+    """The one line for a method's option given where it does not belong: beside the other train options
+    (``table`` TrainConfig), or in the table of another method; None for any other key."""
+    owner = OPTION_METHOD.get(key)
+    if owner is None:
+        return None
+    if table is TrainConfig:
+        return (f"TrainConfig.{key}: an option of the {owner} method; it goes in the method table "
+                f"({{\"name\": \"{owner}\", \"{key}\": ...}}; TOML: [train.method] name = \"{owner}\")")
+    if table in METHOD_CLASSES.values() and key not in table.model_fields:
+        name = table.model_fields["name"].default
+        return f"TrainConfig.{key}: only the {owner} method uses it, not {name} (choose method {owner} to set it)"
+    return None
 
 
 def _walk_class(cls: type, loc: tuple) -> Optional[type]:
@@ -628,32 +616,33 @@ def _walk_class(cls: type, loc: tuple) -> Optional[type]:
 
 
 # ---- TOML tables ----------------------------------------------------------------------------------------------
+#: the keys of a method table (``[train.method]``): its name and the options of the methods
+METHOD_KEYS = ("name", *OPTION_METHOD)
+
+
 def option_names(section: str) -> list[str]:
-    """The keys of a section in a TOML file: the schema's fields, for ``train`` with every method's options (the
-    flat view)."""
-    names = list(SECTIONS[section].model_fields)
-    return names + list(OPTION_METHOD) if section == "train" else names
+    """The keys of a section in a TOML file: the schema's fields (``train.method`` is a table: :data:`METHOD_KEYS`)."""
+    return list(SECTIONS[section].model_fields)
 
 
 def section_options(section: str, table: Any, where: str) -> dict:
-    """The options of one TOML section in the flat view, unknown keys refused (``where`` names the table in the
-    error): a ``[train.method]`` table's ``name`` becomes ``method`` and its options sit beside the others."""
+    """The options of one TOML section, unknown keys refused (``where`` names the table in the error); a method's
+    options live in the ``method`` table of ``train`` (``[train.method]``, with its ``name``)."""
     if section not in SECTIONS:
         raise ConfigError(f"{where}: unknown section {section!r}; allowed: {', '.join(SECTIONS)}")
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: expected a table of options")
     options = dict(table)
-    if section == "train" and isinstance(options.get("method"), dict):
-        block = dict(options.pop("method"))
-        _unknown(f"{where}.method", block, ("name", *OPTION_METHOD))
-        clash = sorted((set(block) - {"name"}) & set(options))
-        if clash:
-            raise ConfigError(f"{where}: {', '.join(clash)} given both in the method table and beside it; "
-                              "choose one")
-        if "name" in block:
-            options["method"] = block.pop("name")
-        options.update(block)
+    if section == "train":
+        misplaced = next((m for m in (method_option_message(k, TrainConfig) for k in options) if m), None)
+        if misplaced:
+            raise ConfigError(f"{where}: {misplaced}")
     _unknown(where, options, option_names(section))
+    if section == "train" and "method" in options:
+        if not isinstance(options["method"], dict):
+            raise ConfigError(f"{where}.method: expected a table (name = \"...\" and the method's options), got "
+                              f"{options['method']!r}")
+        _unknown(f"{where}.method", options["method"], METHOD_KEYS)
     return options
 
 
@@ -681,7 +670,8 @@ def parse_toml(path, where: str) -> dict:
 
 def read_toml(path) -> dict:
     """A run file (``stability train --config run.toml``): tables ``[model]``, ``[task]``, ``[train]`` and
-    ``[train.method]``, as ``{section: {option: value}}`` in the flat view; one ConfigError line on bad content."""
+    ``[train.method]``, as ``{section: {option: value}}`` (``train``'s ``method`` a dict); one ConfigError line on
+    bad content."""
     from pathlib import Path
 
     path = Path(path)

@@ -185,6 +185,8 @@ def run_config(release: dict, where: str = "release config") -> RunConfig:
     high = (problem["model"].get("test_iterations") or {}).get("high")
     if isinstance(high, int) and high >= 1:
         train["test_iterations"] = high
+    if "alpha" in train:  # the progressive loss's weight: an option of the method
+        train["method"] = {"name": "progressive", "alpha": train.pop("alpha")}
     try:
         return RunConfig(model=model, task=TaskConfig(**task), train=TrainConfig(**train))
     except ConfigError as exc:

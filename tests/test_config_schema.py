@@ -10,7 +10,8 @@ import json
 import pytest
 import torch
 
-from stability.config import METHOD_CLASSES, SECTIONS, TrainConfig, field_extra
+from stability.config import METHOD_CLASSES, SECTIONS, RunConfig, TrainConfig, field_extra
+from stability.errors import StabilityError
 
 #: a valid non-default value of every field of model, task and train (the method has its own table)
 VALUES = {
@@ -256,24 +257,39 @@ def test_an_explicit_value_of_the_methods_own_option_is_never_an_error():
         assert cfg.method == cls()
 
 
-def test_the_method_block_and_the_flat_view_are_one_config():
-    flat = TrainConfig(method="implicit", solver_tol=1e-4, lr=1e-3)
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(method="implicit"), "TrainConfig.method: expected a table of options, got 'implicit'"),
+    (dict(solver_tol=1e-4), "TrainConfig.solver_tol: an option of the implicit method; it goes in the method table"),
+    (dict(method={"name": "progressive", "solver_tol": 1e-4}),
+     "TrainConfig.solver_tol: only the implicit method uses it, not progressive"),
+])
+def test_a_method_option_lives_only_in_its_method_table(kwargs, needle):
+    from stability.config import Implicit
+    from stability.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(**kwargs)
+    assert needle in str(err.value) and "\n" not in str(err.value)
     block = TrainConfig(method={"name": "implicit", "solver_tol": 1e-4}, lr=1e-3)
-    assert flat == block and flat.to_dict()["method"]["solver_tol"] == 1e-4
-    assert TrainConfig().replace(method="deep-supervision", bptt_steps=2).method.bptt_steps == 2
+    assert block == TrainConfig(method=Implicit(solver_tol=1e-4), lr=1e-3) and block.method.solver_tol == 1e-4
+    assert TrainConfig().replace(method={"name": "deep-supervision", "bptt_steps": 2}).method.bptt_steps == 2
 
 
-def test_a_record_with_a_schema_1_config_has_the_same_deterministic_view_as_one_with_the_method_block():
-    from stability.config import RunConfig, flat_train, flat_train_defaults
-    from stability.sweep.export import deterministic_view
+def test_a_record_written_before_the_method_block_is_refused_naming_migrate(tmp_path):
+    import json
 
-    cfg = RunConfig(train=TrainConfig(method="deep-supervision", bptt_steps=2, lr=3e-3)).to_dict()
-    old = {**cfg, "train": {**flat_train_defaults(), **flat_train(cfg["train"])}}
-    assert old != cfg
-    rec = {"id": "x", "final": {"val": {"accuracy": [0.5]}}, "timing": {"run_seconds": 1.0}}
-    assert deterministic_view({**rec, "config": old}) == deterministic_view({**rec, "config": cfg})
-    changed = RunConfig(train=TrainConfig(method="deep-supervision", bptt_steps=3, lr=3e-3)).to_dict()
-    assert deterministic_view({**rec, "config": changed}) != deterministic_view({**rec, "config": cfg})
+    from stability.sweep.export import read_jsonl
+    from stability.sweep.runner import RECORD_FORMAT, RECORD_SCHEMA, read_record
+
+    cfg = RunConfig(train=TrainConfig(method={"name": "deep-supervision", "bptt_steps": 2})).to_dict()
+    flat = {**cfg, "train": {**{k: v for k, v in cfg["train"].items() if k != "method"},
+                             "method": "deep-supervision", "bptt_steps": 2, "alpha": 1.0}}
+    rec = {"format": RECORD_FORMAT, "schema_version": RECORD_SCHEMA, "id": "x--0123456789", "config": flat}
+    (tmp_path / "r.json").write_text(json.dumps(rec))
+    (tmp_path / "r.jsonl").write_text(json.dumps(rec) + "\n")
+    for read, path in ((read_record, tmp_path / "r.json"), (read_jsonl, tmp_path / "r.jsonl")):
+        with pytest.raises(StabilityError, match=r"written before the method block.*stability migrate"):
+            read(path)
 
 
 def test_analyze_takes_its_flag_defaults_from_analysis_options():
@@ -290,20 +306,46 @@ def test_analyze_takes_its_flag_defaults_from_analysis_options():
         assert getattr(args, f.name) == f.default, f.name
 
 
-def test_a_grid_method_table_is_the_flat_options_and_gives_the_same_cell_ids():
+def test_a_grid_writes_a_method_and_its_options_in_the_method_table():
     from stability.errors import ConfigError
     from stability.sweep import grid
 
     base = {"fixed": {"task": {"train_size": 40}}}
-    flat = grid.parse({**base, "fixed": {**base["fixed"], "train": {"method": "implicit", "solver_tol": 1e-4}},
-                       "axes": {"train": {"jac_reg": [0.0, 0.1]}}})
     table = grid.parse({**base, "fixed": {**base["fixed"], "train": {"method": {"name": "implicit",
                                                                                 "solver_tol": 1e-4}}},
                         "axes": {"train": {"method": {"jac_reg": [0.0, 0.1]}}}})
-    assert [(c.id, c.cell_id) for c in flat.cells] == [(c.id, c.cell_id) for c in table.cells]
     assert [c.config.train.method.jac_reg for c in table.cells] == [0.0, 0.1]
-    assert list(table.axes) == ["train.jac_reg"] and table.cells[1].cell_id.endswith("-jacreg1e-1")
+    assert {c.config.train.method.solver_tol for c in table.cells} == {1e-4}
+    assert list(table.axes) == ["train.method.jac_reg"] and table.cells[1].cell_id.endswith("-jacreg1e-1")
+    assert table.cells[1].id.startswith("prefix-sums_jac-reg1e-1--")
+    assert len(grid.select(table.cells, ["train.method.jac_reg=0.1"])) == 1
+    assert len(grid.select(table.cells, ["train.method.name=implicit"])) == 2
+    with pytest.raises(ConfigError, match=r"fixed.train: TrainConfig.solver_tol: an option of the implicit method"):
+        grid.parse({"fixed": {"train": {"method": {"name": "implicit"}, "solver_tol": 1e-4}}})
+    with pytest.raises(ConfigError, match=r"fixed.train.method: expected a table"):
+        grid.parse({"fixed": {"train": {"method": "implicit"}}})
     with pytest.raises(ConfigError, match="TrainConfig.alpha: only the progressive method uses it, not implicit"):
         grid.parse({"fixed": {"train": {"method": {"name": "implicit", "alpha": 0.5}}}})
     with pytest.raises(ConfigError, match=r"fixed.train.method: unknown key\(s\) solvertol"):
         grid.parse({"fixed": {"train": {"method": {"name": "implicit", "solvertol": 0.5}}}})
+
+
+def test_the_sweeps_summary_flags_and_its_grid_table_derive_from_one_schema(tmp_path, capsys):
+    from stability.cli import build_parser, main
+    from stability.config import SweepSummary
+    from stability.errors import ConfigError
+    from stability.sweep import grid
+
+    actions = {a.dest: a for a in build_parser("sweep")._subparsers._group_actions[0].choices["sweep"]._actions}
+    for name in SweepSummary.FLAGS:
+        info = SweepSummary.model_fields[name]
+        assert actions[name].default is None and info.description in actions[name].help, name
+    assert actions["analyze_splits"].choices == ["val", "hard", "both"]
+    assert grid.SUMMARY_KEYS == tuple(SweepSummary.model_fields)
+    with pytest.raises(ConfigError, match=r"summary.analyze_max_iter: 0 is outside \[1, inf\]"):
+        grid.parse({"fixed": {"task": {"train_size": 40}}, "summary": {"analyze_max_iter": 0}})
+    toml = tmp_path / "g.toml"
+    toml.write_text('[fixed.task]\nname = "prefix-sums"\n[summary]\nanalyze_samples = 2\n')
+    assert main(["sweep", str(toml), "--analyze-samples", "-1", "--dry-run", "--results", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "summary.analyze_samples: -1 is outside [0, inf]" in err[0], err

@@ -43,9 +43,11 @@ def test_recorded_adjoint_residual_is_that_of_the_returned_solution(method, budg
 
 
 def test_adaptive_budget_is_the_larger_cap_and_zero_keeps_the_fixed_one():
-    assert backward_budget(TrainConfig(method="implicit")) == 150
-    assert backward_budget(TrainConfig(method="implicit", backward_max_iterations=0, backward_iterations=30)) == 30
-    assert backward_budget(TrainConfig(method="implicit", backward_max_iterations=40, backward_iterations=70)) == 70
+    assert backward_budget(TrainConfig(method={"name": "implicit"})) == 150
+    assert backward_budget(TrainConfig(method={"name": "implicit", "backward_max_iterations": 0,
+                                               "backward_iterations": 30})) == 30
+    assert backward_budget(TrainConfig(method={"name": "implicit", "backward_max_iterations": 40,
+                                               "backward_iterations": 70})) == 70
 
 
 def test_epoch_metrics_record_the_adjoint_solve_and_a_miss_warns_once_per_epoch(tmp_path, capsys):
@@ -53,9 +55,10 @@ def test_epoch_metrics_record_the_adjoint_solve_and_a_miss_warns_once_per_epoch(
 
     cfg = RunConfig(model=ModelConfig(recall="external", norm="pre", width=8, heads=2),
                     task=TaskConfig(train_size=48, val_size=8, hard_size=8, train_length=6, hard_length=8),
-                    train=TrainConfig(method="implicit", lr=1e-3, epochs=2, batch_size=16, iterations=20,
-                                      warmup_epochs=0, device="cpu", test_iterations=2, eval_batch_size=8,
-                                      backward_tol=1e-12, backward_iterations=2, backward_max_iterations=0))
+                    train=TrainConfig(method={"name": "implicit", "backward_tol": 1e-12, "backward_iterations": 2,
+                                              "backward_max_iterations": 0}, lr=1e-3, epochs=2, batch_size=16,
+                                      iterations=20, warmup_epochs=0, device="cpu", test_iterations=2,
+                                      eval_batch_size=8))
     out = tmp_path / "imp.pt"
     train(cfg, out, progress=False)
     err = capsys.readouterr().err
@@ -74,7 +77,7 @@ def test_epoch_metrics_record_the_adjoint_solve_and_a_miss_warns_once_per_epoch(
 def test_stats_without_misses_stay_quiet(capsys):
     from stability.train.implicit import AdjointInfo
 
-    st = ImplicitStats(TrainConfig(method="implicit"))
+    st = ImplicitStats(TrainConfig(method={"name": "implicit"}))
     st.add({"adjoint": [AdjointInfo(residual=torch.tensor([1e-6, 2e-5]), matvecs=12)]})
     st.add({"adjoint": [AdjointInfo(residual=torch.tensor([3e-5]), matvecs=20)]})
     s = st.summary()

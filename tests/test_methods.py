@@ -70,22 +70,26 @@ def test_the_three_methods_are_registered():
 
 #: a bad training option, and the field and reason its one-line error must name
 BAD_TRAIN_OPTIONS = [
-    (dict(bptt_steps=3), r"TrainConfig\.bptt_steps: only the deep-supervision method uses it, not progressive"),
-    (dict(jac_reg=0.1), r"TrainConfig\.jac_reg: only the implicit method uses it, not progressive"),
-    (dict(method="implicit", halt_tol=0.2),
+    (dict(bptt_steps=3), r"TrainConfig\.bptt_steps: an option of the deep-supervision method; it goes in the method "
+                         r"table"),
+    (dict(method={"name": "progressive", "jac_reg": 0.1}),
+     r"TrainConfig\.jac_reg: only the implicit method uses it, not progressive"),
+    (dict(method={"name": "implicit", "halt_tol": 0.2}),
      r"TrainConfig\.halt_tol: only the deep-supervision method uses it, not implicit"),
-    (dict(method="deep-supervision", alpha=0.5),
+    (dict(method={"name": "deep-supervision", "alpha": 0.5}),
      r"TrainConfig\.alpha: only the progressive method uses it, not deep-supervision"),
-    (dict(method="deep-supervision", solver_tol=1e-2),
+    (dict(method={"name": "deep-supervision", "solver_tol": 1e-2}),
      r"TrainConfig\.solver_tol: only the implicit method uses it, not deep-supervision"),
-    (dict(method="implicit", implicit_backward="one-step", backward_iterations=10),
+    (dict(method={"name": "implicit", "implicit_backward": "one-step", "backward_iterations": 10}),
      r"TrainConfig\.backward_iterations: the one-step backward solves no linear system"),
-    (dict(method="implicit", jac_reg_probes=2), r"TrainConfig\.jac_reg_probes: Jacobian regularisation is off"),
-    (dict(method="deep-supervision", bptt_steps=5, supervision_interval=4),
+    (dict(method={"name": "implicit", "jac_reg_probes": 2}),
+     r"TrainConfig\.jac_reg_probes: Jacobian regularisation is off"),
+    (dict(method={"name": "deep-supervision", "bptt_steps": 5, "supervision_interval": 4}),
      r"TrainConfig\.supervision_interval: T_sup = 4 must be at least bptt_steps k = 5"),
-    (dict(method="implicit", solver_tol=0.0), r"TrainConfig\.solver_tol: a tolerance must be positive"),
-    (dict(method="implicit", anderson_memory=0), r"TrainConfig\.anderson_memory: 0 is outside \[1, inf\]"),
-    (dict(method="implicit", compile=True), r"TrainConfig\.compile: not with method implicit"),
+    (dict(method={"name": "implicit", "solver_tol": 0.0}), r"TrainConfig\.solver_tol: a tolerance must be positive"),
+    (dict(method={"name": "implicit", "anderson_memory": 0}),
+     r"TrainConfig\.anderson_memory: 0 is outside \[1, inf\]"),
+    (dict(method={"name": "implicit"}, compile=True), r"TrainConfig\.compile: not with method implicit"),
 ]
 #: a bad model option, and the field and reason its one-line error must name
 BAD_MODEL_OPTIONS = [
@@ -116,22 +120,25 @@ def test_a_bad_model_option_is_refused_naming_the_field_and_the_reason(kw, messa
 
 def test_a_method_that_needs_a_loop_is_refused_for_the_fixed_depth_baseline():
     with pytest.raises(ConfigError, match="fixed-depth"):
-        RunConfig(model=ModelConfig(recall="fixed"), train=TrainConfig(method="deep-supervision"))
+        RunConfig(model=ModelConfig(recall="fixed"), train=TrainConfig(method={"name": "deep-supervision"}))
 
 
 def test_a_method_accepts_its_defaults_and_explicit_values_of_its_own_options():
-    ds = TrainConfig(method="deep-supervision", bptt_steps=3, supervision_interval=6, halt_tol=0.05)
+    ds = TrainConfig(method={"name": "deep-supervision", "bptt_steps": 3, "supervision_interval": 6,
+                             "halt_tol": 0.05})
     assert (ds.method.bptt_steps, ds.method.supervision_interval, ds.method.halt_tol) == (3, 6, 0.05)
-    imp = TrainConfig(method="implicit", implicit_backward="neumann", backward_iterations=50, jac_reg=1.0,
-                      jac_reg_probes=2)
+    imp = TrainConfig(method={"name": "implicit", "implicit_backward": "neumann", "backward_iterations": 50,
+                              "jac_reg": 1.0, "jac_reg_probes": 2})
     m = imp.method
     assert (m.implicit_backward, m.backward_iterations, m.jac_reg, m.jac_reg_probes) == ("neumann", 50, 1.0, 2)
 
 
 def test_segments_cover_the_iteration_cap_with_the_last_k_iterations_differentiated():
-    cfg = TrainConfig(method="deep-supervision", iterations=10, bptt_steps=2, supervision_interval=4)
+    cfg = TrainConfig(method={"name": "deep-supervision", "bptt_steps": 2, "supervision_interval": 4},
+                      iterations=10)
     assert segments(cfg) == [(2, 2), (2, 2), (0, 2)]
-    assert segments(TrainConfig(method="deep-supervision", iterations=7, bptt_steps=3)) == [(0, 3), (0, 3), (0, 1)]
+    short = TrainConfig(method={"name": "deep-supervision", "bptt_steps": 3}, iterations=7)
+    assert segments(short) == [(0, 3), (0, 3), (0, 1)]
 
 
 # ---- deep supervision ------------------------------------------------------------------------------------------
@@ -167,8 +174,8 @@ def test_deep_supervision_backpropagates_each_segment_through_its_last_k_iterati
     loss2.backward()
     ref2 = flat_grad(model)
 
-    cfg = TrainConfig(method="deep-supervision", iterations=6, bptt_steps=k, supervision_interval=k + free,
-                      halt_tol=tau, grad_clip=1e9)
+    cfg = TrainConfig(method={"name": "deep-supervision", "bptt_steps": k, "supervision_interval": k + free,
+                              "halt_tol": tau}, iterations=6, grad_clip=1e9)
     ctx = context(model, task, cfg)
     loss, steps = deep_supervision_batch(ctx, x, y)
     assert steps == 2 and len(ctx.optimizer.grads) == 2
@@ -181,7 +188,8 @@ def test_deep_supervision_backpropagates_each_segment_through_its_last_k_iterati
 def test_deep_supervision_stops_early_when_every_sample_has_converged():
     model = tiny()
     task, x, y = data()
-    cfg = TrainConfig(method="deep-supervision", iterations=30, bptt_steps=2, halt_tol=1e3, grad_clip=1e9)
+    cfg = TrainConfig(method={"name": "deep-supervision", "bptt_steps": 2, "halt_tol": 1e3}, iterations=30,
+                      grad_clip=1e9)
     loss, steps = deep_supervision_batch(context(model, task, cfg), x, y)
     assert steps == 1 and loss > 0  # every residual is below τ after the first segment
 
@@ -205,11 +213,13 @@ def test_adjoint_solve_by_krylov_and_neumann_solves_each_samples_transposed_syst
         adjoint_solve(JT, b, "lu")
 
 
-IMPLICIT = dict(method="implicit", iterations=400, solver_tol=1e-13, backward_tol=1e-12, backward_iterations=200)
+IMPLICIT = dict(method={"name": "implicit", "solver_tol": 1e-13, "backward_tol": 1e-12, "backward_iterations": 200},
+                iterations=400)
 
 
-def implicit_value(model, task, x, y, **kw):
-    cfg = TrainConfig(**{**IMPLICIT, **kw})
+def implicit_value(model, task, x, y, **options):
+    """The implicit loss with the method options of IMPLICIT, ``options`` on top."""
+    cfg = TrainConfig(**{**IMPLICIT, "method": {**IMPLICIT["method"], **options}})
     return implicit_loss(model, task, x, y, cfg)
 
 
@@ -220,7 +230,7 @@ def test_implicit_gradient_matches_finite_differences(backward):
     model = tiny()
     task, x, y = data(n=3)
     record = {}
-    cfg = TrainConfig(**IMPLICIT, implicit_backward=backward)
+    cfg = TrainConfig(**{**IMPLICIT, "method": {**IMPLICIT["method"], "implicit_backward": backward}})
     loss = implicit_loss(model, task, x, y, cfg, record=record)
     model.zero_grad()
     loss.backward()
@@ -296,9 +306,9 @@ def test_jacobian_regularisation_lowers_the_jacobian_frobenius_norm(tmp_path):
     def run(jac_reg, name):
         cfg = RunConfig(model=ModelConfig(recall="external", norm="pre", width=16, heads=2),
                         task=TaskConfig(train_size=96, val_size=8, hard_size=8, train_length=7, hard_length=8),
-                        train=TrainConfig(method="implicit", lr=3e-3, epochs=5, batch_size=32, iterations=30,
-                                          warmup_epochs=0, jac_reg=jac_reg, device="cpu", test_iterations=2,
-                                          eval_batch_size=8))
+                        train=TrainConfig(method={"name": "implicit", "jac_reg": jac_reg}, lr=3e-3, epochs=5,
+                                          batch_size=32, iterations=30, warmup_epochs=0, device="cpu",
+                                          test_iterations=2, eval_batch_size=8))
         train(cfg, tmp_path / name, progress=False)
         import stability
 

@@ -34,15 +34,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--where", action="append", default=[], metavar="SECTION.OPTION=V[,V...]",
                    help="run only the cells whose option has one of these values (repeatable), e.g. "
                         "--where train.seed=0 --where model.recall=external,internal")
-    p.add_argument("--summary", choices=["analyze", "monitor"], default=None,
-                   help="after training: the analyze pipeline (default) or only the monitor's four quantities; this "
-                        "and the --analyze-* options default to the grid's [summary] table where it has one")
-    p.add_argument("--analyze-samples", type=nonneg_int, default=None, metavar="N",
-                   help="samples per split of the analysis (8; 0 = monitor summary only)")
-    p.add_argument("--analyze-splits", choices=["val", "hard", "both"], default=None,
-                   help="splits the analysis covers (val)")
-    p.add_argument("--analyze-max-iter", type=positive_int, default=None, metavar="N",
-                   help="fixed-point solver budget of the analysis (500)")
+    from stability.commands.train import Flag, _argument, _default_text
+    from stability.config import SweepSummary
+
+    for name in SweepSummary.FLAGS:  # derived from the schema, as train's flags
+        info = SweepSummary.model_fields[name]
+        flag_args, kw = _argument(Flag(name.replace("_", "-"), "summary", name, info))
+        kw["help"] = f"{info.description} (default: the grid's [summary] value, else {_default_text(info.default)})"
+        p.add_argument(*flag_args, **kw)
     p.add_argument("--cluster", choices=["slurm", "local", "debug"], default="slurm",
                    help="with --executor slurm: submitit's backend; local/debug run the same path without a "
                         "cluster (default slurm)")
@@ -141,7 +140,9 @@ def resume_command(args: argparse.Namespace, results, left: list) -> str:
         cmd += ["--where", where]
     if args.only is not None:
         cmd += ["--only", ",".join(c.cell_id or c.id for c in left)]
-    for name in ("summary", "analyze_samples", "analyze_splits", "analyze_max_iter"):
+    from stability.config import SweepSummary
+
+    for name in SweepSummary.FLAGS:
         if getattr(args, name) is not None:
             cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     if getattr(args, "reproducible", False):
@@ -181,15 +182,16 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--workers is for --executor local; on SLURM every cell is its own job")
     if args.executor == "local" and (args.no_wait or args.cluster != "slurm"):
         raise ConfigError("--cluster and --no-wait are options of --executor slurm")
-    # each summary option: the command line, else the grid's [summary] table, else the built-in default
-    builtin = {"summary": "analyze", "analyze_samples": 8, "analyze_splits": "val", "analyze_max_iter": 500}
-    chosen = {k: getattr(args, k) if getattr(args, k) is not None else grid.summary.get(k, v)
-              for k, v in builtin.items()}
-    splits = ("val", "hard") if chosen["analyze_splits"] == "both" else (chosen["analyze_splits"],)
-    options = RunOptions(summary=chosen["summary"], analyze_samples=chosen["analyze_samples"], analyze_splits=splits,
-                         analyze_max_iter=chosen["analyze_max_iter"],
-                         reproducible=bool(args.reproducible or grid.summary.get("reproducible", False)),
-                         analyze_geometry=bool(grid.summary.get("analyze_geometry", False)))
+    # each summary option: the command line, else the grid's [summary] table, else the schema's default
+    from stability.config import SweepSummary
+
+    given = {k: getattr(args, k) for k in SweepSummary.FLAGS if getattr(args, k) is not None}
+    chosen = SweepSummary(**{**grid.summary, **given})
+    splits = ("val", "hard") if chosen.analyze_splits == "both" else (chosen.analyze_splits,)
+    options = RunOptions(summary=chosen.summary, analyze_samples=chosen.analyze_samples, analyze_splits=splits,
+                         analyze_max_iter=chosen.analyze_max_iter,
+                         reproducible=bool(args.reproducible or chosen.reproducible),
+                         analyze_geometry=chosen.analyze_geometry)
     if options.reproducible and not hardware.env_is_pinned():
         # the grid asks for pinned kernels: this sweep reruns itself pinned, and its workers inherit the settings
         return hardware.run_pinned(args._argv, replace=getattr(args, "_top", False))

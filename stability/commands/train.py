@@ -32,6 +32,14 @@ class Flag(typing.NamedTuple):
     def dest(self) -> str:
         return self.flag.replace("-", "_")
 
+    @property
+    def key(self) -> str:
+        """The option's path in the config (:func:`stability.config.dotted`): ``train.lr``,
+        ``train.method.solver_tol``; ``--method`` sets ``train.method.name``."""
+        if self.method is not None or (self.section, self.name) == ("train", "method"):
+            return f"train.method.{'name' if self.method is None else self.name}"
+        return f"{self.section}.{self.name}"
+
 
 def flags() -> list[Flag]:
     """Every flag, derived from the schema (stability/config.py): each field of model, task and train that the task
@@ -143,12 +151,12 @@ _FLOAT32_MAX = 3.4028234663852886e38
 def check_float32(config) -> None:
     """Refuse (one line) an option too large for the float32 arithmetic of training: ``--lr 1e300`` would
     otherwise end in a traceback from inside AdamW."""
-    from stability.config import flat_options
+    from stability.config import dotted
     from stability.errors import ConfigError
 
-    values = flat_options(config)
+    values = dotted(config)
     for f in flags():
-        v = values.get(f"{f.section}.{f.name}")
+        v = values.get(f.key)
         if isinstance(v, float) and abs(v) > _FLOAT32_MAX:
             raise ConfigError(f"--{f.flag} {v:g}: too large: training computes in float32, whose largest number is "
                               f"{_FLOAT32_MAX:.3g}")
@@ -164,14 +172,15 @@ def _given(args: argparse.Namespace) -> list[tuple[Flag, typing.Any]]:
 
 def config_from_args(args: argparse.Namespace, base=None):
     """RunConfig from, in this order, ``base`` (a stored config) or the defaults, the ``--config`` file, and the
-    flags that were given. A flag of another method than the run's is refused naming its method."""
-    from stability.config import OPTION_METHOD, RunConfig, flat_train, read_toml, to_dict
+    flags that were given. A layer that changes the method starts its method table afresh; a flag of another
+    method than the run's is refused naming its method, and so is a ``--method`` that would drop options the file
+    set for its own method."""
+    from stability.config import OPTION_METHOD, RunConfig, read_toml, to_dict
     from stability.errors import ConfigError
 
-    sections: dict[str, dict] = {"model": {}, "task": {}, "train": {}}
+    sections: dict[str, dict] = {"model": {}, "task": {}, "train": {"method": {"name": "progressive"}}}
     if base is not None:
-        d = to_dict(base)
-        sections = {"model": d["model"], "task": d["task"], "train": flat_train(d["train"])}
+        sections = to_dict(base)
     config_file = getattr(args, "config", None)
     layers = []
     if config_file:
@@ -179,23 +188,28 @@ def config_from_args(args: argparse.Namespace, base=None):
     given = _given(args)
     flag_layer: dict[str, dict] = {"model": {}, "task": {}, "train": {}}
     for f, value in given:
-        flag_layer[f.section][f.name] = list(value) if isinstance(value, list) else value
+        value = list(value) if isinstance(value, list) else value
+        if f.key.startswith("train.method."):
+            flag_layer["train"].setdefault("method", {})[f.key.rsplit(".", 1)[1]] = value
+        else:
+            flag_layer[f.section][f.name] = value
     layers.append(("flags", flag_layer))
-    from_file: dict[str, str] = {}  # method options the file set -> the method they belong to
+    from_file: list[str] = []  # the method options the file set
     for label, layer in layers:
-        train = layer.get("train", {})
-        method = train.get("method")
-        if method is not None and method != sections["train"].get("method", "progressive"):
+        block = dict(layer.get("train", {}).get("method", {}))
+        method = sections["train"]["method"].get("name", "progressive")
+        if block.get("name", method) != method:
             if from_file and label == "flags":
-                raise ConfigError(f"--method {method}: {config_file} sets options of the "
-                                  f"{next(iter(from_file.values()))} method ({', '.join(sorted(from_file))}); "
+                raise ConfigError(f"--method {block['name']}: {config_file} sets options of the "
+                                  f"{OPTION_METHOD.get(from_file[0], method)} method ({', '.join(sorted(from_file))}); "
                                   "remove them, or its [train.method]")
-            sections["train"] = {k: v for k, v in sections["train"].items() if k not in OPTION_METHOD}
+            sections["train"]["method"] = {}
         for section, options in layer.items():
-            sections[section].update(options)
+            sections[section].update({k: v for k, v in options.items() if k != "method"})
+        sections["train"]["method"] = {**sections["train"]["method"], **block}
         if label != "flags":
-            from_file = {k: OPTION_METHOD[k] for k in train if k in OPTION_METHOD}
-    method = sections["train"].get("method", "progressive")
+            from_file = [k for k in block if k != "name"]
+    method = sections["train"]["method"].get("name", "progressive")
     for f, _ in given:
         if f.method is not None and f.method != method:
             raise ConfigError(f"--{f.flag}: only the {f.method} method uses it, not {method} (give --method "

@@ -8,7 +8,7 @@ points, the App. A.8 distance, ‖dx_T/de‖ at the largest T), plus the run's s
 
 :func:`deterministic_view` drops what legitimately differs between two runs of the same cell (timings, host,
 finish time, paths), leaving what must be equal bit for bit on the CPU; it writes the config block through the
-current schema (:func:`canonical_config`), so a record written before the method block existed compares equal.
+current schema (:func:`canonical_config`), so a record written before an option existed compares equal.
 """
 
 from __future__ import annotations
@@ -100,8 +100,10 @@ def write_records(records: list[dict], out_dir: Path) -> list[Path]:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """The records of a ``records.jsonl`` file."""
+    """The records of a ``records.jsonl`` file (one written before the method block refused, naming
+    ``stability migrate``)."""
     from stability.errors import StabilityError
+    from stability.sweep.runner import check_config_shape
 
     out = []
     try:
@@ -115,17 +117,20 @@ def read_jsonl(path: Path) -> list[dict]:
             out.append(json.loads(line))
         except json.JSONDecodeError:
             raise StabilityError(f"{path}:{n}: not a JSON record") from None
+        if isinstance(out[-1], dict):
+            check_config_shape(out[-1], f"{path}:{n}", path)
     return out
 
 
 def canonical_config(config: dict) -> dict:
-    """A stored RunConfig dict in the current schema's shape (a schema-1 block, with the method options flat in
-    ``train``, migrated: :func:`stability.config.migrate_v1`); a block the schema refuses is returned as it is."""
-    from stability.config import RunConfig, from_dict, migrate_v1
+    """A stored RunConfig dict through the current schema (the fields it predates at their defaults); a block the
+    schema refuses (one written before the method block: ``stability migrate`` converts it) is returned as it
+    is."""
+    from stability.config import RunConfig, from_dict
     from stability.errors import ConfigError
 
     try:
-        return from_dict(RunConfig, migrate_v1(config)).to_dict()
+        return from_dict(RunConfig, config).to_dict()
     except ConfigError:
         return config
 

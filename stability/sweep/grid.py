@@ -31,18 +31,19 @@ Both are tables of the RunConfig sections ``model``, ``task`` and ``train`` (``s
     analyze_geometry = true                   # the analysis adds the geometry stage (docs/analysis.md)
 
 The keys of ``model``, ``task`` and ``train`` are the fields of the one configuration schema
-(``stability/config.py``, docs/configuration.md). A training method's options may be written in ``[*.train]``
-beside the others (the flat view: ``method = "implicit"`` and ``solver_tol = 1e-4``) or in a ``method`` sub-table,
-whose ``name`` is the method; the two are the same options::
+(``stability/config.py``, docs/configuration.md). A training method and its options are the ``method`` sub-table
+of ``train``, whose ``name`` is the method (as in a run file's ``[train.method]``)::
 
-    [fixed.train.method]                      # = [fixed.train] method = "implicit", solver_tol = 1e-4
+    [fixed.train.method]
     name = "implicit"
     solver_tol = 1e-4
-    [axes.train.method]                       # = [axes.train] method = [...], jac_reg = [0.0, 0.1]
+    [axes.train.method]
     jac_reg = [0.0, 0.1]
 
-Internally, and in ``--where`` filters and cell ids, an option of the method is ``train.<option>`` and the method
-itself ``train.method``. An option of another method than the cell's is an error naming the method that has it.
+Internally, and in ``--where`` filters, an option is named by its path: ``train.lr``, ``train.method.name``,
+``train.method.jac_reg`` (:func:`stability.config.dotted`); a readable id names an axis by its last part
+(``jac_reg``; the method's name as ``method``). An option of another method than the cell's, or one written
+beside the other train options, is an error naming the method and the table that has it.
 
 A file may instead (or also) ``include = ["other.toml", ...]`` (paths relative to it): its cells are the union of
 the included grids' cells and its own. The including file's ``fixed`` options apply to the included cells too,
@@ -52,8 +53,9 @@ its ``[slurm]`` keys override the included files' (each cell keeps the resources
 Every key is checked: an unknown top-level key, section or option is an error naming the allowed ones, and each
 cell's options are validated by the RunConfig itself. Each cell gets a stable id: the task and its axis values,
 then ``--`` and the first 10 hex digits of the SHA-1 of its options that differ from the defaults (canonical
-JSON), so the same configuration has the same id in every expansion, on every machine, and in later versions of
-the toolkit that add options (the file names of its record and checkpoint). Each cell also gets a short,
+JSON of the nested config, :func:`config_hash`), so the same configuration has the same id in every expansion, on
+every machine, and in later versions of the toolkit that add options (the file names of its record and
+checkpoint). Each cell also gets a short,
 readable ``cell_id`` (:func:`short_cell_id`), e.g. ``ps-external-post-lr1e-3-s0``: the task, recall, norm,
 learning rate and seed, then the values of the grid's other axes; unique within the grid (a 6-digit hash is
 appended where two cells would share one). ``stability sweep GRID --only CELL_ID`` reruns a cell by either id.
@@ -73,7 +75,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from stability.config import (SECTIONS, RunConfig, flat_options, flat_train, flat_train_defaults, from_dict,
+from stability.config import (METHOD_CLASSES, METHOD_KEYS, SECTIONS, RunConfig, SweepSummary, dotted, from_dict,
                               option_names, parse_toml, section_options, to_dict)
 from stability.errors import ConfigError
 
@@ -83,15 +85,15 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 TOP_KEYS = ("name", "description", "include", "fixed", "axes", "slurm", "summary")
-#: the ``[summary]`` table: how each cell is summarised after training (defaults of the sweep's --summary,
-#: --analyze-samples, --analyze-splits, --analyze-max-iter; the command line overrides them)
-SUMMARY_KEYS = {"summary": ("analyze", "monitor"), "analyze_samples": int, "analyze_splits": ("val", "hard", "both"),
-                "analyze_max_iter": int, "reproducible": bool, "analyze_geometry": bool}
+#: the ``[summary]`` table: how each cell is summarised after training (:class:`stability.config.SweepSummary`; the
+#: command line overrides it)
+SUMMARY_KEYS = tuple(SweepSummary.model_fields)
 #: resources of one SLURM job (submitit's AutoExecutor parameters, without the ``slurm_`` prefix where it has one)
 SLURM_KEYS = ("partition", "timeout_min", "gpus_per_node", "cpus_per_task", "mem_gb", "account", "qos",
               "constraint", "array_parallelism", "additional_parameters", "setup")
-#: axis names shortened in cell ids
-_SHORT = {"task.name": "", "model.recall": "", "model.norm": "", "train.lr": "lr", "train.seed": "seed"}
+#: axis names shortened in cell ids (any other axis: the last part of its path, :func:`_label`)
+_SHORT = {"task.name": "", "model.recall": "", "model.norm": "", "train.lr": "lr", "train.seed": "seed",
+          "train.method.name": "method"}
 
 
 @dataclass(frozen=True)
@@ -152,8 +154,17 @@ def _options(path, what: str, table: Any) -> dict[str, Any]:
             raise ConfigError(f"{_where(path)}{what}.{section}: expected a table of options")
         options = section_options(section, options, f"{_where(path)}{what}.{section}")
         for key, value in options.items():
-            out[f"{section}.{key}"] = value
+            if section == "train" and key == "method":
+                out.update({f"train.method.{k}": v for k, v in value.items()})
+            else:
+                out[f"{section}.{key}"] = value
     return out
+
+
+def _label(key: str) -> str:
+    """An axis's name in a readable id: the last part of its path (``train.method.jac_reg`` → ``jac_reg``), the
+    method's name ``method``."""
+    return _SHORT.get(key, key.rsplit(".", 1)[1])
 
 
 def _short_value(v: Any) -> str:
@@ -167,19 +178,42 @@ def _short_value(v: Any) -> str:
     return str(v)
 
 
+def _explicit(values: dict, defaults: dict) -> dict:
+    """The entries of ``values`` that differ from ``defaults``, tables compared entry by entry (an empty one left
+    out)."""
+    out = {}
+    for key, value in values.items():
+        default = defaults.get(key)
+        if isinstance(value, dict) and isinstance(default, dict):
+            sub = _explicit(value, default)
+            if sub:
+                out[key] = sub
+        elif value != default:
+            out[key] = value
+    return out
+
+
 def config_hash(config: RunConfig) -> str:
-    """SHA-1 (first 10 hex digits) of the canonical JSON of the options that differ from their defaults.
+    """SHA-1 (first 10 hex digits) of the canonical JSON of the options that differ from their defaults, per
+    section of the nested config: ``{"model": {...}, "task": {...}, "train": {..., "method": {...}}}``, where the
+    method table holds its ``name`` if it is not the default method's and its options that differ from that
+    method's defaults.
 
     Leaving defaults out keeps ids stable when a newer version of the toolkit adds an option (with a default that
     keeps the old behaviour), so an upgraded sweep still finds its records; each record stores the full config,
     and the tables refuse to average records of one cell whose configs differ."""
     explicit = {}
     for section, cls in SECTIONS.items():
-        if section == "train":  # the flat view: schema 1's keys, so that ids do not change with the schema's shape
-            defaults, values = flat_train_defaults(), flat_train(config.train)
-        else:
-            defaults, values = to_dict(cls()), to_dict(getattr(config, section))
-        explicit[section] = {k: v for k, v in values.items() if v != defaults[k]}
+        defaults = to_dict(cls())
+        if section == "train":
+            defaults["method"] = {**to_dict(METHOD_CLASSES[config.train.method.name]()),
+                                  "name": defaults["method"]["name"]}
+        explicit[section] = _explicit(to_dict(getattr(config, section)), defaults)
+    return digest(explicit)
+
+
+def digest(explicit: dict) -> str:
+    """The first 10 hex digits of the SHA-1 of ``explicit``'s canonical JSON (sorted keys, no spaces)."""
     blob = json.dumps(explicit, sort_keys=True, separators=(",", ":"))
     return hashlib.sha1(blob.encode()).hexdigest()[:10]
 
@@ -190,8 +224,7 @@ def cell_id(axes: dict, config: RunConfig) -> str:
     for key, value in axes.items():
         if key == "task.name":
             continue
-        prefix = _SHORT.get(key, key.split(".", 1)[1])
-        parts.append(f"{prefix}{_short_value(value)}")
+        parts.append(f"{_label(key)}{_short_value(value)}")
     readable = "_".join(re.sub(r"[^A-Za-z0-9.+-]+", "-", p) for p in parts)
     return f"{readable[:100]}--{config_hash(config)}"
 
@@ -208,7 +241,7 @@ def short_cell_id(axes: dict, config: RunConfig) -> str:
     parts = [TASK_SHORT.get(config.task.name, config.task.name), config.model.recall, config.model.norm,
              f"lr{_short_value(float(config.train.lr))}", f"s{config.train.seed}"]
     for key in sorted(k for k in axes if k not in _ALWAYS and k != "task.name"):
-        parts.append(f"{key.split('.', 1)[1].replace('_', '')}{_short_value(axes[key])}")
+        parts.append(f"{_label(key).replace('_', '')}{_short_value(axes[key])}")
     return "-".join(re.sub(r"[^A-Za-z0-9.+-]+", "", p) for p in parts)
 
 
@@ -237,8 +270,11 @@ def find_cells(cells: list, wanted: list[str], grid_label: str = "GRID") -> list
 def _build(path, options: dict[str, Any]) -> RunConfig:
     sections: dict[str, dict] = {s: {} for s in SECTIONS}
     for key, value in options.items():
-        section, name = key.split(".", 1)
-        sections[section][name] = value
+        *tables, name = key.split(".")
+        table = sections
+        for t in tables:
+            table = table.setdefault(t, {})
+        table[name] = value
     try:
         return RunConfig(**{s: from_dict(cls, sections[s]) for s, cls in SECTIONS.items()})
     except ConfigError as exc:
@@ -280,18 +316,10 @@ def parse(data: dict, *, path: Optional[Path] = None, extra_fixed: Optional[dict
     if not isinstance(summary, dict):
         raise ConfigError(f"{_where(path)}summary: expected a table")
     _check_keys(path, "summary", summary, SUMMARY_KEYS)
-    for key, allowed in SUMMARY_KEYS.items():
-        if key not in summary:
-            continue
-        v = summary[key]
-        if allowed is bool:
-            if not isinstance(v, bool):
-                raise ConfigError(f"{_where(path)}summary.{key}: expected true or false, got {v!r}")
-            continue
-        if allowed is int and (isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "analyze_samples" else 1)):
-            raise ConfigError(f"{_where(path)}summary.{key}: expected a {'non-negative' if key == 'analyze_samples' else 'positive'} integer, got {v!r}")
-        if allowed is not int and v not in allowed:
-            raise ConfigError(f"{_where(path)}summary.{key}: {v!r} is not allowed; allowed: {', '.join(allowed)}")
+    try:
+        SweepSummary(**summary)
+    except ConfigError as exc:
+        raise ConfigError(f"{_where(path)}{exc}") from None
     grid = Grid(name=name, path=path, description=description, slurm=dict(slurm),
                 axes={k: list(v) for k, v in axes.items()}, summary=dict(summary))
     includes = data.get("include", [])
@@ -357,11 +385,12 @@ def select(cells: list, where: list[str]) -> list:
         section, _, name = key.partition(".")
         if section not in SECTIONS:
             raise ConfigError(f"--where {key}: unknown section {section!r}; allowed: {', '.join(SECTIONS)}")
-        allowed = option_names(section)
+        allowed = [m for n in option_names(section) for m in ([f"method.{k}" for k in METHOD_KEYS]
+                                                             if (section, n) == ("train", "method") else [n])]
         if name not in allowed:
             raise ConfigError(f"--where {key}: unknown option {name!r}; allowed: {', '.join(allowed)}")
         wanted = [_parse_value(v.strip()) for v in raw.split(",")]
-        out = [c for c in out if _matches(flat_options(c.config).get(key), wanted)]
+        out = [c for c in out if _matches(dotted(c.config).get(key), wanted)]
     return out
 
 

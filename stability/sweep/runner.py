@@ -6,7 +6,7 @@ Layout of a results directory (``stability sweep GRID --results DIR``)::
     DIR/runs/<cell id>.pt         the cell's checkpoint (and <cell id>.metrics.jsonl beside it)
     DIR/analysis/<cell id>.json   the full ``stability analyze`` report of the cell (when analysed)
     DIR/locks/<cell id>.lock      held while a process works on the cell
-    DIR/cells.json                the expanded grid (written by ``stability sweep``)
+    DIR/cells/<cell id>.json      the cell its worker runs (written by the executor)
 
 A cell is *done* when its record exists: a resumed sweep skips it. A cell killed in flight has a checkpoint but
 no record; running it again continues the checkpoint (``train(..., resume=True)``), so a kill loses at most the
@@ -105,7 +105,17 @@ def read_record(path: Path) -> dict:
     if rec.get("schema_version") != RECORD_SCHEMA:
         raise StabilityError(f"{path}: sweep record schema {rec.get('schema_version')!r} is not supported "
                              f"(this toolkit reads {RECORD_SCHEMA})")
+    check_config_shape(rec, path, Path(path).parent.parent)
     return rec
+
+
+def check_config_shape(obj: dict, path, migrate_path) -> None:
+    """Refuse (one line naming ``stability migrate``) a record whose config was written before the method block."""
+    from stability.config import is_flat_config
+
+    if is_flat_config(obj.get("config")):
+        raise StabilityError(f"{path}: written before the method block (its config has the method options beside "
+                             f"the train options); convert it once with `stability migrate {migrate_path}`")
 
 
 def load_records(results: Path) -> list[dict]:

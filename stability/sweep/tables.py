@@ -54,11 +54,11 @@ class Cell:
         return {"mean": mean, "std": std, "min": min(v) if v else None, "max": max(v) if v else None, "n": n}
 
 
-def _flat(config: dict) -> dict:
-    """``section.option`` -> value, method options as ``train.X`` (records of either config shape compare equal)."""
-    from stability.config import flat_options, migrate_v1
+def _options(config: dict) -> dict:
+    """A record's config as ``section.option`` -> value (:func:`stability.config.dotted`; lists as tuples)."""
+    from stability.config import dotted
 
-    return {k: (tuple(v) if isinstance(v, list) else v) for k, v in flat_options(migrate_v1(config)).items()}
+    return {k: (tuple(v) if isinstance(v, list) else v) for k, v in dotted(config).items()}
 
 
 def collect(records: list[dict]) -> dict[tuple, Cell]:
@@ -66,7 +66,7 @@ def collect(records: list[dict]) -> dict[tuple, Cell]:
     cells: dict[tuple, Cell] = {}
     reference: dict[tuple, tuple[dict, str]] = {}
     for rec in records:
-        flat = _flat(rec["config"])
+        flat = _options(rec["config"])
         key = tuple(flat[k] for k in KEY)
         rest = {k: v for k, v in flat.items() if k not in IGNORED and k not in KEY}
         if key in reference:
@@ -108,10 +108,10 @@ def filter_records(records: list[dict], where: list[str]) -> list[dict]:
         key, _, raw = cond.partition("=")
         section, _, name = key.strip().partition(".")
         wanted = [_parse_value(v.strip()) for v in raw.split(",")]
-        known = {k for r in records for k in _flat(r["config"])}
+        known = {k for r in records for k in _options(r["config"])}
         if f"{section}.{name}" not in known:
             raise ConfigError(f"--where {key}: no record has option {key!r}")
-        out = [r for r in out if _matches(_flat(r["config"]).get(f"{section}.{name}"), wanted)]
+        out = [r for r in out if _matches(_options(r["config"]).get(f"{section}.{name}"), wanted)]
     return out
 
 

@@ -40,7 +40,7 @@ import torch
 from stability import __version__, hardware
 from stability.analysis.accuracy import accuracy_curve
 from stability.atomic import check_writable, json_text, write_text
-from stability.config import RunConfig, TrainConfig, flat_train, resolve_device, to_dict
+from stability.config import RunConfig, TrainConfig, changes, resolve_device, to_dict
 from stability.errors import CheckpointError, ConfigError, DivergenceError
 from stability.model import build_model
 from stability.protocols import is_looped
@@ -532,7 +532,6 @@ def _train(config: RunConfig, out: Path, *, resume: bool, progress: bool, callba
         check_resumable(stored, config, done, out)
         model.load_state_dict(obj["model"])
         optimizer.load_state_dict(obj["optimizer"])
-        # a "scaler" entry (older checkpoints: a GradScaler that was never enabled, bf16 needs none) is ignored
         _set_rng_state(obj["rng"], gen)
         start_epoch, step = done, int(obj["step"])
         history, final = list(obj["history"]), obj.get("final")
@@ -665,7 +664,7 @@ def check_resumable(stored: RunConfig, config: RunConfig, done: int, out: Path |
     everything must be equal except ``train.epochs``, which may grow (extension) but not drop below ``done``."""
     extended = stored.replace(train=stored.train.replace(epochs=config.train.epochs))
     if extended != config:
-        diff = _config_diff(_flat_sections(extended), _flat_sections(config))
+        diff = "; ".join(f"{k}: checkpoint {a!r}, now {b!r}" for k, a, b in changes(extended, config))
         raise ConfigError(f"--resume: {out} was trained with a different config ({diff}); only --epochs "
                           "may change (to extend the run)")
     if config.train.epochs < done:
@@ -682,25 +681,6 @@ def _summary(ev: dict) -> dict:
 def _diverged(what: str, epoch: int, step: int, out: Path) -> str:
     kept = f"the last good checkpoint {out} is kept" if out.exists() else "no checkpoint was written"
     return f"non-finite {what} at epoch {epoch + 1}, step {step + 1}: training stopped; {kept}"
-
-
-def _flat_sections(config: RunConfig) -> dict:
-    """The config with the method options beside the other train options (their names on the command line)."""
-    d = to_dict(config)
-    return {**d, "train": flat_train(d["train"])}
-
-
-def _config_diff(a: dict, b: dict, prefix: str = "") -> str:
-    diffs = []
-    for k in sorted(set(a) | set(b)):
-        va, vb = a.get(k), b.get(k)
-        if isinstance(va, dict) and isinstance(vb, dict):
-            sub = _config_diff(va, vb, f"{prefix}{k}.")
-            if sub:
-                diffs.append(sub)
-        elif va != vb:
-            diffs.append(f"{prefix}{k}: checkpoint {va!r}, now {vb!r}")
-    return "; ".join(diffs)
 
 
 class CompiledModel:
