@@ -110,7 +110,7 @@ def child(spec: dict) -> dict:
     with PeakMemory() as mem:
         t0 = time.perf_counter()
         base = mem._rss()
-        result = stability.analyze(model, inputs, options=options).to_json()
+        result = stability.analyze(model, inputs, options=options).to_json()["inputs"]
         t1 = time.perf_counter()
     timings = result["timings"]
     # the stages ran one after the other in this order, starting after the float64 copy and the embedding (≈ t0,

@@ -39,7 +39,7 @@ def toy(points: int = 200, K: int = 8, seed: int = 0) -> dict:
                 m = Figure5Model(placement, *th)
                 o = AnalysisOptions(samples=1, stages=("geometry",), geometry_directions=K,
                                     geometry_group_directions=0)
-                got = analyze(m, torch.zeros(1, 1, dtype=torch.float64), options=o).to_json()["geometry"]
+                got = analyze(m, torch.zeros(1, 1, dtype=torch.float64), options=o).to_json()["inputs"]["geometry"]
                 rel = [abs(a - b) / b for a, b in zip(got["radii"][0], radii) if b > 0]
                 checks.append(max(rel))
         out[placement] = {k: float(np.median([r[k] for r in rows])) for k in ("median_radius", "log_iqr",

@@ -190,7 +190,7 @@ def check_full_analysis(device, dry: bool, partial: dict) -> dict:
         options = AnalysisOptions(samples=samples, device=device.type, stages=STAGES)
         _sync(device)
         t = time.perf_counter()
-        report = stability.analyze(model.to(device), inputs.to(device), options=options).to_json()
+        report = stability.analyze(model.to(device), inputs.to(device), options=options).to_json()["inputs"]
         _sync(device)
         row = {"width": width, "positions": list(positions), "seconds": time.perf_counter() - t,
                "stages_s": report["timings"], "converged_fraction": report["fixed_point"]["converged_fraction"],
