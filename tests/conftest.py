@@ -195,3 +195,17 @@ def small_checkpoint(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("small-checkpoint") / SMALL_CHECKPOINT.name
     shutil.copyfile(SMALL_CHECKPOINT, out)
     return out
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory) -> Path:
+    """A tiny prefix-sums run trained for 2 epochs (checkpoint and metrics), read-only: the checkpoint tests."""
+    from stability.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
+    from stability.train import train
+
+    out = tmp_path_factory.mktemp("ck") / "run.pt"
+    cfg = RunConfig(model=ModelConfig(width=16, heads=2),
+                    task=TaskConfig(train_size=40, val_size=8, hard_size=8, train_length=8, hard_length=12),
+                    train=TrainConfig(epochs=2, batch_size=20, iterations=4, test_iterations=6, device="cpu"))
+    train(cfg, out, progress=False)
+    return out

@@ -10,19 +10,6 @@ from stability.errors import CheckpointError
 from stability import checkpoint as ckpt
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    from stability.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
-    from stability.train import train
-
-    out = tmp_path_factory.mktemp("ck") / "run.pt"
-    cfg = RunConfig(model=ModelConfig(width=16, heads=2),
-                    task=TaskConfig(train_size=40, val_size=8, hard_size=8, train_length=8, hard_length=12),
-                    train=TrainConfig(epochs=2, batch_size=20, iterations=4, test_iterations=6, device="cpu"))
-    train(cfg, out, progress=False)
-    return out
-
-
 def test_checkpoint_holds_everything_needed_to_rebuild_the_run(trained):
     obj = torch.load(trained, weights_only=True)
     for key in ("format", "schema_version", "package_version", "config", "model", "optimizer", "schedule",

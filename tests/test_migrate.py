@@ -60,19 +60,6 @@ jac_reg = [0.0, 0.1]
 OLD_IDS = {0.0: "prefix-sums_jac-reg0e0--4c185e8756", 0.1: "prefix-sums_jac-reg1e-1--ae64013aa1"}
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    from stability.config import ModelConfig, TaskConfig, TrainConfig
-    from stability.train import train
-
-    out = tmp_path_factory.mktemp("ck") / "run.pt"
-    cfg = RunConfig(model=ModelConfig(width=16, heads=2),
-                    task=TaskConfig(train_size=40, val_size=8, hard_size=8, train_length=8, hard_length=12),
-                    train=TrainConfig(epochs=2, batch_size=20, iterations=4, test_iterations=6, device="cpu"))
-    train(cfg, out, progress=False)
-    return out
-
-
 def schema_1(obj: dict) -> dict:
     """A checkpoint as the schema-1 writer saved it: every method's options beside the train options (the other
     methods' at their defaults), ``method`` the name, the release-semantics fields absent (a file older than them),
