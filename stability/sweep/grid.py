@@ -167,10 +167,14 @@ def _label(key: str) -> str:
     return _SHORT.get(key, key.rsplit(".", 1)[1])
 
 
+def shortest_e(v: float) -> str:
+    """v in e-notation with the fewest significant digits that give it back: ``2.5e-03`` (not ``3e-03``)."""
+    return next((t for t in (f"{v:.{d}e}" for d in range(17)) if float(t) == v), repr(v))
+
+
 def _short_value(v: Any) -> str:
-    if isinstance(v, float):  # the fewest significant digits that give v back: 1e-3, 2.5e-3 (not "3e-3")
-        text = next((t for t in (f"{v:.{d}e}" for d in range(17)) if float(t) == v), repr(v))
-        return text.replace("e-0", "e-").replace("e+0", "e")
+    if isinstance(v, float):  # 1e-3, 2.5e-3 (not "3e-3")
+        return shortest_e(v).replace("e-0", "e-").replace("e+0", "e")
     if isinstance(v, bool):
         return "on" if v else "off"
     if isinstance(v, (list, tuple)):

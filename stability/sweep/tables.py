@@ -176,8 +176,9 @@ def build_tables(cells: dict) -> list[Table]:
 
 def _mantissa_exponent(lr: float) -> tuple[str, int]:
     """The fewest significant digits that give lr back (2.5e-3 stays 2.5e-3, not 3e-3)."""
-    text = next((t for t in (f"{lr:.{d}e}" for d in range(17)) if float(t) == lr), f"{lr:.16e}")
-    m, e = text.split("e")
+    from stability.sweep.grid import shortest_e
+
+    m, e = shortest_e(lr).split("e")
     return m, int(e)
 
 
