@@ -12,7 +12,9 @@ The command (default): ``analyze CKPT --samples 8 --split val --only rho,prop4,r
 ``demo``, ``halt`` and a short ``train`` (the demo's run, 5 epochs) with ``--commands``. Each repeat runs both neighbour
 states (in alternating order: on, off, then off, on) and, in each, every setting (A B C, then C B A), so that drift
 in the machine's other work hits all of them alike. Reported per command and setting: min and median wall seconds
-with and without the neighbour, and the ratio busy/free of each (the issue's goal: at most 1.3).
+with and without the neighbour, the ratio busy/free of each, and — the issue's goal — each setting beside the
+neighbour against the best setting measured beside it (its smallest median and its smallest min; at most 1.3 for
+``default``).
 CKPT is ``--ckpt`` or the demo's checkpoint, made untimed first. Beside the timings the benchmark checks bits: a
 command's outputs (weights by ``torch.equal``, JSON reports without timings and paths) under ``default`` against
 ``before`` (the same thread count) must be equal.
@@ -186,9 +188,19 @@ def summarize(runs: list, commands: list, settings: list, states: list, goal: fl
             if "on" in row and "off" in row:
                 row["busy_over_free_median"] = round(row["on"]["median_s"] / row["off"]["median_s"], 2)
                 row["busy_over_free_min"] = round(row["on"]["min_s"] / row["off"]["min_s"], 2)
-                # both: the medians alone can pass when the "free" runs were slowed by the machine's other work
-                row["goal_met"] = max(row["busy_over_free_median"], row["busy_over_free_min"]) <= goal
             rows.append(row)
+        # the issue's goal: beside the neighbour, each setting against the best setting measured there (the
+        # smallest median, and the smallest min), both at most ``goal`` for the default
+        busy = [r for r in rows if r["command"] == name and "on" in r and not r["on"]["timed_out"]]
+        if busy:
+            best_median = min(r["on"]["median_s"] for r in busy)
+            best_min = min(r["on"]["min_s"] for r in busy)
+            for r in rows:
+                if r["command"] == name and "on" in r:
+                    r["busy_over_best_median"] = round(r["on"]["median_s"] / best_median, 2)
+                    r["busy_over_best_min"] = round(r["on"]["min_s"] / best_min, 2)
+                    r["best_setting_busy"] = min(busy, key=lambda x: x["on"]["median_s"])["setting"]
+                    r["goal_met"] = max(r["busy_over_best_median"], r["busy_over_best_min"]) <= goal
     return rows
 
 
@@ -204,7 +216,8 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=180.0,
                     help="seconds before a run is stopped (180; counted as that: a lower bound, marked timed out)")
     ap.add_argument("--ckpt", type=Path, help="the checkpoint analyze and halt read (default: the demo's, made here)")
-    ap.add_argument("--goal", type=float, default=1.3, help="the goal on busy/free (1.3, issue 25)")
+    ap.add_argument("--goal", type=float, default=1.3,
+                    help="the goal on a setting's time beside the neighbour over the best setting's there (1.3, issue 25)")
     ap.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results-busy-machine.json")
     args = ap.parse_args(argv)
     for spec in args.add:
@@ -256,15 +269,16 @@ def main(argv=None) -> int:
               "command_line": "python benchmarks/busy_machine.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "machine": {"cpus": os.cpu_count(), "affinity": len(os.sched_getaffinity(0))},
               "settings": {s: SETTINGS[s] for s in settings}, "commands": commands, "repeats": repeats,
-              "goal_busy_over_free": args.goal, "summary": summary, "bit_checks": checks, "runs": runs}
+              "goal_busy_over_best": args.goal, "summary": summary, "bit_checks": checks, "runs": runs}
     args.json.write_text(json.dumps(result, indent=1) + "\n")
     print()
     print(f"busy machine, {started:%Y-%m-%d %H:%M}–{finished:%H:%M}, {os.cpu_count()} cores; wall seconds, "
-          f"min / median of {repeats}; busy/free of the medians (of the mins); goal ≤ {args.goal}")
+          f"min / median of {repeats}; busy/free and busy/best (the best setting beside the neighbour) of the "
+          f"medians (of the mins); goal: busy/best ≤ {args.goal}")
     print()
-    print("| command | setting | free: min / median | busy: min / median | busy/free | goal met "
+    print("| command | setting | free: min / median | busy: min / median | busy/free | busy/best | goal met "
           "| 1-min load free; busy |")
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for row in summary:
         cell = {st: (f"{row[st]['min_s']:.1f} / {row[st]['median_s']:.1f}"
                      + (f" ({row[st]['timed_out']} timed out)" if row[st]["timed_out"] else "")) if st in row else "–"
@@ -273,8 +287,11 @@ def main(argv=None) -> int:
                          for st in ("off", "on"))
         ratio = (f"{row['busy_over_free_median']:.2f} ({row['busy_over_free_min']:.2f})"
                  if "busy_over_free_median" in row else "–")
+        best = (f"{row['busy_over_best_median']:.2f} ({row['busy_over_best_min']:.2f})"
+                if "busy_over_best_median" in row else "–")
         met = {True: "yes", False: "no"}.get(row.get("goal_met"), "–")
-        print(f"| {row['command']} | {row['setting']} | {cell['off']} | {cell['on']} | {ratio} | {met} | {load} |")
+        print(f"| {row['command']} | {row['setting']} | {cell['off']} | {cell['on']} | {ratio} | {best} | {met} "
+              f"| {load} |")
     print()
     for c in checks:
         print(f"bits, neighbour {c['neighbour']}, {c['command']}: {c['a']} vs {c['b']}: "

@@ -313,6 +313,10 @@ def test_a_killed_sweep_resumes_skipping_finished_cells_and_continuing_the_one_i
         assert rec["timing"]["resumed_from_epoch"] == epoch >= 1
         assert rec["epochs_completed"] == 6 and rec["status"] == "done"
     assert f"{4 - len(before)} done" in out.splitlines()[-1]
+    # every cell's line but the last says the time left (wall time per finished cell × cells to go)
+    lines = [line for line in out.splitlines() if line.startswith("[")]
+    assert len(lines) == 4 - len(before)
+    assert all(" left" in line for line in lines[:-1]) and " left" not in lines[-1]
 
 
 @pytest.mark.slow
@@ -375,6 +379,20 @@ def test_only_reruns_one_cell_from_scratch_showing_its_progress(resumed, capfd):
 
     assert deterministic_view(after) == deterministic_view(before)  # the CPU is deterministic
     assert (results / "records.jsonl").exists() and len((results / "records.jsonl").read_text().splitlines()) == 4
+
+
+@pytest.mark.slow
+def test_quiet_sweep_prints_the_grid_state_and_the_summary_only(resumed, capfd):
+    from stability.cli import main
+
+    results = resumed["results"]
+    name = sorted(json.loads(p.read_text())["cell_id"] for p in (results / "records").glob("*.json"))[0]
+    code = main(["sweep", str(resumed["grid"]), "--results", str(results), "--only", name, "--summary", "monitor",
+                 "--quiet"])
+    out = capfd.readouterr().out.splitlines()
+    assert code == 0 and len(out) == 3  # the grid's state, the files exported, the summary
+    assert out[0].startswith("grid ") and "1 selected" in out[0] and out[1].startswith("4 records → ")
+    assert out[2].startswith("summary: 1 done")
 
 
 @pytest.mark.slow

@@ -45,6 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", choices=["slurm", "local", "debug"], default="slurm",
                    help="with --executor slurm: submitit's backend; local/debug run the same path without a "
                         "cluster (default slurm)")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress lines: only the grid's state, failed cells and the summary")
     p.add_argument("--no-wait", action="store_true",
                    help="with --executor slurm: submit the jobs and return (run `stability sweep` again, or "
                         "`stability tables`, once they are done)")
@@ -246,19 +248,30 @@ def run(args: argparse.Namespace) -> int:
 
     results.mkdir(parents=True, exist_ok=True)
     write_cell_files(todo, results, options, grid.name)
+    import time
+
+    from stability.analysis.cost import clock
+
     counter = {"n": 0}
     names = {c.id: c.cell_id for c in todo}
+    started = time.monotonic()
 
     def report(outcome: dict) -> None:
         counter["n"] += 1
         line = outcome if "accuracy" in outcome else outcome_line(outcome)
         msg = f"  {line['message']}" if line["status"] in ("failed", "diverged", "busy") and line["message"] else ""
+        if args.quiet and not msg:
+            return
         name = line.get("cell_id") or names.get(line["id"], line["id"])
+        left = len(todo) - counter["n"]
+        # the time left: the wall time per finished cell so far (the workers side by side included) × cells to go
+        eta = f"  about {clock((time.monotonic() - started) / counter['n'] * left)} left" if left else ""
         print(f"[{counter['n']}/{len(todo)}] {line['status']:8s} {name}  {_fmt_acc(line.get('accuracy'))}"
-              f"  {line.get('seconds', 0.0):.1f} s{msg}", flush=True)
+              f"  {line.get('seconds', 0.0):.1f} s{msg}{eta}", flush=True)
 
     def progress(slot: str, cid: str, text: str) -> None:
-        print(f"      {slot}: {text}", flush=True)
+        if not args.quiet:
+            print(f"      {slot}: {text}", flush=True)
 
     ids = [c.id for c in todo]
     try:
