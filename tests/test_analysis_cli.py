@@ -155,7 +155,9 @@ def test_bad_flags_and_an_absent_gpu_give_one_line(tiny_checkpoint):
     _assert_one_line_error(stability("analyze", tiny_checkpoint, "--samples", "0"), "positive integer")
     _assert_one_line_error(stability("analyze", tiny_checkpoint, "--split", "train"), "invalid choice")
     _assert_one_line_error(stability("analyze", tiny_checkpoint, "--eig-precision", "half"), "invalid choice")
-    _assert_one_line_error(stability("analyze", tiny_checkpoint, "--eig-route", "arpack"), "invalid choice")
+    _assert_one_line_error(stability("analyze", tiny_checkpoint, "--geometry-accuracy", "1"), "--geometry-accuracy",
+                           "a number in (0, 1)")
+    _assert_one_line_error(stability("analyze", tiny_checkpoint, "--eig-route", "arnoldi"), "unrecognized")
     proc = stability("analyze", tiny_checkpoint, "--device", "cuda", "--split", "val", *FAST)
     if torch.cuda.is_available():
         assert proc.returncode == 0, proc.stderr

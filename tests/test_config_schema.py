@@ -6,6 +6,7 @@ has a non-default value below.
 """
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -292,18 +293,90 @@ def test_a_record_written_before_the_method_block_is_refused_naming_migrate(tmp_
             read(path)
 
 
-def test_analyze_takes_its_flag_defaults_from_analysis_options():
-    import dataclasses
-
-    from stability.analysis.options import AnalysisOptions
+def _analyze_actions() -> dict:
     from stability.cli import build_parser
 
+    return {a.dest: a for a in build_parser("analyze")._subparsers._group_actions[0].choices["analyze"]._actions}
+
+
+def test_analyze_flags_are_derived_from_the_analysis_options_schema():
+    import typing
+
+    from stability.cli import build_parser
+    from stability.config import AnalysisOptions, unwrap
+
+    actions = _analyze_actions()
+    for name in AnalysisOptions.FLAGS:
+        info, action = AnalysisOptions.model_fields[name], actions[name]
+        assert action.option_strings == [f"--{name.replace('_', '-')}"], name
+        assert action.default == info.default and action.help.startswith(info.description), name
+        assert action.metavar == field_extra(info).get("metavar"), name
+        choices = typing.get_args(unwrap(info.annotation))
+        assert action.choices == (list(choices) if typing.get_origin(unwrap(info.annotation)) is typing.Literal
+                                  else None), name
+    # the fields with a flag: FLAGS, and the two whose command default differs from the library's
+    assert set(AnalysisOptions.model_fields) & set(actions) == {*AnalysisOptions.FLAGS, "workers", "geometry_plane"}
+    assert actions["workers"].default is None and actions["geometry_plane"].default is None
     args = build_parser("analyze").parse_args(["analyze", "ckpt.pt"])
-    flagged = [f for f in dataclasses.fields(AnalysisOptions) if "help" in f.metadata]
-    assert {f.name for f in flagged} >= {"samples", "solver", "tol", "max_iter", "iterations", "device", "probes",
-                                         "noise_std", "eig_route", "eig_precision"}
-    for f in flagged:
-        assert getattr(args, f.name) == f.default, f.name
+    assert AnalysisOptions(**{n: getattr(args, n) for n in AnalysisOptions.FLAGS}) == AnalysisOptions()
+
+
+def test_analysis_options_round_trip_through_their_dict_and_read_the_stored_demo_options():
+    from stability.config import STAGES, AnalysisOptions
+
+    for options in (AnalysisOptions(), AnalysisOptions(samples=8, stages=("rho",)),
+                    AnalysisOptions(solver="anderson", tol=1e-9, eig_batch=3, eig_precision="float64",
+                                    noise_std=0.5, workers=None, stages=STAGES, geometry_plane=15)):
+        d = options.to_dict()
+        assert AnalysisOptions(**d) == options and AnalysisOptions(**json.loads(json.dumps(d))) == options
+        assert options.replace(samples=2) == AnalysisOptions(**{**d, "samples": 2})
+    # the options a committed demo run stored (eig_route, a flag then, included) read back to the same bytes
+    stored = json.loads((Path(__file__).resolve().parents[1] / "docs" / "demo-sample.json").read_text())
+    found = [v["options"] for v in stored.values() if isinstance(v, dict) and "options" in v]
+    assert found
+    for d in found:
+        assert json.dumps(AnalysisOptions(**d).to_dict()) == json.dumps(d)
+
+
+def test_analysis_options_are_frozen_and_refuse_unknown_keys_and_bad_values_in_one_line():
+    from stability.config import AnalysisOptions
+    from stability.errors import ConfigError
+
+    options = AnalysisOptions()
+    with pytest.raises(ValueError):
+        options.samples = 3
+    with pytest.raises(ConfigError, match=r"^AnalysisOptions: unknown key\(s\) sampels; allowed: samples, solver"):
+        AnalysisOptions(sampels=3)
+    for bad, message in (({"samples": 0}, r"AnalysisOptions.samples: 0 is outside \[1, inf\]"),
+                         ({"geometry_accuracy": 1.0},
+                          r"AnalysisOptions.geometry_accuracy: 1.0 is outside \(0.0, 1.0\)"),
+                         ({"tol": 0.0}, "AnalysisOptions.tol: 0.0 must be greater than 0.0"),
+                         ({"solver": "newton"}, "'newton' is not allowed; allowed: picard, anderson"),
+                         ({"samples": True}, "AnalysisOptions.samples: expected an integer, got True"),
+                         ({"noise_std": float("nan")}, "AnalysisOptions.noise_std: expected a finite number"),
+                         ({"device": "tpu"}, "device 'tpu': expected auto, cpu, cuda or cuda:N"),
+                         ({"stages": "rho,bogus"}, "unknown stage 'bogus'; allowed: reachability, rho"),
+                         ({"eig_route": "arpack"}, "AnalysisOptions.eig_route: 'arpack' is not allowed")):
+        with pytest.raises(ConfigError, match=message) as err:
+            AnalysisOptions(**bad)
+        assert "\n" not in str(err.value)
+        with pytest.raises(ConfigError, match=message):
+            options.replace(**bad)
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--samples", "0", "argument --samples: expected a positive integer, got '0'"),
+    ("--geometry-accuracy", "1", "argument --geometry-accuracy: expected a number in (0, 1), got '1'"),
+    ("--repelling-starts", "-1", "argument --repelling-starts: expected a non-negative integer, got '-1'"),
+    ("--tol", "nan", "argument --tol: expected a positive number, got 'nan'"),
+    ("--solver", "newton", "argument --solver: invalid choice: 'newton'"),
+    ("--device", "tpu", "argument --device: expected auto, cpu, cuda or cuda:N, got 'tpu'"),
+    ("--eig-route", "arnoldi", "unrecognized arguments: --eig-route arnoldi"),
+])
+def test_a_bad_analysis_option_on_the_command_line_is_one_line_and_exit_2(flag, value, message, cli):
+    proc = cli("analyze", "ckpt.pt", flag, value, check=False)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1 and message in err[0], proc.stderr
 
 
 def test_a_grid_writes_a_method_and_its_options_in_the_method_table():
@@ -330,8 +403,8 @@ def test_a_grid_writes_a_method_and_its_options_in_the_method_table():
         grid.parse({"fixed": {"train": {"method": {"name": "implicit", "solvertol": 0.5}}}})
 
 
-def test_the_sweeps_summary_flags_and_its_grid_table_derive_from_one_schema(tmp_path, capsys):
-    from stability.cli import build_parser, main
+def test_the_sweeps_summary_flags_and_its_grid_table_derive_from_one_schema(tmp_path, cli):
+    from stability.cli import build_parser
     from stability.config import SweepSummary
     from stability.errors import ConfigError
     from stability.sweep import grid
@@ -346,6 +419,8 @@ def test_the_sweeps_summary_flags_and_its_grid_table_derive_from_one_schema(tmp_
         grid.parse({"fixed": {"task": {"train_size": 40}}, "summary": {"analyze_max_iter": 0}})
     toml = tmp_path / "g.toml"
     toml.write_text('[fixed.task]\nname = "prefix-sums"\n[summary]\nanalyze_samples = 2\n')
-    assert main(["sweep", str(toml), "--analyze-samples", "-1", "--dry-run", "--results", str(tmp_path / "r")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "summary.analyze_samples: -1 is outside [0, inf]" in err[0], err
+    # the flag refuses what the schema's bounds refuse, naming the flag
+    proc = cli("sweep", toml, "--analyze-samples", "-1", "--dry-run", "--results", tmp_path / "r", check=False)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1, proc.stderr
+    assert "argument --analyze-samples: expected a non-negative integer, got '-1'" in err[0], err

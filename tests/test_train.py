@@ -192,7 +192,8 @@ def test_cli_reports_divergence_in_one_line(tmp_path, cli):
     (["--width", "30", "--heads", "4"], "divisible"),
     (["--task", "mnist"], "invalid choice"),
     (["--alpha", "2"], "alpha"),
-    (["--epochs", "many"], "invalid int value"),
+    (["--epochs", "many"], "argument --epochs: expected a positive integer, got 'many'"),
+    (["--epochs", "0"], "argument --epochs: expected a positive integer, got '0'"),
 ])
 def test_cli_rejects_bad_options_naming_the_allowed_ones(argv, needle, tmp_path, cli):
     proc = cli("train", *SMALL, *argv, "--out", tmp_path / "x.pt", check=False)
