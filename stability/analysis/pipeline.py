@@ -152,7 +152,7 @@ def analyze_checkpoint(path, *, splits=("val", "hard"), options: AnalysisOptions
                        log=None, release_config=None) -> Analysis:
     """Load a checkpoint of this toolkit (or a release checkpoint, ``release_config``: its Hydra config) and
     analyse each split, scored by its task; on the CPU the splits run side by side, one process each that loads
-    the file again (``options.workers``; the numbers do not depend on it: tests/test_parallel_splits.py)."""
+    the file again (``options.workers``; the numbers do not depend on it: tests/analysis/test_parallel_splits.py)."""
     from stability.checkpoint import load
 
     options = _on_device(options)
