@@ -83,7 +83,8 @@ def check_train_throughput(device, dry: bool, partial: dict) -> dict:
     for label, impl, bf16, comp in variants:
         if dry and comp:
             partial["samples_per_s"][label] = None
-            partial["skipped"] = {label: "dry run: compilation takes ~30 s on the CPU (tests/test_gpu_paths_on_cpu.py)"}
+            partial["skipped"] = {label: "dry run: compilation takes ~30 s on the CPU "
+                                         "(tests/train/test_gpu_paths_on_cpu.py)"}
             continue
         partial["samples_per_s"][label] = measure(device, impl=impl, bf16=bf16, compile_=comp, steps=steps,
                                                   batch=batch, width=width, iterations=T, warmup=warm)

@@ -12,7 +12,7 @@ and exit status. A benchmark that fails does not stop the others (exit status 1 
 ``--quick`` runs each benchmark's smoke variant (fewer steps, samples or repeats; a benchmark without one is
 skipped); its numbers check that the benchmark runs, they do not replace RESULTS.md's. ``--dry-run`` prints the
 commands and runs nothing. Speed goals are stated in RESULTS.md, never asserted in the unit tests; the tests run
-``--list`` and ``--dry-run`` only (tests/test_benchmark_suite.py). ``gpu_suite.py`` (every GPU check in one call)
+``--list`` and ``--dry-run`` only (tests/e2e/test_benchmark_suite.py). ``gpu_suite.py`` (every GPU check in one call)
 and ``busy_machine.py`` also run on their own.
 """
 

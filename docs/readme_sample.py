@@ -5,9 +5,9 @@
     python docs/readme_sample.py --render   # only re-render the README's sample from docs/demo-sample.json
     python docs/readme_sample.py --check    # exit 1 if the README's sample is not what the code prints
 
-Run it (without options) after any change to what the demo computes or prints; ``tests/test_faults.py`` fails
+Run it (without options) after any change to what the demo computes or prints; ``tests/cli/test_faults.py`` fails
 while the README's sample differs from what the code renders for docs/demo-sample.json, and the slow demo test
-(tests/test_train.py) fails while a fresh demo run renders another sample. The demo is deterministic on the CPU.
+(tests/train/test_train.py) fails while a fresh demo run renders another sample. The demo is deterministic on the CPU.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def analyze(source, inputs=None, targets=None, options=None, *, splits=None, log
     * ``analyze(stability.load(path))`` / ``analyze(path)``: a checkpoint on its task's ``splits`` (default
       ``("val", "hard")``), scored by the task's own ``score``, as ``stability analyze CKPT`` does.
 
-    ``options``: :class:`~stability.analysis.options.AnalysisOptions` (e.g. ``stages=("rho", "prop5")``);
+    ``options``: :class:`~stability.config.AnalysisOptions` (e.g. ``stages=("rho", "prop5")``);
     ``log``: a callable for progress lines. Returns an :class:`~stability.analysis.results.Analysis`, read like the
     JSON it writes (``a["val"]["jacobian"]["spectral_radius"]``)."""
     from stability.analysis.pipeline import analyze as _analyze
@@ -51,7 +51,7 @@ def analyze(source, inputs=None, targets=None, options=None, *, splits=None, log
 #: the public names loaded on first use (``import stability`` stays light: no torch until one is touched)
 _LAZY = {
     "Analysis": "stability.analysis.results",  # what `analyze` returns: to_json, summary, plot, write_json
-    "AnalysisOptions": "stability.analysis.options",  # what `analyze` runs: stages, samples, solver, ...
+    "AnalysisOptions": "stability.config",  # what `analyze` runs: stages, samples, solver, ...
     "solve": "stability.solvers",  # the fixed-point solvers, one signature
     "LoopedModel": "stability.protocols",  # the model contract
     "check_model": "stability.protocols",  # checks a model of one's own against the contract

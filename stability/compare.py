@@ -212,7 +212,7 @@ def _accuracy_rows(split: str, acc_a: Any, acc_b: Any, what: str = "accuracy") -
                 _num(acc_b[t - 1]) if t <= lb else None, percent=True) for t in marks]
 
 
-#: analysis options that do not change the numbers (tests/test_parallel_splits.py): left out of the comparison
+#: analysis options that do not change the numbers (tests/analysis/test_parallel_splits.py): left out of the comparison
 _SAME_NUMBERS = ("workers",)
 
 

@@ -442,6 +442,128 @@ class SweepSummary(_Config):
     analyze_geometry: bool = _f(False, "the analysis adds the geometry stage (docs/analysis.md)")
 
 
+# ---- the analysis ----------------------------------------------------------------------------------------
+#: the analysis stages, in the order they run (what each computes: :mod:`stability.analysis.stages`)
+STAGES = ("reachability", "rho", "prop4", "rho_wx", "prop5", "input", "a8", "repelling", "accuracy", "geometry")
+#: the stages of ``AnalysisOptions()`` (the library's and the sweep's default): all but geometry, which a grid or
+#: a caller asks for (``stability analyze`` runs :data:`STAGES`)
+DEFAULT_STAGES = tuple(s for s in STAGES if s != "geometry")
+#: the one route of the ρ(J*) eigensolver; ``AnalysisOptions.to_dict`` still writes it as ``eig_route`` (the key
+#: of every analysis written when it was an option), and that key is read back when it holds this value
+EIG_ROUTE = "arnoldi"
+
+
+def parse_stages(text) -> tuple:
+    """``"rho,prop5"`` (or a sequence of names) → the stages to run, in run order, ``reachability`` included."""
+    names = [s.strip() for s in (text.split(",") if isinstance(text, str) else text) if s.strip()]
+    bad = [s for s in names if s not in STAGES]
+    if bad or not names:
+        what = f"unknown stage {', '.join(map(repr, bad))}" if bad else "no stage given"
+        raise ConfigError(f"{what}; allowed: {', '.join(STAGES)}")
+    return tuple(s for s in STAGES if s in names or s == "reachability")
+
+
+def _stages(value: Any) -> Any:
+    return parse_stages(value) if isinstance(value, (str, list, tuple)) else value
+
+
+def _device(value: Any) -> Any:
+    if not isinstance(value, str) and hasattr(value, "type"):  # a torch.device
+        value = str(value)
+    if isinstance(value, str) and not is_device_name(value):
+        raise ConfigError(f"device {value!r}: expected auto, cpu, cuda or cuda:N")
+    return value
+
+
+class AnalysisOptions(_Config):
+    """What the analysis runs and how (:func:`stability.analyze`, ``stability analyze``; reported in the JSON's
+    ``options``). The fields of :attr:`FLAGS` are ``stability analyze``'s flags, with the default, help and
+    metavar read from here; the others are the numerical settings below them.
+
+    ``noise_std``: std of the Gaussian start of App. A.8 (None: the checkpoint's configured ``noise_std``, 1 for a
+    model of one's own). ``stages``: which stages to run (:data:`STAGES`, or ``"rho,prop5"``; ``reachability``
+    always runs). ``workers``: 1 in the library, since a spawned process re-imports the caller's main module,
+    which a script without ``if __name__ == "__main__":`` cannot survive (``stability analyze`` and ``demo`` use
+    None). ``geometry_*``: the geometry stage (stability/analysis/geometry.py); ``repelling_*``: the repelling
+    stage (stability/analysis/repelling.py).
+    """
+
+    #: the fields with a flag of ``stability analyze`` (``--only``, ``--workers`` and ``--geometry-plane`` are the
+    #: command's own: their defaults differ from the library's)
+    FLAGS: typing.ClassVar[tuple[str, ...]] = (
+        "samples", "solver", "tol", "max_iter", "iterations", "device", "probes", "eig_precision", "noise_std",
+        "geometry_directions", "geometry_samples", "geometry_accuracy", "geometry_group_directions",
+        "geometry_certify", "repelling_starts", "repelling_scale", "repelling_budget")
+
+    samples: int = _f(32, "analyse the first N samples of each split (or of --inputs), in order", metavar="N",
+                      ge=1)
+    solver: Literal["picard", "anderson"] = _f("picard", "fixed-point solver (picard: plain iteration, the "
+                                               "reachability the paper means)")
+    tol: float = _f(1e-5, "relative L∞ residual τ for convergence", metavar="F", gt=0.0)
+    max_iter: int = _f(500, "solver iterations", metavar="N", ge=1)
+    iterations: int = _f(500, "accuracy is measured at iterations 1..T", metavar="T", ge=1)  # T_max of the curve
+    device: Annotated[str, BeforeValidator(_device)] = _f(
+        "cpu", "where to compute: cpu, auto (cuda when available), cuda or cuda:N", metavar="DEV")
+    eig_k: int = _f(3, "leading eigenvalues the ρ(J*) eigensolver computes per sample", ge=1)
+    eig_tol: float = _f(1e-6, "Ritz residual below which ρ(J*) is certified", gt=0.0)
+    gmres_tol: float = _f(1e-10, "relative tolerance of the linear solves (Prop. 5, ‖dx*/dx0‖_F)", gt=0.0)
+    probes: int = _f(4, "random probes of the ‖dx*/dx0‖_F estimate", metavar="K", ge=1)
+    prop4_probes: int = _f(4, "Prop. 4 on states too large for dense matrices: Gaussian probes of M against J",
+                           ge=1)
+    seed: int = _f(0, "seed of every random start, probe and direction of the analysis")
+    eig_batch: Optional[int] = _f(None, "samples per Arnoldi batch (none: 1 on the CPU, all on CUDA)", ge=1)
+    eig_precision: Literal["mixed", "float64"] = _f(
+        "mixed", "products of the ρ(J*) eigensolver: mixed (float32, every result certified by a float64 residual "
+        "and re-solved in float64 where it misses) or float64")
+    noise_std: Optional[float] = _f(None, "std of the noise start of App. A.8 (default: the checkpoint's "
+                                    "noise_std; 1 for --model)", metavar="F", ge=0.0)
+    workers: Optional[int] = _f(1, "splits analysed side by side on the CPU, one process each, sharing torch's "
+                                "threads (none: one per split, up to the thread count)", ge=1)
+    stages: Annotated[tuple[str, ...], BeforeValidator(_stages)] = _f(
+        DEFAULT_STAGES, "the stages to run, of STAGES (reachability always runs)")
+    geometry_directions: int = _f(8, "geometry: random directions in all loop parameters, each measured with both "
+                                  "signs", metavar="K", ge=1)
+    geometry_samples: int = _f(1, "geometry: radii are measured for the first N samples of each split",
+                               metavar="N", ge=1)
+    geometry_accuracy: float = _f(0.1, "geometry: bisect each radius until its bracket [lo, hi] has hi/lo ≤ 1 + F",
+                                  metavar="F", gt=0.0, lt=1.0)
+    geometry_group_directions: int = _f(1, "geometry: directions within each parameter group (W_x, attention, "
+                                        "MLP, norms, embedding, ...), both signs; 0: no per-group radii",
+                                        metavar="K", ge=0)
+    geometry_certify: int = _f(4, "geometry: radii whose ρ(J*) is certified at both ends of the final bracket "
+                               "(the first N that ρ decided)", metavar="N", ge=0)
+    repelling_starts: int = _f(3, "repelling: perturbed starts of the root-finder per sample, besides the Picard "
+                               "iterate", metavar="K", ge=0)
+    repelling_scale: float = _f(0.5, "repelling: relative size of each perturbation, ‖δ‖₂ = F · max(‖x_best‖₂, "
+                                "√n)", metavar="F", gt=0.0)
+    repelling_budget: int = _f(100, "repelling: Broyden iterations per start", metavar="N", ge=1)
+    # not a flag with this default: `stability analyze --geometry-plane N` defaults to 15 with --plots, else 0
+    geometry_plane: int = _f(0, "geometry: the ρ(J*) picture over the plane of two directions, N × N cells (0: "
+                             "none)", ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _route(cls, data: Any) -> Any:
+        """An analysis written when the eigensolver's route was an option stores ``eig_route``: read its one
+        value, refuse any other."""
+        if isinstance(data, dict) and "eig_route" in data:
+            data = dict(data)
+            route = data.pop("eig_route")
+            if route != EIG_ROUTE:
+                raise ConfigError(f"AnalysisOptions.eig_route: {route!r} is not allowed; allowed: {EIG_ROUTE}")
+        return data
+
+    def to_dict(self) -> dict:
+        """The JSON's ``options``: every field, ``stages`` a list, and ``eig_route`` after ``seed`` (the keys and
+        order of every analysis written so far)."""
+        out = {}
+        for name, value in to_dict(self).items():
+            out[name] = value
+            if name == "seed":
+                out["eig_route"] = EIG_ROUTE
+        return out
+
+
 #: the sections of a RunConfig (TOML tables [model], [task], [train])
 SECTIONS: dict[str, type] = {"model": ModelConfig, "task": TaskConfig, "train": TrainConfig}
 
@@ -481,6 +603,12 @@ def changes(a: Any, b: Any) -> list[tuple[str, Any, Any]]:
 def field_extra(info) -> dict:
     """A field's ``json_schema_extra``: ``metavar``, ``flag``, ``derived`` where given."""
     return dict(info.json_schema_extra or {})
+
+
+def limits(info) -> dict:
+    """A field's bounds by kind: ``{"gt": 0.0, "lt": 1.0}`` (``gt``/``ge`` below, ``lt``/``le`` above)."""
+    return {k: getattr(m, k) for m in info.metadata for k in ("gt", "ge", "lt", "le")
+            if getattr(m, k, None) is not None}
 
 
 def bounds(info) -> tuple[Optional[float], Optional[float]]:
@@ -568,11 +696,13 @@ def _message(cls: type, exc: ValidationError) -> str:
         got = ctx.get("tag", None)
         what = f"{got!r} is not allowed" if kind == "union_tag_invalid" else "the method table needs a name"
         return f"TrainConfig.method: {what}; allowed: {', '.join(METHODS)}"
-    if kind == "greater_than" and "gt" in ctx:
+    if kind == "greater_than" and "gt" in ctx and (info is None or limits(info).keys() <= {"gt"}):
         return f"{where}: {value!r} must be greater than {ctx['gt']}"
-    if kind in ("greater_than_equal", "less_than_equal", "less_than") and info is not None:
-        lo, hi = bounds(info)
-        return f"{where}: {value!r} is outside [{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
+    if kind in ("greater_than", "greater_than_equal", "less_than_equal", "less_than") and info is not None:
+        lim = limits(info)
+        lo = ("(", lim["gt"]) if "gt" in lim else ("[", lim.get("ge", "-inf"))
+        hi = (lim["lt"], ")") if "lt" in lim else (lim.get("le", "inf"), "]")
+        return f"{where}: {value!r} is outside {lo[0]}{lo[1]}, {hi[0]}{hi[1]}"
     if kind in _EXPECTED:
         if where == "TrainConfig.method" and isinstance(value, str) and value in METHOD_CLASSES:
             return (f"TrainConfig.method: expected a table of options, got {value!r}: a method is a table with its "

@@ -5,7 +5,7 @@ of the looped block possibly prefixed ``recur_blocks.0._orig_mod.`` by torch.com
 ``.hydra/config.yaml``. :func:`load_release` maps both into this toolkit's :class:`~stability.model.LoopedTransformer`
 (or :class:`~stability.model.FixedDepthTransformer` for the 15-block baseline) with the release's semantics
 (``window_edges="shift"``, ``norm_eps=None``, ``rope_precision="float32"``), which then computes the release's
-function: the same logits at every iteration, to float64 rounding (tests/test_release.py, against outputs the
+function: the same logits at every iteration, to float64 rounding (tests/model/test_release.py, against outputs the
 release's own code recorded).
 
 * Config mapping (``problem.model``): norm_type/residual_method peri/add → peri, pre/add → pre, post/add → post,

@@ -497,7 +497,7 @@ def solve(f: Callable, x_init: torch.Tensor, x0: Optional[torch.Tensor] = None, 
             x_t = f(x_{t−1}, x0), t = 1..observe_steps: the accuracy against iteration from the solve's own
             evaluations (stage accuracy of :mod:`stability.analysis.stages`). The solve reads its running
             samples' rows of these, so its result is the one without ``observe`` (equal bit for bit where f's
-            rows do not depend on the rest of the batch: tests/test_solvers.py); those evaluations of samples it
+            rows do not depend on the rest of the batch: tests/solvers/test_solvers.py); those evaluations of samples it
             has stopped are not in ``nfe``.
 
     Returns: :class:`SolveResult` (shapes in the module docstring). No autograd graph is built.

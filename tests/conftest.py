@@ -31,6 +31,10 @@ import torch
 
 torch.set_num_threads(1)
 
+#: the repository's root (a test reads the committed files through it, wherever its own directory is)
+ROOT = Path(__file__).resolve().parents[1]
+#: the committed test files: real formats, release checkpoints, the small trained checkpoint
+FIXTURES = ROOT / "tests" / "fixtures"
 
 @dataclass
 class CliResult:
@@ -185,7 +189,7 @@ def cli():
 
 
 #: the committed small trained checkpoint (tests/fixtures/make_checkpoint.py says how it is made)
-SMALL_CHECKPOINT = Path(__file__).resolve().parent / "fixtures" / "small-prefix-sums.pt"
+SMALL_CHECKPOINT = FIXTURES / "small-prefix-sums.pt"
 
 
 @pytest.fixture(scope="session")

@@ -135,11 +135,9 @@ def analyze_model(model, inputs: torch.Tensor, targets: Optional[torch.Tensor] =
 def _on_device(options: AnalysisOptions) -> AnalysisOptions:
     """The options with ``device`` resolved (``auto`` → cpu or cuda; a CUDA device that is not here: one line),
     so that the JSON records where the analysis ran."""
-    import dataclasses
-
     from stability.config import resolve_device
 
-    return dataclasses.replace(options, device=str(resolve_device(options.device)))
+    return options.replace(device=str(resolve_device(options.device)))
 
 
 def analyze_loaded(loaded, *, splits=("val", "hard"), options: AnalysisOptions = AnalysisOptions(),
@@ -154,7 +152,7 @@ def analyze_checkpoint(path, *, splits=("val", "hard"), options: AnalysisOptions
                        log=None, release_config=None) -> Analysis:
     """Load a checkpoint of this toolkit (or a release checkpoint, ``release_config``: its Hydra config) and
     analyse each split, scored by its task; on the CPU the splits run side by side, one process each that loads
-    the file again (``options.workers``; the numbers do not depend on it: tests/test_parallel_splits.py)."""
+    the file again (``options.workers``; the numbers do not depend on it: tests/analysis/test_parallel_splits.py)."""
     from stability.checkpoint import load
 
     options = _on_device(options)
@@ -166,14 +164,12 @@ def _checkpoint_splits(loaded, path, splits: tuple, options: AnalysisOptions, lo
                        release_config=None) -> Analysis:
     """``splits`` of a loaded checkpoint (``path``: where it was loaded from), with the A.8 noise std of the run
     unless ``options`` give one; side by side in processes of :mod:`~stability.analysis.pool` when ``pool``."""
-    import dataclasses
-
     from stability.protocols import is_looped
 
     if not is_looped(loaded.model):
         raise StabilityError(f"{path}: a fixed-depth baseline has no loop map, so it has no fixed points to analyse")
     if options.noise_std is None:
-        options = dataclasses.replace(options, noise_std=float(getattr(loaded.config.model, "noise_std", 1.0)))
+        options = options.replace(noise_std=float(getattr(loaded.config.model, "noise_std", 1.0)))
     model = analysis_model(loaded.model, torch.float64, options.device)
     out = Analysis(options=options, splits={}, checkpoint=str(path), config=loaded.config.to_dict(),
                    epoch=loaded.epoch)

@@ -1,7 +1,7 @@
 """Splits analysed side by side on the CPU: one spawned process per split, each with its share of the threads, and
 the process-wide settings that make that pay (thread pools sized before the libraries load, freed memory kept).
 
-Every split's numbers are those of analysing it alone (tests/test_parallel_splits.py): each split seeds its own
+Every split's numbers are those of analysing it alone (tests/analysis/test_parallel_splits.py): each split seeds its own
 generators and reads nothing another split computed.
 """
 

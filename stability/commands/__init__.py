@@ -2,5 +2,5 @@
 ``add_arguments(parser)`` and ``run(args) -> int``, and calling library functions of the rooms.
 
 :data:`stability.cli.COMMANDS` lists them; :func:`stability.cli.main` dispatches. Only this package and
-``stability/cli.py`` import argparse (tests/test_layout.py).
+``stability/cli.py`` import argparse (tests/house/test_layout.py).
 """

@@ -1,4 +1,6 @@
-"""argparse types of the command line: numbers that refuse NaN and ±inf, counts, device names.
+"""argparse types of the command line: numbers that refuse NaN and ±inf, counts, device names; and
+:func:`schema_argument`, the one way a field of the configuration schema (stability/config.py) becomes a flag of
+``stability train``, ``sweep`` and ``analyze``.
 
 A wrong value is an ``argparse.ArgumentTypeError``: one line ``stability CMD: error: argument --X: expected ...``
 and exit 2 (see :class:`stability.cli._Parser`).
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import typing
 
 
 def _number(kind, text: str, ok, what: str):
@@ -54,6 +57,11 @@ def unit_float(text: str) -> float:
     return _number(float, text, lambda v: _finite(v) and 0 <= v <= 1, "a number in [0, 1]")
 
 
+def open_unit_float(text: str) -> float:
+    """argparse type: a number in (0, 1) (a relative accuracy)."""
+    return _number(float, text, lambda v: _finite(v) and 0 < v < 1, "a number in (0, 1)")
+
+
 def device_name(text: str) -> str:
     """argparse type: ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (whether it exists is checked before the work)."""
     from stability.config import is_device_name
@@ -61,3 +69,75 @@ def device_name(text: str) -> str:
     if not is_device_name(text):
         raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda or cuda:N, got {text!r}")
     return text
+
+
+# ---- flags of the schema ------------------------------------------------------------------------------------------
+
+def or_none(kind):
+    """An optional number: ``none`` (the field's None), else ``kind``."""
+    def parse(text: str):
+        return None if text.lower() == "none" else kind(text)
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def pair(text: str) -> list:
+    """Two finite numbers ``A,B`` (AdamW's betas)."""
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError(f"expected two numbers A,B, got {text!r}")
+    return [finite_float(p.strip()) for p in parts]
+
+
+def default_text(value) -> str:
+    """A default as a flag's help shows it: on/off, none, ``A,B``, a method's name."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value is None:
+        return "none"
+    if isinstance(value, (tuple, list)):
+        return ",".join(map(str, value))
+    if hasattr(value, "name"):  # the method block
+        return value.name
+    return str(value)
+
+
+def _number_type(kind: type, lim: dict, positive: bool):
+    """The argparse type of a number field from its bounds (:func:`stability.config.limits`): counts ≥ 1 or ≥ 0,
+    numbers > 0, in (0, 1), in [0, 1], ≥ 0, or any finite one; ``positive``: the flag refuses 0 as well."""
+    if kind is int:
+        return positive_int if positive or lim.get("ge") == 1 else nonneg_int if lim.get("ge") == 0 else int
+    if (lim.get("gt"), lim.get("lt")) == (0, 1):
+        return open_unit_float
+    if positive or lim.get("gt") == 0:
+        return positive_float
+    if (lim.get("ge"), lim.get("le")) == (0, 1):
+        return unit_float
+    return nonneg_float if lim.get("ge") == 0 else finite_float
+
+
+def schema_argument(flag: str, name: str, info, *, dest: str, positive: bool = False) -> tuple[tuple, dict]:
+    """argparse's (args, kwargs) of ``--flag`` setting the schema field ``name`` (its pydantic ``FieldInfo``):
+    choices of a ``Literal``, ``--flag/--no-flag`` of a bool, the type of a number from its bounds (``none``
+    accepted where the field is optional), metavar from the field, help ``description (default X)`` and default
+    None (the caller overrides either where its command differs)."""
+    from stability.config import field_extra, limits, unwrap
+
+    tp = unwrap(info.annotation)
+    optional = type(None) in typing.get_args(info.annotation)
+    extra = field_extra(info)
+    kw: dict = {"dest": dest, "help": f"{info.description} (default {default_text(info.default)})", "default": None}
+    if tp is bool:
+        kw.update(action=argparse.BooleanOptionalAction)
+    elif typing.get_origin(tp) is typing.Literal:
+        kw.update(choices=list(typing.get_args(tp)))
+    elif tp in (int, float):
+        kind = _number_type(tp, limits(info), positive)
+        kw.update(type=or_none(kind) if optional else kind)
+    elif typing.get_origin(tp) is tuple:
+        kw.update(type=pair)
+    elif name == "device":
+        kw.update(type=device_name)
+    if "metavar" in extra:
+        kw["metavar"] = tuple(extra["metavar"]) if isinstance(extra["metavar"], list) else extra["metavar"]
+    return (f"--{flag}",), kw

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from stability.commands._types import device_name, positive_float, positive_int
+from stability.commands._types import nonneg_int, positive_int
 
 HELP = ("analyse a looped model's fixed points on the paper's three axes: reachability (spectra, Props. 3-4), "
         "input-dependence (Prop. 5) and geometry (radii of stability in parameter space), and accuracy")
@@ -39,80 +39,58 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="class indices (B, *positions) for the accuracy (argmax of readout, per position and "
                           "whole answer)")
     p.add_argument("--split", choices=["val", "hard", "both"], default=None, help="which split(s) of CKPT (both)")
-    _option(p, "samples", type=positive_int)
+    _option(p, "samples")
     p.add_argument("--only", metavar="STAGES",
                    help=f"comma-separated stages to run, of: {', '.join(STAGES)} (reachability always runs)")
     _option(p, "solver")
-    _option(p, "tol", type=positive_float)
-    _option(p, "max_iter", type=positive_int)
-    _option(p, "iterations", type=positive_int)
-    _option(p, "probes", type=positive_int)
-    _option(p, "noise_std", type=positive_float)
-    _option(p, "eig_route")
+    _option(p, "tol")
+    _option(p, "max_iter")
+    _option(p, "iterations")
+    _option(p, "probes")
+    _option(p, "noise_std", positive=True)  # the library takes 0 as well
     _option(p, "eig_precision")
     geo = p.add_argument_group("geometry (the third axis: radii of stability along random directions in "
                                "parameter space, docs/analysis.md)")
-    _option(geo, "geometry_directions", type=positive_int)
-    _option(geo, "geometry_samples", type=positive_int)
-    _option(geo, "geometry_accuracy", type=_fraction)
-    _option(geo, "geometry_group_directions", type=_non_negative_int)
-    _option(geo, "geometry_certify", type=_non_negative_int)
-    geo.add_argument("--geometry-plane", metavar="N", type=_non_negative_int, default=None,
+    _option(geo, "geometry_directions")
+    _option(geo, "geometry_samples")
+    _option(geo, "geometry_accuracy")
+    _option(geo, "geometry_group_directions")
+    _option(geo, "geometry_certify")
+    geo.add_argument("--geometry-plane", metavar="N", type=nonneg_int, default=None,
                      help="the ρ(J*) picture over the plane of two directions, N × N cells (default: 15 with "
                           "--plots, otherwise none; 0: none)")
     rep = p.add_argument_group("repelling (the root-finder search for fixed points with ρ(J) > 1, which plain "
                                "iteration cannot reach; docs/analysis.md)")
-    _option(rep, "repelling_starts", type=_non_negative_int)
-    _option(rep, "repelling_scale", type=positive_float)
-    _option(rep, "repelling_budget", type=positive_int)
+    _option(rep, "repelling_starts")
+    _option(rep, "repelling_scale")
+    _option(rep, "repelling_budget")
     p.add_argument("--json", metavar="PATH", help="write the full results as JSON")
     p.add_argument("--plots", metavar="DIR", help="write PNG plots (residuals, eigenvalues, accuracy, Prop. 5, "
                    "and the geometry stage's stability region)")
-    _option(p, "device", type=device_name)
+    _option(p, "device")
     p.add_argument("--workers", metavar="N", type=positive_int, default=None,
                    help="processes on the CPU, one split each, sharing torch's threads (default: one per split, up "
                         "to the thread count; 1: one split after the other); the numbers do not depend on it")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer ≥ 0, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer ≥ 0, got {text!r}")
-    return v
-
-
-def _fraction(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}") from None
-    if not 0 < v < 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}")
-    return v
-
-
 #: the cells per side of the geometry stage's region picture when --plots is given and --geometry-plane is not
 PLOT_PLANE = 15
 
 
-def _option(p: argparse.ArgumentParser, name: str, **kw) -> None:
-    """``--NAME`` with its default, help, metavar and choices read from the AnalysisOptions field ``name``."""
-    import dataclasses
+def _option(p: argparse.ArgumentParser, name: str, positive: bool = False) -> None:
+    """``--NAME`` of the AnalysisOptions field ``name`` (one of its ``FLAGS``), as train's and sweep's flags
+    (:func:`~stability.commands._types.schema_argument`): type, choices and metavar from the schema, the field's
+    default, help ``description (default)``."""
+    from stability.commands._types import schema_argument
+    from stability.config import AnalysisOptions
 
-    from stability.analysis.options import AnalysisOptions
-
-    f = {f.name: f for f in dataclasses.fields(AnalysisOptions)}[name]
-    meta = dict(f.metadata)
-    shown = "" if f.default is None else f" ({f.default:g})" if isinstance(f.default, float) else f" ({f.default})"
-    if "choices" in meta:
-        kw["choices"] = list(meta["choices"])
-    if "metavar" in meta:
-        kw["metavar"] = meta["metavar"]
-    p.add_argument(f"--{name.replace('_', '-')}", default=f.default, help=meta["help"] + shown, **kw)
+    info = AnalysisOptions.model_fields[name]
+    args, kw = schema_argument(name.replace("_", "-"), name, info, dest=name, positive=positive)
+    d = info.default
+    kw["default"] = d
+    kw["help"] = info.description + ("" if d is None else f" ({d:g})" if isinstance(d, float) else f" ({d})")
+    p.add_argument(*args, **kw)
 
 
 #: the largest counts ``analyze`` accepts: beyond them the analysis cannot finish (memory or time), and fails late
@@ -283,17 +261,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.model and (args.inputs or args.targets or args.weights):
         raise StabilityError("--inputs, --targets and --weights go with --model")
     check_feasible(args)
-    options = AnalysisOptions(samples=args.samples, solver=args.solver, tol=args.tol, max_iter=args.max_iter,
-                              iterations=args.iterations, device=args.device, probes=args.probes,
-                              eig_route=args.eig_route, eig_precision=args.eig_precision,
-                              noise_std=args.noise_std, workers=args.workers,
+    options = AnalysisOptions(**{name: getattr(args, name) for name in AnalysisOptions.FLAGS},
+                              workers=args.workers,
                               stages=STAGES if args.only is None else args.only,  # --only "": refused
-                              geometry_directions=args.geometry_directions, geometry_samples=args.geometry_samples,
-                              geometry_accuracy=args.geometry_accuracy,
-                              geometry_group_directions=args.geometry_group_directions,
-                              geometry_certify=args.geometry_certify,
-                              repelling_starts=args.repelling_starts, repelling_scale=args.repelling_scale,
-                              repelling_budget=args.repelling_budget,
                               geometry_plane=(args.geometry_plane if args.geometry_plane is not None
                                               else PLOT_PLANE if args.plots else 0))
     if args.json:

@@ -34,13 +34,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--where", action="append", default=[], metavar="SECTION.OPTION=V[,V...]",
                    help="run only the cells whose option has one of these values (repeatable), e.g. "
                         "--where train.seed=0 --where model.recall=external,internal")
-    from stability.commands.train import Flag, _argument, _default_text
+    from stability.commands._types import default_text, schema_argument
     from stability.config import SweepSummary
 
-    for name in SweepSummary.FLAGS:  # derived from the schema, as train's flags
+    for name in SweepSummary.FLAGS:  # derived from the schema, as train's and analyze's flags
         info = SweepSummary.model_fields[name]
-        flag_args, kw = _argument(Flag(name.replace("_", "-"), "summary", name, info))
-        kw["help"] = f"{info.description} (default: the grid's [summary] value, else {_default_text(info.default)})"
+        flag_args, kw = schema_argument(name.replace("_", "-"), name, info, dest=name)
+        kw["help"] = f"{info.description} (default: the grid's [summary] value, else {default_text(info.default)})"
         p.add_argument(*flag_args, **kw)
     p.add_argument("--cluster", choices=["slurm", "local", "debug"], default="slurm",
                    help="with --executor slurm: submitit's backend; local/debug run the same path without a "

@@ -9,8 +9,8 @@ import typing
 HELP = ("train a looped transformer (progressive loss, deep supervision or equilibrium training) and write a "
         "self-describing checkpoint")
 
-#: field names whose flag refuses 0 as well (a rate, a tolerance, a strictly positive scale)
-_POSITIVE = {"lr", "damping", "residual_scale", "norm_eps", "halt_tol", "solver_tol", "backward_tol"}
+#: field names whose flag refuses 0 as well (a tolerance, a strictly positive scale)
+_POSITIVE = {"damping", "residual_scale", "norm_eps", "halt_tol", "solver_tol", "backward_tol"}
 #: argument groups: section or method -> title
 _GROUPS = {"task": "task", "model": "model", "train": "training",
            "progressive": "progressive loss (--method progressive)",
@@ -59,67 +59,16 @@ def flags() -> list[Flag]:
     return out
 
 
-def _or_none(kind):
-    """An optional number: ``none`` (the field's None), else ``kind``."""
-    def parse(text: str):
-        return None if text.lower() == "none" else kind(text)
-    parse.__name__ = kind.__name__
-    return parse
-
-
-def _pair(text: str) -> list:
-    """Two finite numbers ``A,B`` (AdamW's betas)."""
-    from stability.commands._types import finite_float
-
-    parts = text.split(",")
-    if len(parts) != 2:
-        raise argparse.ArgumentTypeError(f"expected two numbers A,B, got {text!r}")
-    return [finite_float(p.strip()) for p in parts]
-
-
-def _default_text(value) -> str:
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if value is None:
-        return "none"
-    if isinstance(value, (tuple, list)):
-        return ",".join(map(str, value))
-    if hasattr(value, "name"):  # the method block
-        return value.name
-    return str(value)
-
-
 def _argument(f: Flag) -> tuple[tuple, dict]:
-    """argparse's (args, kwargs) of a flag: type, choices, metavar and help from the field."""
-    from stability.commands import _types
-    from stability.config import METHODS, bounds, field_extra, unwrap
+    """argparse's (args, kwargs) of a flag (:func:`stability.commands._types.schema_argument`; ``--method``
+    chooses the method block by name)."""
+    from stability.commands._types import schema_argument
+    from stability.config import METHODS
 
-    info = f.info
-    tp = unwrap(info.annotation)
-    optional = type(None) in typing.get_args(info.annotation)
-    extra = field_extra(info)
-    help_text = f"{info.description} (default {_default_text(info.default)})"
-    kw: dict = {"dest": f.dest, "help": help_text, "default": None}
+    args, kw = schema_argument(f.flag, f.name, f.info, dest=f.dest, positive=f.name in _POSITIVE)
     if f.section == "train" and f.name == "method":
         kw.update(choices=list(METHODS))
-    elif tp is bool:
-        kw.update(action=argparse.BooleanOptionalAction)
-    elif typing.get_origin(tp) is typing.Literal:
-        kw.update(choices=list(typing.get_args(tp)))
-    elif tp is float:
-        lo, hi = bounds(info)
-        kind = (_types.positive_float if f.name in _POSITIVE else _types.unit_float if (lo, hi) == (0.0, 1.0)
-                else _types.nonneg_float if lo == 0.0 else _types.finite_float)
-        kw.update(type=_or_none(kind) if optional else kind)
-    elif tp is int:
-        kw.update(type=_or_none(int) if optional else int)
-    elif typing.get_origin(tp) is tuple:
-        kw.update(type=_pair)
-    elif f.name == "device":
-        kw.update(type=_types.device_name)
-    if "metavar" in extra:
-        kw["metavar"] = tuple(extra["metavar"]) if isinstance(extra["metavar"], list) else extra["metavar"]
-    return (f"--{f.flag}",), kw
+    return args, kw
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

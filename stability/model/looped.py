@@ -99,7 +99,7 @@ class Block(nn.Module):
         self.peri_norm = _norms(has_peri, n, d, cfg.norm_eps)
         self.post_norm = _norms(has_post, n, d, cfg.norm_eps)
         # like the norms, one GRU cell serves both sublayers unless share_norms is off: that is what reproduces
-        # the paper's parameter counts (App. B.1.2: 17.8M for the 15-block GRU baseline; see tests/test_model.py)
+        # the paper's parameter counts (App. B.1.2: 17.8M for the 15-block GRU baseline; see tests/model/test_model.py)
         self.gru = nn.ModuleList(GRUResidual(d) for _ in range(n)) if cfg.norm == "gru" else None
         self.residual_scale = cfg.residual_scale
 

@@ -1,7 +1,7 @@
 """A sweep's records in the tools a researcher already uses: one JSONL file and one flat CSV table.
 
 ``records.jsonl`` holds every record (one JSON object a line, sorted by cell id) as the sweep wrote it; it is what
-a replication commits and what ``tests/test_replication.py`` compares a rerun against. ``records.csv`` is one row
+a replication commits and what ``tests/e2e/test_replication.py`` compares a rerun against. ``records.csv`` is one row
 per run: the cell's axes, its status, whole-answer and per-position accuracy per split at the test iteration, and
 the analysis summary of each analysed split (converged share, ρ(J*), ρ(M), ρ(W_x), ‖dx*/dx0‖_F, distinct fixed
 points, the App. A.8 distance, ‖dx_T/de‖ at the largest T), plus the run's seconds.

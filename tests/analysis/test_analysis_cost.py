@@ -1,0 +1,74 @@
+"""What an analysis will cost and how much is left (stability/analysis/cost.py): the power-law prediction, the line
+said before a long analysis, and the stage-by-stage time left, rescaled by the stages already run."""
+
+import pytest
+
+from stability.analysis import cost
+
+
+def test_the_prediction_grows_as_each_stages_fitted_power_of_the_state_size():
+    one, two = cost.predict(1000, 8, cost.COSTS), cost.predict(2000, 8, cost.COSTS)
+    for stage, (a, b, unit) in cost.COSTS.items():
+        assert two[stage] == pytest.approx(one[stage] * 2.0 ** b)
+        if unit == "sample":  # linear in the samples; Prop. 5 and ρ(W_x) are one unit
+            assert cost.predict(1000, 16, [stage])[stage] == pytest.approx(2 * one[stage])
+    assert cost.predict(1000, 8, ["geometry"], geometry_samples=3)["geometry"] == pytest.approx(3 * one["geometry"])
+
+
+def test_the_forecast_is_said_only_above_its_threshold_and_says_how_to_shorten_it():
+    stages = list(cost.COSTS)
+    assert cost.forecast(256, (8, 32), 4, 1, stages, workers=1, threads=1) is None  # a small analysis: quiet
+    line = cost.forecast(20736, (81, 256), 32, 2, stages, workers=2, threads=1)
+    assert line.startswith("analysis: 2 split(s) × 32 samples, state 81 × 256 (n = 20,736), 10 stages: about ")
+    assert "--samples 8" in line and "--device cuda" in line
+    assert "--only rho,prop4,rho_wx,prop5,input,a8,repelling,accuracy (all but geometry, about " in line
+    assert cost.forecast(20736, (81, 256), 32, 2, stages, workers=2, threads=1, device="cuda") is None
+
+
+def test_clock_says_seconds_minutes_and_hours_as_people_do():
+    assert [cost.clock(s) for s in (4.4, 89, 150, 3600 + 5 * 60)] == ["4 s", "89 s", "2 min", "1 h 05 min"]
+
+
+def test_time_left_is_the_rest_of_the_prediction_rescaled_by_the_stages_so_far(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(cost.time, "perf_counter", lambda: now[0])
+    lines = []
+    p = cost.Progress("val", {"rho": 10.0, "prop4": 10.0, "input": 20.0}, lines.append, quiet_below=0, every=5)
+    p.begin("rho")
+    assert lines[-1] == "val: rho (1/3), about 10 s; about 40 s left in val"
+    now[0] = 4.0
+    p.tick(1, 4)  # 4 s since the last line is under ``every``: silent
+    assert len(lines) == 1
+    now[0] = 6.0
+    p.tick(2, 4)
+    assert lines[-1] == "val: rho 2/4 samples, about 6 s left in this stage"
+    now[0] = 20.0  # rho took 20 s against 10 predicted: the rest is predicted twice as long
+    p.end("rho")
+    p.begin("prop4")
+    assert lines[-1] == "val: prop4 (2/3), about 20 s; about 60 s left in val"
+    assert p.left() == pytest.approx(60.0)
+
+
+def test_a_short_split_stays_quiet():
+    lines = []
+    p = cost.Progress("val", {"rho": 1.0, "prop4": 1.0}, lines.append)  # predicted 2 s: under quiet_below
+    p.begin("rho")
+    p.tick(1, 2)
+    p.end("rho")
+    assert lines == []
+
+
+def test_analyze_says_its_forecast_and_each_stages_time_left_on_stderr_and_quiet_silences_them(small_checkpoint,
+                                                                                              monkeypatch):
+    from tests.conftest import run_cli
+
+    ckpt = small_checkpoint
+    # a tiny analysis is predicted to take well under a minute: predict 100 s for each stage after reachability
+    monkeypatch.setattr(cost, "COSTS", {"reachability": (0.0, 0.0, "one"), "rho": (100.0, 0.0, "one"),
+                                        "prop5": (100.0, 0.0, "one")})
+    args = ("analyze", ckpt, "--split", "val", "--samples", "2", "--only", "rho,prop5", "--workers", "1")
+    err = run_cli(*args, env={"OMP_NUM_THREADS": "1"}).stderr
+    assert "analysis: 1 split(s) × 2 samples, state 32 × 16 (n = 512), 3 stages: about " in err
+    assert "about 3 min on 1 CPU thread(s) (predicted)" in err
+    assert "val: rho (2/3), about 2 min; about 3 min left in val" in err
+    assert run_cli(*args, "--quiet", env={"OMP_NUM_THREADS": "1"}).stderr == ""

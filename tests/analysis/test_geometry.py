@@ -1,0 +1,258 @@
+"""The geometry stage (stability/analysis/geometry.py, radii.py, perturbation.py) against independent references.
+
+* Closed forms: a linear recall map with a diagonal weight (stable iff every |a_i| < 1) and the single-layer
+  external / internal models of Figure 5 (regions of stability/theory/regions.py): every radius equals the
+  analytic first exit of the ray to the bisection accuracy, and a model whose x* has ρ(J*) ≥ 1 gets radius 0.
+* Table 3's ranking: the stage's anisotropy is larger for internal recall's region than for external's.
+* A tiny trained checkpoint: radii positive and finite where x* attracts, 0 where it does not; the parameters are
+  perturbed through functional_call (the model is left as it was); groups by the contract's parts.
+* The verdict: three axes, geometry NOT MEASURED where the stage did not run; an analysis JSON of schema 2 (the
+  verdict with "independent of e") is still read by `stability compare` and shown by the report.
+"""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import run_cli
+from stability.analysis.geometry import DiagonalRecall, Figure5Model, anisotropy, diagonal_radius, figure5_radius
+from stability.analysis.options import DEFAULT_STAGES, STAGES, AnalysisOptions
+from stability.analysis.perturbation import loop_parameters, random_directions
+from stability.analysis.pipeline import analyze
+from stability.analysis.radii import T_MAX
+from stability.analysis.verdict import verdict
+
+ACC = 0.01  # the bisection accuracy of the closed-form checks: hi/lo ≤ 1.01, the radius √(lo·hi) within 0.5 %
+
+
+def stage(model, inputs, **kw):
+    kw = {"geometry_group_directions": 0, **kw}
+    return analyze(model, inputs, options=AnalysisOptions(samples=int(inputs.shape[0]), stages=("geometry",),
+                                                          **kw))["inputs"]["geometry"]
+
+
+def closed(values, cap=T_MAX):
+    return [min(v, cap) for v in values]
+
+
+def assert_radii(got, want, acc=ACC):
+    for g, w in zip(got, want):
+        if w >= T_MAX:  # censored: the ray stays inside up to T_MAX
+            assert g == T_MAX
+        else:
+            assert abs(g - w) <= acc * w, (g, w)
+
+
+def test_diagonal_recall_radii_equal_the_closed_form():
+    a = [0.5, -0.3, 0.8, 0.1]
+    m = DiagonalRecall(a)
+    geo = stage(m, torch.zeros(1, 4, dtype=torch.float64), geometry_directions=6, geometry_accuracy=ACC)
+    D = random_directions({"a": m.a.detach()}, 6, 0)["a"].numpy()
+    want = closed([diagonal_radius(a, s * D[j]) for j in range(6) for s in (1, -1)])
+    assert geo["attracting_at_theta"] == [True]
+    assert_radii(geo["radii"][0], want)
+    assert all(r in ("rho", "t_max") for r in geo["reasons"][0])  # x* = 0 throughout: ρ alone decides
+    # the first radii that ρ decided are certified at both ends by stage rho's routine (dense LAPACK here)
+    assert geo["counts"]["certified_rho"] >= 2 and sum(geo["certified"][0]) >= 1
+    assert geo["estimate_gap_max"] is not None and geo["estimate_gap_max"] < 1e-6  # n = 4: the estimate is exact
+    assert torch.equal(m.a.detach(), torch.tensor(a, dtype=torch.float64))  # perturbed by functional_call only
+
+
+@pytest.mark.parametrize("placement, theta", [("external", (0.5, -1.0)), ("external", (-1.5, -0.6)),
+                                              ("internal", (0.5, -2.0)), ("internal", (-1.0, 1.0))])
+def test_figure5_radii_equal_the_closed_form(placement, theta):
+    """(The search brackets on the grid T_START·√2^k: a window of instability narrower than that factor, which
+    internal recall's band has along some rays, is stepped over; these points' rays leave their region once.)"""
+    m = Figure5Model(placement, *theta)
+    geo = stage(m, torch.zeros(1, 1, dtype=torch.float64), geometry_directions=8, geometry_accuracy=ACC)
+    D = random_directions({"theta": m.theta.detach()}, 8, 0)["theta"].numpy()
+    want = closed([figure5_radius(placement, theta, s * D[j]) for j in range(8) for s in (1, -1)])
+    assert_radii(geo["radii"][0], want)
+
+
+def test_a_fixed_point_with_rho_at_least_one_has_radius_zero():
+    m = Figure5Model("internal", 0.5, 1.0)  # J* = 1 + 0.5 = 1.5: x* = 0 is a fixed point, but repelling
+    geo = stage(m, torch.zeros(1, 1, dtype=torch.float64), geometry_directions=4)
+    assert geo["attracting_at_theta"] == [False] and geo["rho_at_theta"][0] == pytest.approx(1.5)
+    assert geo["radii"] == [[0.0] * 8] and geo["summary"]["unstable_t0"] == 1.0
+
+
+def test_anisotropy_ranks_internal_above_external_as_table_3():
+    """Table 3 (App. B.2): internal recall's stable region is the more anisotropic. Points of N(0, I₂) inside each
+    region (regions.draw, σ = 1, the first 40 of each); the stage's log-IQR and log max/min of the radii, median
+    over the points, are larger for internal, and so are the closed form's (the reference)."""
+    from stability.theory import regions
+
+    x, y = regions.draw(1.0, 2000, 0)
+    med = {}
+    for placement, inside in (("external", regions.stable_external), ("internal", regions.stable_internal)):
+        pts = np.nonzero(inside(x, y))[0][:40]
+        stats, ref = [], []
+        for i in pts:
+            th = (float(x[i]), float(y[i]))
+            m = Figure5Model(placement, *th)
+            geo = stage(m, torch.zeros(1, 1, dtype=torch.float64), geometry_directions=8)
+            stats.append(geo["per_sample"][0])
+            D = random_directions({"theta": m.theta.detach()}, 8, 0)["theta"].numpy()
+            ref.append(anisotropy(closed([figure5_radius(placement, th, s * D[j]) for j in range(8)
+                                          for s in (1, -1)])))
+        med[placement] = {k: np.median([s[k] for s in stats]) for k in ("log_iqr", "log_range")}
+        med[placement + " closed form"] = {k: np.median([s[k] for s in ref]) for k in ("log_iqr", "log_range")}
+    for k in ("log_iqr", "log_range"):
+        assert med["internal"][k] > med["external"][k], med
+        assert med["internal closed form"][k] > med["external closed form"][k], med
+
+
+class NoVmap(DiagonalRecall):
+    """A map whose code vmap cannot batch (a Python float of a tensor): the stage runs it one row at a time."""
+
+    def step(self, x, x0):
+        float(self.a.detach().sum())
+        return self.a * x + x0
+
+
+def test_a_map_that_does_not_vmap_gives_the_same_radii():
+    a = [0.5, -0.3, 0.8, 0.1]
+    base = stage(DiagonalRecall(a), torch.zeros(1, 4, dtype=torch.float64), geometry_directions=2)
+    slow = stage(NoVmap(a), torch.zeros(1, 4, dtype=torch.float64), geometry_directions=2)
+    assert slow["evaluation"].startswith("one row at a time") and base["evaluation"] == "vmap over rows"
+    assert slow["radii"] == base["radii"]
+
+
+# ---- a trained checkpoint ---------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    out = tmp_path_factory.mktemp("geometry") / "tiny.pt"
+    run_cli("train", "--task", "prefix-sums", "--width", "16", "--heads", "2", "--epochs", "2", "--train-size", "64",
+            "--val-size", "8", "--hard-size", "8", "--hard-length", "16", "--test-iterations", "20", "--out", out,
+            "--quiet", env={"OMP_NUM_THREADS": "1"})
+    return out
+
+
+def test_trained_checkpoint_radii_positive_where_attracting_and_zero_elsewhere(tiny):
+    import stability
+    from stability.analysis.fixed_point import analysis_model
+    from stability.analysis.pipeline import analyze_checkpoint
+
+    o = AnalysisOptions(samples=4, stages=("rho", "geometry"), geometry_samples=4, geometry_directions=2,
+                        geometry_group_directions=1, geometry_accuracy=0.2, max_iter=200)
+    before = {k: v.clone() for k, v in stability.load(tiny).model.state_dict().items()}
+    rep = analyze_checkpoint(tiny, splits=("val", "hard"), options=o).to_json()
+    seen = set()
+    for split in ("val", "hard"):
+        b = rep[split]
+        geo, fp, rho = b["geometry"], b["fixed_point"], b["jacobian"]["spectral_radius"]
+        for i, s in enumerate(geo["samples"]):
+            attracts = fp["status"][s] == "converged" and rho[s] < 1
+            assert geo["attracting_at_theta"][i] == attracts
+            seen.add(attracts)
+            if attracts:
+                assert all(0 < r <= T_MAX and math.isfinite(r) for r in geo["radii"][i]), geo["radii"][i]
+            else:
+                assert geo["radii"][i] == [0.0] * 4
+        names = [g["name"] for g in geo["groups"]]
+        assert {"W_x (recall weight)", "attention (h1)", "MLP (h2)", "norm gains", "embedding"} <= set(names)
+        assert all(n.startswith("head.") for n in geo["outside_loop"])  # the readout cannot move x* or J*
+        assert b["verdict"]["geometry"] in ("yes", "partly", "no")
+    assert True in seen
+    after = stability.load(tiny).model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    m = analysis_model(stability.load(tiny).model)
+    assert loop_parameters(m, torch.zeros(1, 8, 1, dtype=torch.float64), torch.zeros(1, 8, 16, dtype=torch.float64),
+                           torch.zeros(1, 8, 16, dtype=torch.float64))[1] == geo["outside_loop"]
+
+
+def test_cli_three_axes_and_the_region_picture(tiny, tmp_path):
+    plots, js = tmp_path / "plots", tmp_path / "a.json"
+    proc = run_cli("analyze", tiny, "--only", "geometry", "--split", "val", "--samples", "2", "--max-iter", "150",
+                   "--geometry-directions", "2", "--geometry-group-directions", "0", "--geometry-plane", "5",
+                   "--plots", plots, "--json", js, "--quiet", env={"OMP_NUM_THREADS": "1"})
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("  val ")]
+    assert [ln.split(":")[0].split()[-1] for ln in lines] == ["reachable", "input-dependent", "geometry"]
+    assert "NOT MEASURED" in lines[1] and "median radius" in lines[2]
+    assert "radius of stability" in proc.stdout and (plots / "geometry_region.png").stat().st_size > 10_000
+    report = json.loads(js.read_text())
+    assert report["schema_version"] == 3 and len(report["val"]["geometry"]["plane"]["rho"]) == 5
+    # without the stage, geometry is NOT MEASURED and says how to run it
+    proc = run_cli("analyze", tiny, "--only", "rho", "--split", "val", "--samples", "2", "--max-iter", "150",
+                   "--quiet", env={"OMP_NUM_THREADS": "1"})
+    geo_line = [ln for ln in proc.stdout.splitlines() if ln.startswith("  val    geometry:")][0]
+    assert "NOT MEASURED" in geo_line and "--only geometry" in geo_line
+
+
+# ---- the verdict, and reading old analyses ------------------------------------------------------------------------
+
+def _geo_block(r, iqr, attracting=1, samples=1):
+    return {"directions": 8, "samples": list(range(samples)), "groups": [],
+            "summary": {"median_radius": r, "log_iqr": iqr, "log_range": None if iqr is None else 2 * iqr, "balance": 0.5,
+                        "unstable_t0": 0.0, "attracting_samples": attracting, "samples": samples}}
+
+
+@pytest.mark.parametrize("r, iqr, want", [(0.5, 0.3, "yes"), (0.5, 1.5, "partly"), (0.05, 0.3, "partly"),
+                                          (0.05, 1.5, "no")])
+def test_verdict_geometry_thresholds(r, iqr, want):
+    fp = {"converged_fraction": 1.0, "samples": 4, "status": ["converged"] * 4, "distinct_fixed_points": 4}
+    v = verdict({"fixed_point": fp, "geometry": _geo_block(r, iqr)}, tol=1e-5)
+    assert v.geometry == want and v.to_dict()["numbers"]["geometry_median_radius"] == r
+    assert "independent_of_e" not in v.to_dict()
+    assert verdict({"fixed_point": fp}, tol=1e-5).geometry == "not measured"
+    assert verdict({"fixed_point": fp, "geometry": _geo_block(0.0, None, attracting=0)}, tol=1e-5).geometry == "no"
+
+
+def test_geometry_is_opt_in_for_the_library_and_the_sweep():
+    assert "geometry" in STAGES and "geometry" not in DEFAULT_STAGES
+    assert AnalysisOptions().stages == DEFAULT_STAGES
+
+
+OLD = {"format": "stability-analysis", "schema_version": 2, "checkpoint": "old.pt", "config": None, "options": {},
+       "epoch": 1, "splits": ["val"],
+       "val": {"split": "val", "samples": 2, "state_shape": [8, 16],
+               "fixed_point": {"converged_fraction": 1.0, "status_counts": {"converged": 2}, "nfe_median": 30,
+                               "residual_median": 1e-6, "status": ["converged", "converged"], "tol": 1e-5,
+                               "solver": "picard", "max_iter": 500, "distinct_fixed_points": 2},
+               "jacobian": {"spectral_radius_median": 0.7, "sigma_max_median": 1.2, "spectral_radius": [0.7, 0.7]},
+               "verdict": {"reachable": "yes", "input_dependent": "yes", "independent_of_e": "yes",
+                           "numbers": {}, "reasons": {"reachable": "100% converged"},
+                           "thresholds": {"reachable_share": 0.9, "rho_margin": 0.0, "input_grad_min": 1e-3,
+                                          "prop5_rel_error_max": 1e-4, "e_distance_max": 1e-3}}}}
+
+
+def test_an_old_schema_2_json_is_still_compared_and_shown(tmp_path):
+    from stability.analysis.report import verdict_text
+    from stability.compare import compare_files
+
+    new = json.loads(json.dumps(OLD))
+    new["schema_version"] = 3
+    new["val"]["geometry"] = _geo_block(0.4, 0.5)
+    new["val"]["verdict"] = verdict(new["val"], tol=1e-5).to_dict()
+    a, b = tmp_path / "old.json", tmp_path / "new.json"
+    a.write_text(json.dumps(OLD))
+    b.write_text(json.dumps(new))
+    rows = {r.label: r for r in compare_files(a, b).rows}
+    assert rows["ρ(J*) median"].a == rows["ρ(J*) median"].b == 0.7
+    assert rows["geometry: median radius of stability"].a is None
+    assert rows["geometry: median radius of stability"].b == 0.4
+    proc = run_cli("compare", a, b)
+    assert "geometry" in proc.stdout
+    assert "independent of e" in verdict_text(OLD) and "geometry" in verdict_text(new)
+
+
+def test_a_grid_can_ask_the_sweep_for_the_geometry_stage(tmp_path):
+    from stability.sweep import grid as gridlib
+    from stability.sweep.runner import RunOptions, analysis_summary
+
+    assert "analyze_geometry" not in RunOptions().to_dict()  # the existing grids' records keep their shape
+    opts = RunOptions(analyze_geometry=True)
+    assert RunOptions.from_dict(opts.to_dict()) == opts and RunOptions.from_dict(RunOptions().to_dict()) == RunOptions()
+    toml = tmp_path / "g.toml"
+    toml.write_text('name = "g"\n[fixed.task]\nname = "prefix-sums"\n[axes.model]\nrecall = ["external"]\n'
+                    '[summary]\nanalyze_geometry = true\n')
+    assert gridlib.load(toml).summary["analyze_geometry"] is True
+    report = {"splits": ["val"], "val": {"fixed_point": {}, "jacobian": {}}}
+    assert not any(k.startswith("geometry") for k in analysis_summary(report)["val"])
+    report["val"]["geometry"] = _geo_block(0.3, 0.4)
+    assert analysis_summary(report)["val"]["geometry_median_radius"] == 0.3

@@ -1,0 +1,1 @@
+"""The map f (stability/model): the looped transformer, its Fixed-Point Reasoner options, the release import."""

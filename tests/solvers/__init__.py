@@ -1,0 +1,1 @@
+"""The fixed-point solvers (stability/solvers.py)."""

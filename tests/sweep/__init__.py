@@ -1,0 +1,1 @@
+"""Sweeps (stability/sweep): grids, records, claims, tables and figures."""
