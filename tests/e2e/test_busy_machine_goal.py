@@ -3,9 +3,7 @@ default setting against the *best* setting measured there (not against the same 
 
 import importlib.util
 import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import ROOT
 
 
 def _bench():
