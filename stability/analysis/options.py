@@ -21,6 +21,8 @@ STAGES = ("reachability", "rho", "prop4", "rho_wx", "prop5", "input", "a8", "rep
 #: the stages of ``AnalysisOptions()`` (the library's and the sweep's default): all but geometry, which a grid or
 #: a caller asks for (``stability analyze`` runs :data:`STAGES`)
 DEFAULT_STAGES = tuple(s for s in STAGES if s != "geometry")
+#: the stages that measure only the first ``few_samples`` samples of a large state (a8: its local part)
+FEW_SAMPLE_STAGES = ("rho", "prop4", "input", "a8")
 #: the JSON block of each stage
 STAGE_KEYS = {"reachability": "fixed_point", "rho": "jacobian", "prop4": "prop4", "rho_wx": "recall",
               "prop5": "prop5", "input": "input_dependence", "a8": "initial_iterate", "repelling": "repelling",
@@ -106,6 +108,10 @@ class AnalysisOptions:
         "metavar": "F", "help": "repelling: relative size of each perturbation, ‖δ‖₂ = F · max(‖x_best‖₂, √n)"})
     repelling_budget: int = field(default=100, metadata={
         "metavar": "N", "help": "repelling: Broyden iterations per start"})
+    # large states: above few_samples_above (the state size n; above every committed record's n) the per-sample
+    # Krylov stages (rho and σ_max, prop4, input, a8's local part) measure the first few_samples samples only; 0: all
+    few_samples: int = 8
+    few_samples_above: int = 8192
     # the ρ(J*) picture over the plane of two directions, N × N cells (0: none); not a flag with this default:
     # `stability analyze --geometry-plane N` defaults to 15 with --plots and to 0 without
     geometry_plane: int = 0
@@ -121,7 +127,8 @@ class AnalysisOptions:
         for name in ("geometry_directions", "geometry_samples", "repelling_budget"):
             if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
                 raise StabilityError(f"{name} must be an integer ≥ 1, got {getattr(self, name)!r}")
-        for name in ("geometry_group_directions", "geometry_certify", "geometry_plane", "repelling_starts"):
+        for name in ("geometry_group_directions", "geometry_certify", "geometry_plane", "repelling_starts",
+                     "few_samples", "few_samples_above"):
             if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 0):
                 raise StabilityError(f"{name} must be an integer ≥ 0, got {getattr(self, name)!r}")
         if not (np.isfinite(self.repelling_scale) and self.repelling_scale > 0):
@@ -134,6 +141,13 @@ class AnalysisOptions:
 
         if not is_device_name(str(self.device)):
             raise StabilityError(f"device {self.device!r}: expected auto, cpu, cuda or cuda:N")
+
+    def measured(self, n: int, samples: int) -> int:
+        """How many samples (the first ones) the stages of :data:`FEW_SAMPLE_STAGES` measure at state size ``n``:
+        all ``samples``, or ``few_samples`` of them where ``n > few_samples_above`` (0: all)."""
+        if self.few_samples and n > self.few_samples_above:
+            return min(samples, self.few_samples)
+        return samples
 
     def to_dict(self) -> dict:
         out = asdict(self)

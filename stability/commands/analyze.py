@@ -50,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _option(p, "noise_std", type=positive_float)
     _option(p, "eig_route")
     _option(p, "eig_precision")
+    p.add_argument("--few-samples", type=_non_negative_int, default=8, metavar="K",
+                   help="on states above n = 8,192: the per-sample Krylov stages (rho and σ_max, prop4, input, a8's "
+                        "local part) measure the first K samples only, said in the report; 0: all (8)")
     geo = p.add_argument_group("geometry (the third axis: radii of stability along random directions in "
                                "parameter space, docs/analysis.md)")
     _option(geo, "geometry_directions", type=positive_int)
@@ -293,7 +296,7 @@ def run(args: argparse.Namespace) -> int:
                               geometry_group_directions=args.geometry_group_directions,
                               geometry_certify=args.geometry_certify,
                               repelling_starts=args.repelling_starts, repelling_scale=args.repelling_scale,
-                              repelling_budget=args.repelling_budget,
+                              repelling_budget=args.repelling_budget, few_samples=args.few_samples,
                               geometry_plane=(args.geometry_plane if args.geometry_plane is not None
                                               else PLOT_PLANE if args.plots else 0))
     if args.json:
