@@ -83,7 +83,8 @@ def forecast(n: int, shape, samples: int, splits: int, stages, *, workers: int, 
     if rest:
         shorter.append(f"--only {','.join(rest)} (all but {costliest}, about {clock(cost[costliest])} a split)")
     shorter.append("--device cuda")
-    some = f" (ρ, Prop. 4, ‖dx*/dx0‖, A.8 local on {few})" if few is not None and few < samples else ""
+    some = (f" (ρ, Prop. 4, ‖dx*/dx0‖, A.8, repelling on {few})" if few is not None and few < samples
+            else "")
     return (f"analysis: {splits} split(s) × {samples} samples{some}, state {shape} (n = {n:,}), {len(stages)} stages: "
             f"about {clock(total)} on {threads * max(1, min(workers, splits))} CPU thread(s) (predicted); "
             f"shorter: {', '.join(shorter)}")

@@ -21,8 +21,9 @@ STAGES = ("reachability", "rho", "prop4", "rho_wx", "prop5", "input", "a8", "rep
 #: the stages of ``AnalysisOptions()`` (the library's and the sweep's default): all but geometry, which a grid or
 #: a caller asks for (``stability analyze`` runs :data:`STAGES`)
 DEFAULT_STAGES = tuple(s for s in STAGES if s != "geometry")
-#: the stages that measure only the first ``few_samples`` samples of a large state (a8: its local part)
-FEW_SAMPLE_STAGES = ("rho", "prop4", "input", "a8")
+#: the stages that measure only the first ``few_samples`` samples of a large state (their cost is a Krylov solve,
+#: two solves or a root search per sample)
+FEW_SAMPLE_STAGES = ("rho", "prop4", "input", "a8", "repelling")
 #: the JSON block of each stage
 STAGE_KEYS = {"reachability": "fixed_point", "rho": "jacobian", "prop4": "prop4", "rho_wx": "recall",
               "prop5": "prop5", "input": "input_dependence", "a8": "initial_iterate", "repelling": "repelling",
@@ -109,7 +110,7 @@ class AnalysisOptions:
     repelling_budget: int = field(default=100, metadata={
         "metavar": "N", "help": "repelling: Broyden iterations per start"})
     # large states: above few_samples_above (the state size n; above every committed record's n) the per-sample
-    # Krylov stages (rho and σ_max, prop4, input, a8's local part) measure the first few_samples samples only; 0: all
+    # stages of FEW_SAMPLE_STAGES (rho and σ_max, prop4, input, a8, repelling) measure the first few_samples only; 0: all
     few_samples: int = 8
     few_samples_above: int = 8192
     # the ρ(J*) picture over the plane of two directions, N × N cells (0: none); not a flag with this default:

@@ -63,8 +63,8 @@ def run_stages(model, inputs: torch.Tensor, targets: Optional[torch.Tensor], opt
     few = [s for s in FEW_SAMPLE_STAGES if s in options.stages]
     if K < N and few:  # said in the JSON and the report: which stages measured the first K samples only, and why
         out.measured_samples = {"stages": few, "samples": K, "of": N, "n": n, "above": options.few_samples_above,
-                                "why": f"n = {n:,} > {options.few_samples_above:,}: the per-sample Krylov stages "
-                                       f"measure the first {K} samples (their cost is per sample; --few-samples 0: "
+                                "why": f"n = {n:,} > {options.few_samples_above:,}: the stages whose cost is per "
+                                       f"sample measure the first {K} (their cost is per sample; --few-samples 0: "
                                        f"all)"}
     out.x0, out.x_star = x0, at.x_star
     return out

@@ -214,7 +214,9 @@ def stage_a8(at: AtFixedPoint) -> InitialIterate:
     from stability.analysis.verdict import THRESHOLDS
     from stability.solvers import solve
 
-    o, x0, e = at.options, at.x0, at.e
+    # the first K samples (all, but on large states a few: AnalysisOptions.few_samples)
+    o, K = at.options, at.few
+    x0, e, x_star, converged = at.x0[:K], at.e[:K], at.x_star[:K], at.converged[:K]
     std = 1.0 if o.noise_std is None else float(o.noise_std)
     gen = torch.Generator().manual_seed(o.seed)
     starts = {"x0": x0 if x0.shape == e.shape else None, "zeros": torch.zeros_like(e),
@@ -232,7 +234,7 @@ def stage_a8(at: AtFixedPoint) -> InitialIterate:
             i = new.index(k)
             x_best[k], conv[k] = both.x_best[i * B:(i + 1) * B], both.converged[i * B:(i + 1) * B]
         else:
-            x_best[k], conv[k] = at.x_star, at.converged
+            x_best[k], conv[k] = x_star, converged
     all_conv = torch.stack(list(conv.values())).all(0)
     dist = fixed_point_distance(list(x_best.values()))
     a8 = InitialIterate(starts=list(starts), fixed_point_distance=[float(d) if bool(c) else None
@@ -242,16 +244,17 @@ def stage_a8(at: AtFixedPoint) -> InitialIterate:
     # global: the model's e and every other start, x* compared only between converged solves
     alias = [k for k in starts if k not in new]
     names = [f"e (= {alias[0]})" if alias else "e", *new]
-    a8.global_ = global_dependence(names, [at.x_star, *[x_best[k] for k in new]],
-                                   [at.converged, *[conv[k] for k in new]],
+    a8.global_ = global_dependence(names, [x_star, *[x_best[k] for k in new]],
+                                   [converged, *[conv[k] for k in new]],
                                    tol=max(THRESHOLDS["e_distance_max"], 100 * o.tol))
     # local (A.8): ‖dx_T/de·u‖ at the largest T on every converged sample (the first one's from stage prop5's unroll)
     first, norms = at.first_converged, [None] * B
     if first is not None:
         sens = at.initial_iterate_tangent.sample(0)  # from stage prop5's unroll, or computed now
         a8.T, a8.dxT_de_norm, a8.sample = sens["T"], sens["norm"], first
-        norms[first] = sens["norm"][-1]
-        rest = [b for b in at.converged[:at.few].nonzero().flatten().tolist() if b != first]  # few on large states
+        if first < K:
+            norms[first] = sens["norm"][-1]
+        rest = [b for b in converged.nonzero().flatten().tolist() if b != first]
         if rest:
             sel = torch.tensor(rest, device=e.device)
             more = initial_iterate_sensitivity_batched(at.f, e[sel], x0[sel], at.T_grid, seed=o.seed)
@@ -268,10 +271,10 @@ def stage_repelling(at: AtFixedPoint):
     from stability.analysis.repelling import search
     from stability.analysis.verdict import THRESHOLDS
 
-    o, spec = at.options, at.jacobian_spectra
-    return search(at.f, at.x_star, at.x0, starts=o.repelling_starts, scale=o.repelling_scale,
+    o, spec, K = at.options, at.jacobian_spectra, at.few  # the first K samples (a few on large states)
+    return search(at.f, at.x_star[:K], at.x0[:K], starts=o.repelling_starts, scale=o.repelling_scale,
                   budget=o.repelling_budget, tol=o.tol, distinct_tol=max(THRESHOLDS["e_distance_max"], 100 * o.tol),
-                  seed=o.seed, rho_at_best=None if spec is None else spec.spectral_radius, eig_tol=o.eig_tol,
+                  seed=o.seed, rho_at_best=None if spec is None else spec.spectral_radius[:K], eig_tol=o.eig_tol,
                   eig_k=o.eig_k)
 
 

@@ -51,8 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _option(p, "eig_route")
     _option(p, "eig_precision")
     p.add_argument("--few-samples", type=_non_negative_int, default=8, metavar="K",
-                   help="on states above n = 8,192: the per-sample Krylov stages (rho and σ_max, prop4, input, a8's "
-                        "local part) measure the first K samples only, said in the report; 0: all (8)")
+                   help="on states above n = 8,192: the stages whose cost is per sample (rho and σ_max, prop4, input, "
+                        "a8, repelling) measure the first K samples only, said in the report; 0: all (8)")
     geo = p.add_argument_group("geometry (the third axis: radii of stability along random directions in "
                                "parameter space, docs/analysis.md)")
     _option(geo, "geometry_directions", type=positive_int)
