@@ -60,15 +60,16 @@ def _env(tree: Path, threads: int | None = None) -> dict:
     return env
 
 
-def measured(cmd: list, env: dict) -> dict:
-    """Run ``cmd`` in a child process of its own that reports its children's resource use: wall and CPU seconds
-    (user + system, every process it waited for) and the peak RSS of the largest one."""
+def measured(cmd: list, env: dict, cwd: Path = ROOT) -> dict:
+    """Run ``cmd`` in ``cwd`` (``python -m`` puts it first on the path: the tree whose code runs) in a child process
+    of its own that reports its children's resource use: wall and CPU seconds (user + system, every process it
+    waited for) and the peak RSS of the largest one."""
     probe = ("import json, resource, subprocess, sys, time\n"
              "t = time.perf_counter(); rc = subprocess.run(sys.argv[1:]).returncode\n"
              "wall = time.perf_counter() - t; r = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
              "print('@@' + json.dumps({'rc': rc, 'wall_s': wall, 'cpu_s': r.ru_utime + r.ru_stime,"
              " 'peak_rss_mib': r.ru_maxrss / 1024}), file=sys.stderr)\n")
-    p = subprocess.run([sys.executable, "-c", probe, *cmd], env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    p = subprocess.run([sys.executable, "-c", probe, *cmd], env=env, cwd=cwd, stderr=subprocess.PIPE, text=True)
     lines = p.stderr.splitlines()
     out = json.loads(next(line[2:] for line in reversed(lines) if line.startswith("@@")))
     if out["rc"]:
@@ -91,7 +92,7 @@ def make_checkpoint(kind: str, out: Path, samples: int, splits: tuple, *, tree: 
         run = {"rc": 0, "reused": str(trained)}
     else:
         print("making:", " ".join(cmd[1:]), flush=True)
-        run = measured(cmd, _env(tree, 1))
+        run = measured(cmd, _env(tree, 1), cwd=tree)
         if run["rc"]:
             raise SystemExit(f"training failed ({run['rc']})")
     factor, conv = scale_recall(trained, out / f"{kind}.pt", samples, splits)
@@ -138,8 +139,10 @@ def analyse(ckpt: str, tree: Path, json_out: Path, extra: list) -> dict:
     """``stability analyze CKPT --json F --quiet`` (plus ``extra``) with ``tree``'s code, measured; the
     per-stage timings and how many samples each stage measured, from the JSON."""
     cmd = [sys.executable, "-m", "stability", "analyze", ckpt, "--json", str(json_out), "--quiet", *extra]
-    row = measured(cmd, _env(tree))
+    row = measured(cmd, _env(tree), cwd=tree)
     row["tree"] = str(tree)
+    row["commit"] = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                   text=True).stdout.strip()
     if row["rc"] == 0:
         report = json.loads(json_out.read_text())
         row["timings"] = {s: report[s]["timings"] for s in report["splits"]}
