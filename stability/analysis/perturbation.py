@@ -68,7 +68,6 @@ class Family:
         self.calls = 0
         self._wrappers: dict = {}
         self._vmapped: dict = {}
-        self._version, self._gathered = 0, None  # params(): the last gather and the version of P it was taken at
         # every row's parameters, kept (R, *shape) per tensor and updated for the rows whose t changes
         if coef is not None:
             self.P = {k: v + torch.einsum("ac,c...->a...", coef.to(v), dirs[k]) for k, v in base.items()}
@@ -79,20 +78,13 @@ class Family:
             self.P = {k: v.unsqueeze(0).repeat(R, *([1] * v.dim())) for k, v in base.items()}
 
     def params(self, rows: torch.Tensor) -> dict:
-        """The perturbed loop parameters of ``rows``: name → (len(rows), *shape). The gather (every loop parameter,
-        once per row) is kept while the rows and their t stay the same, as they do over most steps of a solve."""
-        last = self._gathered
-        if last is not None and last[0] == self._version and torch.equal(last[1], rows):
-            return last[2]
-        out = {k: v[rows] for k, v in self.P.items()}
-        self._gathered = (self._version, rows.clone(), out)
-        return out
+        """The perturbed loop parameters of ``rows``: name → (len(rows), *shape)."""
+        return {k: v[rows] for k, v in self.P.items()}
 
     def set_t(self, rows: torch.Tensor, t: torch.Tensor) -> None:
         """Move the rows ``rows`` to step sizes ``t`` (and their x0 with them where the embedding moves)."""
         if rows.numel() == 0:
             return
-        self._version += 1  # the rows' parameters change: a kept gather (params) is stale
         self.t[rows] = t.to(self.t)
         s = self.t[rows] * self.row_sign[rows]
         d = self.row_dir[rows]
