@@ -111,6 +111,11 @@ SUITE = (
               _script("analysis_scaling.py", "--only", "prefix-sums-32x40", "--out", "{out}/analysis-scaling.json",
                       "--figure", "{out}/analysis-scaling.png"),
               "every stage of the analysis against the state size, and the fitted exponents"),
+    Benchmark("paper-size", "Paper-size analysis (issue 25)",
+              _script("paper_size.py", "--out", "{out}/paper-size", "--json", "{out}/paper-size.json"),
+              _script("paper_size.py", "--dry-run", "--out", "{out}/paper-size", "--json", "{out}/paper-size.json"),
+              "the whole default `stability analyze` of a width-256 sudoku checkpoint (trained briefly, W_x scaled "
+              "so Picard converges) as a process: wall, CPU, peak RSS, per-stage timings"),
     Benchmark("busy-machine", "Busy machine (issue 25)",
               _script("busy_machine.py", "--ckpt", CKPT, "--json", "{out}/busy-machine.json"),
               _script("busy_machine.py", "--quick", "--ckpt", CKPT, "--json", "{out}/busy-machine.json"),

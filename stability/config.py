@@ -493,7 +493,7 @@ class AnalysisOptions(_Config):
     FLAGS: typing.ClassVar[tuple[str, ...]] = (
         "samples", "solver", "tol", "max_iter", "iterations", "device", "probes", "eig_precision", "noise_std",
         "geometry_directions", "geometry_samples", "geometry_accuracy", "geometry_group_directions",
-        "geometry_certify", "repelling_starts", "repelling_scale", "repelling_budget")
+        "geometry_certify", "repelling_starts", "repelling_scale", "repelling_budget", "few_samples")
 
     samples: int = _f(32, "analyse the first N samples of each split (or of --inputs), in order", metavar="N",
                       ge=1)
@@ -537,6 +537,12 @@ class AnalysisOptions(_Config):
     repelling_scale: float = _f(0.5, "repelling: relative size of each perturbation, ‖δ‖₂ = F · max(‖x_best‖₂, "
                                 "√n)", metavar="F", gt=0.0)
     repelling_budget: int = _f(100, "repelling: Broyden iterations per start", metavar="N", ge=1)
+    # large states (issue 25): above few_samples_above (the state size n, above every committed record's) the
+    # stages whose cost is per sample (analysis.options.FEW_SAMPLE_STAGES) measure the first few_samples only
+    few_samples: int = _f(8, "on states above n = 8,192: the stages whose cost is per sample (rho and σ_max, prop4, "
+                          "input, a8, repelling) measure the first K samples only, said in the report; 0: all",
+                          metavar="K", ge=0)
+    few_samples_above: int = _f(8192, "the state size n above which few_samples applies", ge=0)
     # not a flag with this default: `stability analyze --geometry-plane N` defaults to 15 with --plots, else 0
     geometry_plane: int = _f(0, "geometry: the ρ(J*) picture over the plane of two directions, N × N cells (0: "
                              "none)", ge=0)
@@ -552,6 +558,13 @@ class AnalysisOptions(_Config):
             if route != EIG_ROUTE:
                 raise ConfigError(f"AnalysisOptions.eig_route: {route!r} is not allowed; allowed: {EIG_ROUTE}")
         return data
+
+    def measured(self, n: int, samples: int) -> int:
+        """How many samples (the first ones) the stages of ``FEW_SAMPLE_STAGES`` measure at state size ``n``: all
+        ``samples``, or ``few_samples`` of them where ``n > few_samples_above`` (``few_samples`` 0: all)."""
+        if self.few_samples and n > self.few_samples_above:
+            return min(samples, self.few_samples)
+        return samples
 
     def to_dict(self) -> dict:
         """The JSON's ``options``: every field, ``stages`` a list, and ``eig_route`` after ``seed`` (the keys and

@@ -36,15 +36,21 @@ COSTS = {
 SAY_ABOVE = 60.0
 
 
-def predict(n: int, samples: int, stages, *, geometry_samples: int = 1, threads: int = 1) -> dict:
+def predict(n: int, samples: int, stages, *, geometry_samples: int = 1, threads: int = 1,
+            few: Optional[int] = None) -> dict:
     """Predicted seconds of each stage of ``stages`` on ``samples`` samples of state size ``n`` (one split).
     ``threads``: torch's threads for this split; the fit is for one, and a second thread is counted as half a
-    thread more (measured speed-ups of the products at these sizes are 1.3–1.6×)."""
+    thread more (measured speed-ups of the products at these sizes are 1.3–1.6×). ``few``: the samples the stages
+    of :data:`~stability.analysis.options.FEW_SAMPLE_STAGES` measure (None: all; ``AnalysisOptions.measured``)."""
+    from stability.analysis.options import FEW_SAMPLE_STAGES
+
     speed = 1.0 + 0.5 * max(0, threads - 1)
     out = {}
     for s in stages:
         a, b, unit = COSTS.get(s, (0.0, 0.0, "one"))
         units = samples if unit == "sample" else (geometry_samples if s == "geometry" else 1)
+        if unit == "sample" and few is not None and s in FEW_SAMPLE_STAGES:
+            units = min(samples, few)
         out[s] = a * units * (max(n, 1) / 1000.0) ** b / speed
     return out
 
@@ -60,22 +66,26 @@ def clock(seconds: float) -> str:
 
 
 def forecast(n: int, shape, samples: int, splits: int, stages, *, workers: int, threads: int,
-             geometry_samples: int = 1, device: str = "cpu") -> Optional[str]:
+             geometry_samples: int = 1, device: str = "cpu", few: Optional[int] = None) -> Optional[str]:
     """The line said before a long analysis (None when it is predicted to take under :data:`SAY_ABOVE` s): what
-    it analyses, the predicted time on this machine's threads, and how to make it shorter."""
-    per_split = sum(predict(n, samples, stages, geometry_samples=geometry_samples, threads=threads).values())
+    it analyses, the predicted time on this machine's threads, and how to make it shorter. ``few``: as
+    :func:`predict`'s (said in the line when it is below ``samples``)."""
+    per_split = sum(predict(n, samples, stages, geometry_samples=geometry_samples, threads=threads,
+                            few=few).values())
     total = per_split * splits / max(1, min(workers, splits))
     if device != "cpu" or total < SAY_ABOVE:
         return None
     shape = " × ".join(str(d) for d in shape)
     shorter = [f"--samples {max(1, samples // 4)}"] if samples > 4 else []
-    cost = predict(n, samples, stages, geometry_samples=geometry_samples, threads=threads)
+    cost = predict(n, samples, stages, geometry_samples=geometry_samples, threads=threads, few=few)
     costliest = max(cost, key=cost.get)
     rest = [s for s in stages if s not in (costliest, "reachability")]
     if rest:
         shorter.append(f"--only {','.join(rest)} (all but {costliest}, about {clock(cost[costliest])} a split)")
     shorter.append("--device cuda")
-    return (f"analysis: {splits} split(s) × {samples} samples, state {shape} (n = {n:,}), {len(stages)} stages: "
+    some = (f" (ρ, Prop. 4, ‖dx*/dx0‖, A.8, repelling on {few})" if few is not None and few < samples
+            else "")
+    return (f"analysis: {splits} split(s) × {samples} samples{some}, state {shape} (n = {n:,}), {len(stages)} stages: "
             f"about {clock(total)} on {threads * max(1, min(workers, splits))} CPU thread(s) (predicted); "
             f"shorter: {', '.join(shorter)}")
 

@@ -103,6 +103,12 @@ class AtFixedPoint:
         return self.solution.converged
 
     @property
+    def few(self) -> int:
+        """How many samples (the first ones) the per-sample Krylov stages measure: all, or the first
+        ``options.few_samples`` on states above ``options.few_samples_above`` (:meth:`AnalysisOptions.measured`)."""
+        return self.options.measured(int(self.e[0].numel()), int(self.e.shape[0]))
+
+    @property
     def first_converged(self) -> Optional[int]:
         """The first sample whose solve converged (the sample of Prop. 5 and of A.8's ‖dx_T/de‖), None if none."""
         c = self.converged

@@ -12,8 +12,12 @@ from __future__ import annotations
 
 from stability.config import DEFAULT_STAGES, STAGES, AnalysisOptions, parse_stages
 
-__all__ = ["STAGES", "DEFAULT_STAGES", "STAGE_KEYS", "FORMAT", "SCHEMA_VERSION", "AnalysisOptions", "parse_stages"]
+__all__ = ["STAGES", "DEFAULT_STAGES", "FEW_SAMPLE_STAGES", "STAGE_KEYS", "FORMAT", "SCHEMA_VERSION",
+           "AnalysisOptions", "parse_stages"]
 
+#: the stages that measure only the first ``few_samples`` samples of a large state (their cost is a Krylov solve,
+#: two solves or a root search per sample; :meth:`AnalysisOptions.measured`)
+FEW_SAMPLE_STAGES = ("rho", "prop4", "input", "a8", "repelling")
 #: the JSON block of each stage
 STAGE_KEYS = {"reachability": "fixed_point", "rho": "jacobian", "prop4": "prop4", "rho_wx": "recall",
               "prop5": "prop5", "input": "input_dependence", "a8": "initial_iterate", "repelling": "repelling",

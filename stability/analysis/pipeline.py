@@ -22,7 +22,7 @@ import torch
 
 from stability.analysis.cost import Progress, forecast, predict
 from stability.analysis.fixed_point import AtFixedPoint, analysis_model
-from stability.analysis.options import AnalysisOptions
+from stability.analysis.options import FEW_SAMPLE_STAGES, AnalysisOptions
 from stability.analysis.pool import parallel_splits
 from stability.analysis.results import STAGE_FIELDS, Analysis, SplitResult
 from stability.analysis.stages import STAGE_FUNCTIONS
@@ -47,7 +47,8 @@ def run_stages(model, inputs: torch.Tensor, targets: Optional[torch.Tensor], opt
         e = model.initial_state(x0, generator=torch.Generator(device=dev).manual_seed(options.seed))
     n = int(e[0].numel())
     progress = Progress(split, predict(n, int(x0.shape[0]), options.stages, geometry_samples=options.geometry_samples,
-                                       threads=torch.get_num_threads()), say)
+                                       threads=torch.get_num_threads(),
+                                       few=options.measured(n, int(x0.shape[0]))), say)
     at = AtFixedPoint(model=model, options=options, inputs=inputs, x0=x0, e=e, targets=targets, score=score, log=say,
                       split=split, progress=progress)
     out = SplitResult(split=split, samples=int(x0.shape[0]), state_shape=list(e.shape[1:]), stages=options.stages,
@@ -58,6 +59,13 @@ def run_stages(model, inputs: torch.Tensor, targets: Optional[torch.Tensor], opt
         setattr(out, STAGE_FIELDS[name], STAGE_FUNCTIONS[name](at))
         progress.end(name)
         out.timings[name] = time.perf_counter() - t
+    K, N = at.few, int(x0.shape[0])
+    few = [s for s in FEW_SAMPLE_STAGES if s in options.stages]
+    if K < N and few:  # said in the JSON and the report: which stages measured the first K samples only, and why
+        out.measured_samples = {"stages": few, "samples": K, "of": N, "n": n, "above": options.few_samples_above,
+                                "why": f"n = {n:,} > {options.few_samples_above:,}: the stages whose cost is per "
+                                       f"sample measure the first {K} (their cost is per sample; --few-samples 0: "
+                                       f"all)"}
     out.x0, out.x_star = x0, at.x_star
     return out
 
@@ -196,8 +204,10 @@ def _forecast(model, task, splits: tuple, options: AnalysisOptions, workers: int
         x0 = model.embed(inputs[:1].to(options.device, torch.float64) if inputs.is_floating_point()
                          else inputs[:1].to(options.device))
         shape = tuple(model.initial_state(x0).shape[1:])
-    line = forecast(int(torch.Size(shape).numel()), shape, options.samples, len(splits), options.stages,
+    n = int(torch.Size(shape).numel())
+    line = forecast(n, shape, options.samples, len(splits), options.stages,
                     workers=max(1, workers), threads=max(1, threads // max(1, workers)),
-                    geometry_samples=options.geometry_samples, device=options.device)
+                    geometry_samples=options.geometry_samples, device=options.device,
+                    few=options.measured(n, options.samples))
     if line:
         log(line)

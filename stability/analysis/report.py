@@ -61,8 +61,11 @@ def split_table(block: dict) -> str:
     fp = block["fixed_point"]
     counts = ", ".join(f"{k} {v}" for k, v in fp["status_counts"].items() if v)
     cycles = ", ".join(f"period {k}: {v}" for k, v in fp.get("cycles", {}).items()) or "none"
+    few = block.get("measured_samples")
     rows = [
         ("samples", f"{block['samples']}  (state {' × '.join(map(str, block['state_shape']))})", ""),
+        *([("measured by", f"{', '.join(few['stages'])}: the first {few['samples']} of {few['of']}", few["why"])]
+          if few else []),
         ("converged", f"{fp['converged_fraction']:.1%}  ({counts})",
          f"{fp['solver']}, τ = {fp['tol']:g}, ≤ {fp['max_iter']} iterations"),
         ("cycles", cycles, "period-k orbits among unconverged samples"),

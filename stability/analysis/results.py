@@ -163,6 +163,7 @@ class SplitResult:
     accuracy: Any = None
     geometry: Any = None
     timings: dict = field(default_factory=dict)
+    measured_samples: Optional[dict] = None  # on large states: the stages that measured the first few samples only
     model: Optional[str] = None  # the model's class name
     x0: Optional[torch.Tensor] = field(default=None, repr=False)  # (B, *S0) the analysed inputs' x0 (not in JSON)
     x_star: Optional[torch.Tensor] = field(default=None, repr=False)  # (B, *S) x_best of the solve (not in JSON)
@@ -178,9 +179,10 @@ class SplitResult:
         run), the verdict on them and the timings."""
         objs = {STAGE_KEYS[s]: getattr(self, STAGE_FIELDS[s]) for s in STAGES}
         blocks = {k: None if v is None else _to_dict(v) for k, v in objs.items()}
+        few = {} if self.measured_samples is None else {"measured_samples": dict(self.measured_samples)}
         return {"split": self.split, "samples": self.samples, "state_shape": self.state_shape,
-                "stages": list(self.stages), **blocks, "verdict": verdict(blocks, tol=self.options.tol).to_dict(),
-                "timings": dict(self.timings)}
+                "stages": list(self.stages), **few, **blocks,
+                "verdict": verdict(blocks, tol=self.options.tol).to_dict(), "timings": dict(self.timings)}
 
 
 @dataclass(eq=False)

@@ -101,11 +101,12 @@ def stage_rho(at: AtFixedPoint) -> JacobianSpectra:
                   f"dense Jacobian (n = {n} ≤ {DENSE_KRYLOV_MAX}: every sample's J by batched forward-mode columns), "
                   f"ρ by ARPACK on each dense J (leading Ritz residual < {o.eig_tol:g}), σ_max by λ_max(JᵀJ)")
     else:
-        chunk = o.eig_batch or (N if dev.type == "cuda" else 1)
+        K = at.few  # the first K samples (all, but on large states a few: AnalysisOptions.few_samples)
+        chunk = o.eig_batch or (K if dev.type == "cuda" else 1)
         mixed = o.eig_precision == "mixed" and x_star.dtype == torch.float64
         fast_model = copy.deepcopy(at.model).float() if mixed else None
-        for i in range(0, N, chunk):
-            xs, xb = x_star[i:i + chunk], x0[i:i + chunk]
+        for i in range(0, K, chunk):
+            xs, xb = x_star[i:min(i + chunk, K)], x0[i:min(i + chunk, K)]
             J = Linearisation(f, xs, xb)
             fast = Linearisation(fast_model.step, xs.float(), xb.float()) if mixed else None
             spec = spectral_radius(J, route="krylov", fast=fast, k=o.eig_k, tol=o.eig_tol, seed=o.seed)
@@ -114,10 +115,13 @@ def stage_rho(at: AtFixedPoint) -> JacobianSpectra:
             sigmas += sig.cpu().tolist()
             eigs += [[[float(z.real), float(z.imag)] for z in row] for row in spec.eigenvalues.cpu()]
             flags += (spec.ritz_residual < o.eig_tol).cpu().tolist()
-            at.tick(min(i + chunk, N), N)
+            at.tick(min(i + chunk, K), K)
         method = (f"Krylov–Schur on Jᵀ (torch, {chunk} sample(s) per batch; "
                   + ("float32 products, each leading Ritz pair certified by float64 products)" if mixed
                      else "float64 products)"))
+        if K < N:  # the rest are not measured (None), said in the method and the split's measured_samples
+            rhos, sigmas, eigs, flags = (v + [None] * (N - K) for v in (rhos, sigmas, eigs, flags))
+            method += f"; the first {K} of {N} samples (n = {n:,} > {o.few_samples_above:,})"
     at.jacobian_spectra = JacobianSpectra(method=method, spectral_radius=rhos, sigma_max=sigmas, eigenvalues=eigs,
                                           eigen_converged=flags, converged=at.converged.tolist())
     return at.jacobian_spectra
@@ -136,12 +140,15 @@ def stage_prop4(at: AtFixedPoint):
     o, dense = at.options, at.dense_jacobians  # stage rho's dense Jacobians, when it took the dense route
     spec = at.jacobian_spectra  # stage rho's spectra at this x*, for the matrix-free route to take where M = J
     mixed = o.eig_precision == "mixed" and at.x_star.dtype == torch.float64
-    return prop4(at.model, at.x_star, at.x0, probes=o.prop4_probes, k=o.eig_k, tol=o.eig_tol,
-                 J=None if dense is None else dense.J, J_spectra=None if dense is None else dense.spectra,
-                 J_rho=None if spec is None else (spec.spectral_radius, spec.eigenvalues),
-                 fast_model=copy.deepcopy(at.model).float() if mixed else None,
-                 chunk=o.eig_batch or (at.x_star.shape[0] if at.x_star.device.type == "cuda" else 1), seed=o.seed,
-                 tick=at.tick)
+    N, K = at.x_star.shape[0], at.few  # the first K samples (all, but on large states a few)
+    out = prop4(at.model, at.x_star[:K], at.x0[:K], probes=o.prop4_probes, k=o.eig_k, tol=o.eig_tol,
+                J=None if dense is None else dense.J, J_spectra=None if dense is None else dense.spectra,
+                J_rho=None if spec is None else (spec.spectral_radius[:K], spec.eigenvalues[:K]),
+                fast_model=copy.deepcopy(at.model).float() if mixed else None,
+                chunk=o.eig_batch or (K if at.x_star.device.type == "cuda" else 1), seed=o.seed, tick=at.tick)
+    if out is not None and K < N:
+        out.rho_M = list(out.rho_M) + [None] * (N - K)
+    return out
 
 
 def stage_rho_wx(at: AtFixedPoint):
@@ -187,7 +194,7 @@ def stage_input(at: AtFixedPoint) -> InputDependence:
 
     o, conv = at.options, at.converged
     frob: list = [None] * conv.numel()
-    idx = conv.nonzero().flatten()
+    idx = conv[:at.few].nonzero().flatten()  # the first few samples on large states (AnalysisOptions.few_samples)
     if idx.numel():
         dev = at.x_star.device
         est = input_dependence_frobenius_batched(at.f, at.x_star[idx.to(dev)], at.x0[idx.to(dev)],
@@ -207,7 +214,9 @@ def stage_a8(at: AtFixedPoint) -> InitialIterate:
     from stability.analysis.verdict import THRESHOLDS
     from stability.solvers import solve
 
-    o, x0, e = at.options, at.x0, at.e
+    # the first K samples (all, but on large states a few: AnalysisOptions.few_samples)
+    o, K = at.options, at.few
+    x0, e, x_star, converged = at.x0[:K], at.e[:K], at.x_star[:K], at.converged[:K]
     std = 1.0 if o.noise_std is None else float(o.noise_std)
     gen = torch.Generator().manual_seed(o.seed)
     starts = {"x0": x0 if x0.shape == e.shape else None, "zeros": torch.zeros_like(e),
@@ -225,7 +234,7 @@ def stage_a8(at: AtFixedPoint) -> InitialIterate:
             i = new.index(k)
             x_best[k], conv[k] = both.x_best[i * B:(i + 1) * B], both.converged[i * B:(i + 1) * B]
         else:
-            x_best[k], conv[k] = at.x_star, at.converged
+            x_best[k], conv[k] = x_star, converged
     all_conv = torch.stack(list(conv.values())).all(0)
     dist = fixed_point_distance(list(x_best.values()))
     a8 = InitialIterate(starts=list(starts), fixed_point_distance=[float(d) if bool(c) else None
@@ -235,16 +244,17 @@ def stage_a8(at: AtFixedPoint) -> InitialIterate:
     # global: the model's e and every other start, x* compared only between converged solves
     alias = [k for k in starts if k not in new]
     names = [f"e (= {alias[0]})" if alias else "e", *new]
-    a8.global_ = global_dependence(names, [at.x_star, *[x_best[k] for k in new]],
-                                   [at.converged, *[conv[k] for k in new]],
+    a8.global_ = global_dependence(names, [x_star, *[x_best[k] for k in new]],
+                                   [converged, *[conv[k] for k in new]],
                                    tol=max(THRESHOLDS["e_distance_max"], 100 * o.tol))
     # local (A.8): ‖dx_T/de·u‖ at the largest T on every converged sample (the first one's from stage prop5's unroll)
     first, norms = at.first_converged, [None] * B
     if first is not None:
         sens = at.initial_iterate_tangent.sample(0)  # from stage prop5's unroll, or computed now
         a8.T, a8.dxT_de_norm, a8.sample = sens["T"], sens["norm"], first
-        norms[first] = sens["norm"][-1]
-        rest = [b for b in at.converged.nonzero().flatten().tolist() if b != first]
+        if first < K:
+            norms[first] = sens["norm"][-1]
+        rest = [b for b in converged.nonzero().flatten().tolist() if b != first]
         if rest:
             sel = torch.tensor(rest, device=e.device)
             more = initial_iterate_sensitivity_batched(at.f, e[sel], x0[sel], at.T_grid, seed=o.seed)
@@ -261,10 +271,10 @@ def stage_repelling(at: AtFixedPoint):
     from stability.analysis.repelling import search
     from stability.analysis.verdict import THRESHOLDS
 
-    o, spec = at.options, at.jacobian_spectra
-    return search(at.f, at.x_star, at.x0, starts=o.repelling_starts, scale=o.repelling_scale,
+    o, spec, K = at.options, at.jacobian_spectra, at.few  # the first K samples (a few on large states)
+    return search(at.f, at.x_star[:K], at.x0[:K], starts=o.repelling_starts, scale=o.repelling_scale,
                   budget=o.repelling_budget, tol=o.tol, distinct_tol=max(THRESHOLDS["e_distance_max"], 100 * o.tol),
-                  seed=o.seed, rho_at_best=None if spec is None else spec.spectral_radius, eig_tol=o.eig_tol,
+                  seed=o.seed, rho_at_best=None if spec is None else spec.spectral_radius[:K], eig_tol=o.eig_tol,
                   eig_k=o.eig_k)
 
 
@@ -295,15 +305,16 @@ def stage_geometry(at: AtFixedPoint):
     o = at.options
     N = at.x_star.shape[0]
     samples = list(range(min(o.geometry_samples, N)))
-    rho = None if at.jacobian_spectra is None else at.jacobian_spectra.spectral_radius
-    if rho is None:  # stage rho did not run: ρ(J*) at θ* of the geometry samples by its routine
+    rho = None if at.jacobian_spectra is None else list(at.jacobian_spectra.spectral_radius)
+    missing = samples if rho is None else [b for b in samples if rho[b] is None]
+    if missing:  # stage rho did not run (or measured fewer samples): ρ(J*) at θ* of these samples by its routine
         from stability.numerics import Linearisation, spectral_radius
 
-        sel = torch.tensor(samples, device=at.x_star.device)
+        sel = torch.tensor(missing, device=at.x_star.device)
         got = spectral_radius(Linearisation(at.f, at.x_star[sel], at.x0[sel]), tol=o.eig_tol, k=o.eig_k,
                               seed=o.seed)
-        rho = [None] * N
-        for b, v in zip(samples, got.rho.tolist()):
+        rho = [None] * N if rho is None else rho
+        for b, v in zip(missing, got.rho.tolist()):
             rho[b] = float(v)
     status = at.solution.status
     attracting = [status[b] == "converged" and rho[b] is not None and np.isfinite(rho[b]) and rho[b] < 1.0
