@@ -216,7 +216,7 @@ def test_import_writes_a_toolkit_checkpoint_that_loads_to_the_same_function(tmp_
         out = tmp_path / f"{run}.pt"
         assert main(["import", str(RELEASE / run / "model_best.pth"), "--out", str(out)]) == 0
         assert str(out) in capsys.readouterr().out
-        assert main(["import", str(FIXTURES / run / "model_best.pth"), "--out", str(out), "--quiet"]) == 0
+        assert main(["import", str(RELEASE / run / "model_best.pth"), "--out", str(out), "--quiet"]) == 0
         assert capsys.readouterr().out == f"checkpoint: {out}\n"  # --quiet: the path, no summary
         obj = ckpt.read(out)
         assert obj["source"]["kind"] == "release" and obj["source"]["epoch"] == 0 and obj["epoch"] == 1
