@@ -59,7 +59,7 @@ CLEAN = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_WAIT
 
 #: the short `train`: the demo's run (stability/demo.py) for 5 epochs
 TRAIN_FLAGS = ["--task", "prefix-sums", "--recall", "external", "--norm", "pre", "--width", "32", "--heads", "4",
-               "--train-size", "1000", "--val-size", "200", "--hard-size", "200", "--train-length", "8",
+               "--train-size", "1000", "--val-size", "200", "--hard-size", "200", "--train-length", "11",
                "--hard-length", "16", "--lr", "3e-3", "--epochs", "5", "--warmup-epochs", "0", "--batch-size", "50",
                "--iterations", "8", "--test-iterations", "60", "--device", "cpu", "--quiet"]
 

@@ -35,3 +35,17 @@ def test_goal_is_default_beside_the_neighbour_over_the_best_setting_there():
     assert rows["1-thread"]["busy_over_best_median"] == 1.0
     assert d["busy_over_free_median"] == round(11 / 5, 2)  # the old ratio, kept as context
     assert rows["before"]["goal_met"] is False
+
+
+def test_the_benchmarks_short_train_is_a_run_the_trainer_accepts():
+    """The short `train` it times must pass the trainer's checks (a stale flag set failed only after the analyze
+    and halt timings had run): the flags parse, make a run config, and its task makes its splits' sizes."""
+    from stability.cli import build_parser
+    from stability.commands.train import config_from_args
+    from stability.tasks import make_task
+
+    bench = _bench()
+    args = build_parser("train").parse_args(["train", *bench.TRAIN_FLAGS, "--out", "unused.pt"])
+    cfg = config_from_args(args)
+    assert cfg.train.epochs == 5 and cfg.model.width == 32
+    make_task(cfg.task)  # raises a ConfigError where val cannot be disjoint from train
