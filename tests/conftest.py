@@ -46,6 +46,19 @@ class CliResult:
     stderr: str
 
 
+def toml_value(v) -> str:
+    """A Python value (bool, str, number, list of them) as a TOML value, for the grid and config files tests write."""
+    import json
+
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    return repr(v)
+
+
 def run_process(*args, check=True, timeout=600, env=None, cwd=None, module="stability"):
     """Run ``python -m MODULE ARGS`` as a real process; returns the CompletedProcess."""
     proc = subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True, text=True,

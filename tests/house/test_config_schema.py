@@ -12,7 +12,7 @@ import torch
 
 from stability.config import METHOD_CLASSES, SECTIONS, RunConfig, TrainConfig, field_extra
 from stability.errors import StabilityError
-from tests.conftest import ROOT
+from tests.conftest import ROOT, toml_value
 
 #: a valid non-default value of every field of model, task and train (the method has its own table)
 VALUES = {
@@ -49,23 +49,13 @@ NOT_IN_A_PREFIX_SUMS_RUN = {
 }
 
 
-def _toml_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    return repr(v)
-
-
 def _run_file(path, sections: dict, method: str) -> None:
     lines = []
     for section, values in sections.items():
         lines.append(f"[{section}]")
-        lines += [f"{k} = {_toml_value(v)}" for k, v in values.items()]
+        lines += [f"{k} = {toml_value(v)}" for k, v in values.items()]
     lines += ["[train.method]", f'name = "{method}"']
-    lines += [f"{k} = {_toml_value(v)}" for k, v in METHOD_VALUES[method].items()]
+    lines += [f"{k} = {toml_value(v)}" for k, v in METHOD_VALUES[method].items()]
     path.write_text("\n".join(lines) + "\n")
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from stability.errors import ConfigError
 from stability.sweep import grid as gridlib
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, toml_value
 
 
 TINY = {
@@ -28,22 +28,12 @@ TINY = {
 }
 
 
-def _toml_value(v):
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    return repr(v)
-
-
 def write_grid(path: Path, *, fixed=None, axes=None, name=None, extra="") -> Path:
     lines = [f'name = "{name or path.stem}"']
     for table, sections in (("fixed", fixed or {}), ("axes", axes or {})):
         for section, options in sections.items():
             lines.append(f"[{table}.{section}]")
-            lines += [f"{k} = {_toml_value(v)}" for k, v in options.items()]
+            lines += [f"{k} = {toml_value(v)}" for k, v in options.items()]
     path.write_text("\n".join(lines) + "\n" + extra)
     return path
 
