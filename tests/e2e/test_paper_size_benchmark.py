@@ -7,11 +7,13 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from tests.conftest import ROOT
 
 
+@pytest.mark.slow  # a training run and an analysis as processes, ~15 s
 def test_dry_run_makes_a_scaled_checkpoint_on_which_picard_converges_and_reports_its_stage_timings(tmp_path):
     out, report = tmp_path / "made", tmp_path / "paper-size.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
