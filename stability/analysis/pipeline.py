@@ -45,13 +45,13 @@ def run_stages(model, inputs: torch.Tensor, targets: Optional[torch.Tensor], opt
     with torch.no_grad():
         x0 = model.embed(inputs)
         e = model.initial_state(x0, generator=torch.Generator(device=dev).manual_seed(options.seed))
-    n = int(e[0].numel())
-    progress = Progress(split, predict(n, int(x0.shape[0]), options.stages, geometry_samples=options.geometry_samples,
-                                       threads=torch.get_num_threads(),
-                                       few=options.measured(n, int(x0.shape[0]))), say)
+    n, N = int(e[0].numel()), int(x0.shape[0])
+    K = options.measured(n, N)  # the samples the per-sample stages measure (AtFixedPoint.few says the same)
+    progress = Progress(split, predict(n, N, options.stages, geometry_samples=options.geometry_samples,
+                                       threads=torch.get_num_threads(), few=K), say)
     at = AtFixedPoint(model=model, options=options, inputs=inputs, x0=x0, e=e, targets=targets, score=score, log=say,
                       split=split, progress=progress)
-    out = SplitResult(split=split, samples=int(x0.shape[0]), state_shape=list(e.shape[1:]), stages=options.stages,
+    out = SplitResult(split=split, samples=N, state_shape=list(e.shape[1:]), stages=options.stages,
                         options=options, model=type(model).__name__)
     for name in options.stages:
         t = time.perf_counter()
@@ -59,13 +59,11 @@ def run_stages(model, inputs: torch.Tensor, targets: Optional[torch.Tensor], opt
         setattr(out, STAGE_FIELDS[name], STAGE_FUNCTIONS[name](at))
         progress.end(name)
         out.timings[name] = time.perf_counter() - t
-    K, N = at.few, int(x0.shape[0])
     few = [s for s in FEW_SAMPLE_STAGES if s in options.stages]
     if K < N and few:  # said in the JSON and the report: which stages measured the first K samples only, and why
         out.measured_samples = {"stages": few, "samples": K, "of": N, "n": n, "above": options.few_samples_above,
                                 "why": f"n = {n:,} > {options.few_samples_above:,}: the stages whose cost is per "
-                                       f"sample measure the first {K} (their cost is per sample; --few-samples 0: "
-                                       f"all)"}
+                                       f"sample measure the first {K} (--few-samples 0: all)"}
     out.x0, out.x_star = x0, at.x_star
     return out
 
