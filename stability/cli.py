@@ -29,6 +29,7 @@ COMMANDS = {
     "compare": "stability.commands.compare",
     "claims": "stability.commands.claims",
     "migrate": "stability.commands.migrate",
+    "doctor": "stability.commands.doctor",
 }
 
 

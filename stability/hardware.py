@@ -17,6 +17,9 @@ ARPACK, LAPACK)          the cache size it blocks for                       ``OP
 numpy's own loops        SIMD level of its ufuncs (exp, log, ...)           ``NPY_DISABLE_CPU_FEATURES``
 glibc's libm             FMA / AVX2 variants of exp, log, log1p, sin, ...    ``GLIBC_TUNABLES`` hwcaps
 every thread pool        how sums are split                                 one thread
+MKL's vector math (VML)  sqrt, log, exp, tanh, ... of ATen's CPU kernels    not by any setting: routed around
+                         (``vmsSqrt``...): sqrt and float64 log differ      (:data:`KERNELS`, below)
+                         between Intel and AMD even under ``MKL_CBWR``
 =======================  =================================================  =====================================
 
 :data:`PINNED_ENV` holds these settings. They are read when each library loads (glibc's only when the process
@@ -25,6 +28,17 @@ the command line re-executes itself, the sweep hands them to its workers) and :f
 oneDNN off and sets torch's thread count in every process that imports the toolkit with the mode's marker set.
 
 The pinned paths need x86-64 with AVX2 and FMA (OpenBLAS's Haswell kernels; every x86-64 server CPU since 2013).
+**Kernel sets.** One CPU path no setting pins: ATen computes ``sqrt`` (and log, exp, tanh, ...) through MKL's vector
+math, which ignores ``MKL_CBWR`` for some functions. Measured with the kernel fingerprint (``stability doctor
+--kernels``) against an Intel Xeon (AMX) machine's, all pinned: only AdamW (its ``sqrt`` of the second moment) and
+float64 ``log`` differ from an AMD EPYC's; torch's CPU ``sqrt`` is not even correctly rounded (1 ulp off on 1.3 %
+of float64 and 17 % of float32 inputs, on every capability). The ``ieee`` kernel set (the default) routes around
+it: AdamW is torch's fused kernel (plain IEEE arithmetic with a correctly rounded square root: equal bit for bit
+to a numpy reference in the pinned mode) and the toolkit's own square roots go through
+:func:`stability.numerics.exact.sqrt`; the toolkit takes no torch ``log`` of a recorded number. ``mkl-vml`` (set
+``STABILITY_KERNELS=mkl-vml``) is the set the second edition's records were made with (foreach AdamW, ATen's
+sqrt): they reproduce bit for bit only on a CPU of the same model and flags.
+
 What pinning cannot reach is named in docs/replication.md ("What reproduces where"): another torch, MKL, numpy or
 OpenBLAS *version* may change a kernel, which is why the signature records the versions and the record test
 compares bit for bit only where they agree.
@@ -59,8 +73,27 @@ PINNED_ENV = {
     "GLIBC_TUNABLES": GLIBC_HWCAPS,
 }
 
+#: the kernel set's variable: ``ieee`` (the default) or ``mkl-vml`` (module docstring, "Kernel sets")
+KERNELS = "STABILITY_KERNELS"
+#: the kernel sets: what each routes where
+KERNEL_SETS = {"ieee": "fused AdamW, correctly rounded sqrt: the same bits on any x86-64 CPU when pinned",
+               "mkl-vml": "foreach AdamW and ATen's sqrt through MKL's vector math (made before 2026-12-04): "
+                          "the same bits only on a CPU of the same model and flags"}
+#: what a signature without the kernel set was made with
+LEGACY_KERNELS = "mkl-vml"
+
 #: the environment variables that steer kernel dispatch, recorded in every signature whether pinned or not
 DISPATCH_ENV = tuple(k for k in PINNED_ENV if k != MARKER) + ("MKL_ENABLE_INSTRUCTIONS",)
+
+
+def kernels(env: Optional[dict] = None) -> str:
+    """The kernel set in force (``STABILITY_KERNELS``; default ``ieee``). An unknown value is one error line."""
+    value = (os.environ if env is None else env).get(KERNELS) or "ieee"
+    if value not in KERNEL_SETS:
+        from stability.errors import StabilityError
+
+        raise StabilityError(f"{KERNELS}={value!r}: the kernel sets are {', '.join(KERNEL_SETS)}")
+    return value
 
 
 def _merged_tunables(existing: Optional[str]) -> str:
@@ -189,6 +222,7 @@ def signature() -> dict:
 
     return {
         "reproducible": pinned(),
+        "kernels": kernels(),
         "torch": str(torch.__version__),
         "numpy": numpy.__version__,
         "scipy": scipy.__version__,
@@ -207,7 +241,11 @@ def signature() -> dict:
 
 #: what must agree for two pinned runs to give the same bits: the libraries' versions (kernels change between
 #: releases) and the pins themselves
-_PINNED_KEYS = ("torch", "numpy", "scipy", "machine", "mkl", "blas", "lapack", "python_blas_versions", "pins")
+_PINNED_KEYS = ("torch", "numpy", "scipy", "machine", "mkl", "blas", "lapack", "python_blas_versions", "pins",
+                "kernels")
+#: what must agree besides, for two pinned runs of the ``mkl-vml`` kernel set: MKL's vector math picks its path by
+#: the CPU whatever is pinned (module docstring, "Kernel sets")
+_VML_KEYS = ("cpu", "cpu_flags")
 #: what must agree for two unpinned runs to have taken the same kernel paths. numpy's and scipy's OpenBLAS thread
 #: counts are not among them: they depend on what limited the pools when the signature was taken, and the analysis
 #: runs its scipy linear algebra on one thread whatever they are (stability.numerics.spectra.serial_blas); their
@@ -220,19 +258,23 @@ def _view(sig: dict) -> dict:
     out["python_blas_versions"] = sorted((str(b.get("library")), str(b.get("version")), str(b.get("kernels")))
                                          for b in sig.get("python_blas") or [])
     out["pins"] = {k: (sig.get("dispatch_env") or {}).get(k) for k in PINNED_ENV if k != MARKER}
+    out["kernels"] = sig.get("kernels") or LEGACY_KERNELS
     return out
 
 
 def same_bits_possible(a: Optional[dict], b: Optional[dict]) -> tuple:
     """(whether two runs with these signatures can give the same bits, the reason in words).
 
-    Both pinned: the versions and pins must agree (the CPU may differ). Otherwise every kernel choice must agree:
+    Both pinned: the versions, pins and kernel set must agree; the CPU may differ with the ``ieee`` kernel set,
+    not with ``mkl-vml`` (its vector math picks its path by the CPU). Otherwise every kernel choice must agree:
     the same CPU model and flags, capability, threads, libraries and dispatch settings."""
     if not a or not b:
         return False, "a record without a hardware signature (made before signatures were recorded)"
     a, b = _view(a), _view(b)
     if a.get("reproducible") and b.get("reproducible"):
         keys, mode = _PINNED_KEYS, "both pinned"
+        if a["kernels"] == b["kernels"] == "mkl-vml":
+            keys, mode = _PINNED_KEYS + _VML_KEYS, "both pinned with the mkl-vml kernel set"
     elif a.get("reproducible") != b.get("reproducible"):
         return False, "one run pinned (--reproducible), the other not"
     else:
@@ -240,7 +282,7 @@ def same_bits_possible(a: Optional[dict], b: Optional[dict]) -> tuple:
     differ = [k for k in keys if a.get(k) != b.get(k)]
     if differ:
         return False, f"{mode}, but {', '.join(f'{k} {a.get(k)!r} vs {b.get(k)!r}' for k in differ)}"
-    return True, f"{mode}, same {'versions and pins' if mode == 'both pinned' else 'kernel paths'}"
+    return True, f"{mode}, same {'kernel paths' if mode == 'both unpinned' else 'versions and pins'}"
 
 
 def differences(a: Optional[dict], b: Optional[dict]) -> list:

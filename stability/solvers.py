@@ -58,7 +58,7 @@ from typing import Callable, Optional
 import torch
 
 from stability.errors import ConfigError
-from stability.numerics import Linearisation, spectral_radius
+from stability.numerics import Linearisation, exact, spectral_radius
 from stability.stats import FIXED_POINT_STATUSES, median
 
 STATUSES = ("converged", "max-iterations", "stalled", "diverged", "non-finite", "repelling")
@@ -275,7 +275,7 @@ class _Broyden:
         d = torch.diagonal(G, dim1=1, dim2=2).clamp_min(1e-300).rsqrt()
         lam, E = torch.linalg.eigh(G * d[:, :, None] * d[:, None, :])
         cut = lam > 1e-12 * lam[:, -1:].clamp_min(1e-300)  # directions Γ cannot resolve are dropped
-        sq = torch.where(cut, lam.clamp_min(0).sqrt(), torch.zeros_like(lam))
+        sq = torch.where(cut, exact.sqrt(lam.clamp_min(0)), torch.zeros_like(lam))
         inv = torch.where(cut, 1 / sq.clamp_min(1e-300), torch.zeros_like(lam))
         C = d[:, :, None] * E * inv[:, None, :]
         R = sq[:, :, None] * E.transpose(1, 2) / d[:, None, :]

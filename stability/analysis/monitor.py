@@ -37,6 +37,7 @@ from typing import Optional
 import torch
 
 from stability.errors import ConfigError
+from stability.numerics import exact
 from stability.stats import median
 
 MONITOR_KEYS = ("rho_Wx", "rho_J_median", "converged_fraction", "input_grad_norm_median")
@@ -94,7 +95,7 @@ def input_gradient_norms(f, x_star: torch.Tensor, x0: torch.Tensor, *, probes: i
         sol = implicit_input_jvp_batched(f, x_star, x0, u, tol=tol, max_iter=max_iter, method="neumann")
         sq += sol.x.flatten(1).double().pow(2).sum(1)
         ok &= (sol.residual <= tol).to(ok.device)
-    return (sq / probes).sqrt(), ok
+    return exact.sqrt(sq / probes), ok
 
 
 def _measure(model, inputs: torch.Tensor, *, max_iter, tol, krylov, restarts, probes, seed) -> dict:

@@ -8,6 +8,7 @@ J = ∂f/∂x, K = ∂f/∂x0 at x* (batched)  ``Linearisation(f, x_star, x0)``:
 σ_max(J*) = ‖J*‖₂                      ``sigma_max(J, route=...)``                         :mod:`.spectra`
 (I − J)⁻¹ b, (I − J)⁻ᵀ b (Prop. 5)     ``solve_I_minus_J(J.J, b)`` (GMRES, Neumann)        :mod:`.gmres`
 the Krylov–Schur eigensolver           ``krylov_schur`` (what the Krylov routes run)       :mod:`.eigen`
+a correctly rounded √ (any CPU)        ``exact.sqrt(t)``                                   :mod:`.exact`
 =====================================  ==================================================  ================
 
 Everything here works on a batch of independent samples at once (``step`` keeps samples independent), in torch, on
@@ -16,8 +17,9 @@ training all call these four entry points, each with its own preset. The per-sam
 GMRES on a matrix-free ``LinearOperator``) are the tests' independent references (tests/reference_numerics.py).
 """
 
+from stability.numerics import exact
 from stability.numerics.gmres import IJSolve, solve_I_minus_J
 from stability.numerics.jacobian import Linearisation
 from stability.numerics.spectra import sigma_max, spectral_radius
 
-__all__ = ["IJSolve", "Linearisation", "sigma_max", "solve_I_minus_J", "spectral_radius"]
+__all__ = ["IJSolve", "Linearisation", "exact", "sigma_max", "solve_I_minus_J", "spectral_radius"]

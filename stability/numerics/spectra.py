@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from stability.errors import ConfigError
+from stability.numerics import exact
 from stability.numerics.eigen import BatchedSpectrum, certify, krylov_schur
 from stability.numerics.jacobian import Linearisation
 
@@ -146,7 +147,7 @@ def sigma_max(A, *, route: str = "auto", tol: float = 1e-6, seed: int = 0, dense
     if route == "krylov":
         krylov.setdefault("dtype", A.x.dtype)
         krylov.setdefault("device", A.x.device)
-        return krylov_schur(lambda V: A.JT(A.J(V)), A.shape, tol=tol, seed=seed, **krylov).rho.sqrt()
+        return exact.sqrt(krylov_schur(lambda V: A.JT(A.J(V)), A.shape, tol=tol, seed=seed, **krylov).rho)
     J = A.dense() if isinstance(A, Linearisation) else A
     return _dense_sigma_max(J.cpu()).to(J.device) if route == "dense" else _dense_sigma_max(J)
 
@@ -240,10 +241,10 @@ def _dense_sigma_max(J: torch.Tensor) -> torch.Tensor:
     G = Jd.transpose(1, 2) @ Jd
     n = J.shape[-1]
     if J.device.type != "cpu" or n <= 64:
-        return torch.linalg.eigvalsh(G)[:, -1].clamp_min(0.0).sqrt()
+        return exact.sqrt(torch.linalg.eigvalsh(G)[:, -1].clamp_min(0.0))
     from scipy.sparse.linalg import eigsh
 
     v0 = np.random.default_rng(0).standard_normal(n)
     with serial_blas():
         top = [eigsh(g, k=1, which="LA", tol=1e-14, v0=v0, return_eigenvectors=False)[0] for g in G.numpy()]
-    return torch.tensor(top, dtype=torch.float64).clamp_min(0.0).sqrt()
+    return exact.sqrt(torch.tensor(top, dtype=torch.float64).clamp_min(0.0))

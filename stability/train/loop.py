@@ -102,12 +102,15 @@ def decay_exempt(model: torch.nn.Module, rule: str) -> set:
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW (App. B.1.2): weight decay on all parameters but those ``decay_exempt`` names (cfg.decay_exempt)."""
+    """AdamW (App. B.1.2): weight decay on all parameters but those ``decay_exempt`` names (cfg.decay_exempt).
+    torch's fused kernel (plain IEEE arithmetic, the same bits on any CPU when pinned), or with the ``mkl-vml``
+    kernel set its foreach one (stability/hardware.py, "Kernel sets")."""
     exempt = decay_exempt(model, cfg.decay_exempt)
     decay = [p for n, p in model.named_parameters() if n not in exempt]
     no_decay = [p for n, p in model.named_parameters() if n in exempt]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.adam_eps)
+    fused = hardware.kernels() == "ieee"
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.adam_eps, fused=fused or None)
 
 
 # ---- losses -------------------------------------------------------------------------------------

@@ -128,7 +128,7 @@ def _subprocess_python(code: str, env: dict):
 
 
 def _sig(**kw) -> dict:
-    base = {"reproducible": True, "torch": "2.13.0+cpu", "numpy": "2.4.6", "scipy": "1.17.1", "machine": "x86_64",
+    base = {"reproducible": True, "kernels": "ieee", "torch": "2.13.0+cpu", "numpy": "2.4.6", "scipy": "1.17.1", "machine": "x86_64",
             "cpu": "AMD EPYC", "cpu_flags": ["avx2", "avx512f"], "cpu_capability": "DEFAULT", "threads": 1,
             "mkldnn": False, "blas": "mkl", "lapack": "mkl", "mkl": "2024.2",
             "python_blas": [{"library": "libscipy_openblas", "version": "0.3.31", "kernels": "Haswell",
@@ -141,6 +141,14 @@ def _sig(**kw) -> dict:
 def test_same_bits_are_possible_across_cpus_only_when_both_runs_are_pinned_with_the_same_versions():
     intel = _sig(cpu="Intel Xeon", cpu_flags=["avx2"])
     assert hardware.same_bits_possible(_sig(), intel)[0]
+    # the mkl-vml kernel set (and a signature that predates the kernel sets) needs the same CPU: MKL's vector
+    # math picks its path by it whatever is pinned
+    legacy = {k: v for k, v in _sig().items() if k != "kernels"}
+    ok, why = hardware.same_bits_possible(legacy, {**intel, "kernels": "mkl-vml"})
+    assert not ok and "cpu" in why and "mkl-vml" in why
+    assert hardware.same_bits_possible(legacy, _sig(kernels="mkl-vml"))[0]
+    ok, why = hardware.same_bits_possible(legacy, _sig())
+    assert not ok and "kernels" in why
     ok, why = hardware.same_bits_possible(_sig(), _sig(torch="2.14.1+cpu"))
     assert not ok and "torch" in why
     unpinned = dict(cpu_capability="AVX512", threads=2, mkldnn=True, dispatch_env={}, reproducible=False)

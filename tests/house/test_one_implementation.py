@@ -157,7 +157,7 @@ def test_the_package_reaches_the_wing_only_through_its_entry_points_and_scipy_op
     Krylov–Schur core or dense builders directly; no module builds a scipy LinearOperator (the per-sample scipy
     routes are the tests' references, tests/reference_numerics.py)."""
     entry = {"spectral_radius", "sigma_max", "solve_I_minus_J", "Linearisation", "IJSolve", "Spectrum",
-             "DENSE_MAX", "DENSE_KRYLOV_MAX", "DENSE_BUDGET", "serial_blas"}
+             "DENSE_MAX", "DENSE_KRYLOV_MAX", "DENSE_BUDGET", "serial_blas", "exact"}
     bad, scipy_ops = [], []
     for rel, tree in _outside_the_wing():
         for node in ast.walk(tree):
@@ -171,3 +171,14 @@ def test_the_package_reaches_the_wing_only_through_its_entry_points_and_scipy_op
     # the analysis stages, the training monitor, the solvers' repelling check and implicit training all call it
     assert {"stability/analysis/stages.py", "stability/analysis/monitor.py", "stability/solvers.py",
             "stability/train/implicit.py"} <= users
+
+
+def test_no_module_takes_torch_s_cpu_square_root_of_a_reported_number():
+    """ATen's CPU sqrt is MKL's vector math: not correctly rounded, and its last bit differs between Intel and AMD
+    CPUs (stability/hardware.py, "Kernel sets"); the package's roots go through stability.numerics.exact.sqrt.
+    numpy's and math's roots are the IEEE instruction; rsqrt (ATen's own loop) is the same on every CPU."""
+    found = sorted(f"{_rel(p)}:{c.lineno}" for p in ROOT.rglob("*.py") for c in _calls(p)
+                   if c.func.attr in ("sqrt", "sqrt_") and _rel(p) != "stability/numerics/exact.py"
+                   and not (isinstance(c.func.value, ast.Name) and c.func.value.id in ("np", "numpy", "math"))
+                   and not (isinstance(c.func.value, ast.Name) and c.func.value.id == "exact"))
+    assert found == []
