@@ -26,6 +26,8 @@ from tests.conftest import ROOT, run_process
 
 GRID = ROOT / "experiments" / "replication.toml"
 RESULTS = ROOT / "experiments" / "results" / "replication"
+#: the same cell made with the ieee kernel set (issue 33): the record whose bits every x86-64 CPU should give
+IEEE_RESULTS = ROOT / "experiments" / "results" / "ieee-kernels"
 #: a recall cell that trains (val 98.2 %, hard 75.5 %) and whose 4 + 4 analysed samples all converge, so every
 #: analysis stage runs on both splits (geometry and the repelling search included); about 80 CPU seconds
 CELL = "ps-external-pre-lr1e-3-s0"
@@ -71,9 +73,8 @@ def test_every_second_edition_record_is_a_pinned_cell_measured_on_the_three_axes
     assert all(rec["analysis"][s]["converged_fraction"] > 0 for s in ("val", "hard"))
 
 
-@pytest.mark.slow
-def test_a_pinned_rerun_of_the_cell_reproduces_its_committed_record_bit_for_bit(tmp_path):
-    committed = {r["cell_id"]: r for r in load_records(RESULTS)}[CELL]
+def _rerun_matches(results_dir, tmp_path):
+    committed = {r["cell_id"]: r for r in load_records(results_dir)}[CELL]
     results = tmp_path / "r"
     # rerun with the kernel set the record was made with (the second edition's predate the sets: mkl-vml)
     kernels = committed["environment"]["hardware"].get("kernels") or hardware.LEGACY_KERNELS
@@ -85,3 +86,17 @@ def test_a_pinned_rerun_of_the_cell_reproduces_its_committed_record_bit_for_bit(
     if not possible:
         pytest.skip(f"the committed record cannot be matched bit for bit here: {why}")
     assert deterministic_view(rec) == deterministic_view(committed)
+    return committed
+
+
+@pytest.mark.slow
+def test_a_pinned_rerun_of_the_cell_reproduces_its_committed_record_bit_for_bit(tmp_path):
+    _rerun_matches(RESULTS, tmp_path)
+
+
+@pytest.mark.slow
+def test_the_cell_made_with_the_ieee_kernel_set_reproduces_bit_for_bit(tmp_path):
+    """The record whose AdamW and square roots are IEEE arithmetic: the same bits on an Intel or an AMD CPU with
+    the same versions (docs/replication.md, "Across CPU vendors")."""
+    committed = _rerun_matches(IEEE_RESULTS, tmp_path)
+    assert committed["environment"]["hardware"]["kernels"] == "ieee"
