@@ -1,0 +1,137 @@
+"""Launch-boundness of every analysis stage, without a GPU (issue 35): the torch ops each stage dispatches and the
+host syncs it makes, at N and 8·N samples.
+
+A stage batched over samples dispatches about the same ops whatever the batch (each op just works on more rows),
+so its count ratio (8·N over N) stays near 1; a stage that walks its samples in Python grows like the batch. On a
+GPU each op is a kernel launch and each host sync a stall of the whole queue, so these ratios predict which stages
+a GPU leaves launch-bound. Counted on the CPU with a ``TorchDispatchMode`` (every aten op that reaches a kernel)
+and a ``TorchFunctionMode`` (the calls that wait for the device on a GPU: ``item``, ``tolist``, ``cpu``,
+``numpy``, and ``bool``/``float``/``int`` of a tensor). Goal (issue 35): ratio ≤ 1.3 for every stage.
+
+The model is the paper's architecture at the sudoku shape (81 positions) and a small width, untrained with W_x
+scaled by 0.5 so that plain iteration converges (benchmarks/analysis_scaling.py's builder).
+
+    python benchmarks/launch_bound.py [--samples 8] [--width 16] [--out benchmarks/results-launch-bound.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+#: the calls that make the host wait for the device (on a GPU; on the CPU they are counted all the same)
+SYNCS = {"item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__"}
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+class _Syncs(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.count = Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in SYNCS:
+            self.count[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_stages(model, inputs, options) -> dict:
+    """{stage: {"ops": n, "syncs": n, "seconds": s}} of one analysis of ``inputs``, each stage counted alone."""
+    from stability.analysis import pipeline
+
+    counts = {}
+    originals = dict(pipeline.STAGE_FUNCTIONS)
+
+    def counted(name, fn):
+        def run(at):
+            ops, syncs = _Ops(), _Syncs()
+            t = time.perf_counter()
+            with syncs, ops:
+                out = fn(at)
+            counts[name] = {"ops": ops.count, "syncs": sum(syncs.count.values()), "sync_calls": dict(syncs.count),
+                            "seconds": time.perf_counter() - t}
+            return out
+        return run
+
+    try:
+        for name, fn in originals.items():
+            pipeline.STAGE_FUNCTIONS[name] = counted(name, fn)
+        pipeline.run_stages(model, inputs, None, options, split="inputs")
+    finally:
+        pipeline.STAGE_FUNCTIONS.update(originals)
+    return counts
+
+
+def measure(samples: int, width: int, factor: int = 8, batch: str | None = None) -> dict:
+    from analysis_scaling import build
+
+    from stability import AnalysisOptions
+    from stability.analysis.options import STAGES
+
+    stages = tuple(s for s in STAGES if s != "accuracy")  # accuracy needs targets; its work rides on the solve
+    out = {"samples": samples, "factor": factor, "width": width, "positions": 81, "stages": {}}
+    runs = {}
+    for N in (samples, factor * samples):
+        model, inputs = build("sudoku", width, (9, 9), 0.5, N)
+        kw = {"batch": batch} if batch else {}
+        options = AnalysisOptions(samples=N, stages=stages, few_samples=0, **kw)
+        runs[N] = count_stages(model, inputs, options)
+    small, large = runs[samples], runs[factor * samples]
+    for name in small:
+        a, b = small[name], large[name]
+        out["stages"][name] = {"ops": [a["ops"], b["ops"]], "syncs": [a["syncs"], b["syncs"]],
+                               "ops_ratio": b["ops"] / max(a["ops"], 1), "syncs_ratio": b["syncs"] / max(a["syncs"], 1),
+                               "seconds": [a["seconds"], b["seconds"]], "sync_calls": [a["sync_calls"], b["sync_calls"]]}
+    return out
+
+
+def table(result: dict) -> str:
+    n, f = result["samples"], result["factor"]
+    lines = [f"| stage | ops at {n} | ops at {f * n} | ratio | syncs at {n} | syncs at {f * n} | ratio |",
+             "|---|---|---|---|---|---|---|"]
+    for name, s in result["stages"].items():
+        lines.append(f"| {name} | {s['ops'][0]:,} | {s['ops'][1]:,} | {s['ops_ratio']:.2f} | {s['syncs'][0]:,} | "
+                     f"{s['syncs'][1]:,} | {s['syncs_ratio']:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--width", type=int, default=16)
+    ap.add_argument("--factor", type=int, default=8)
+    ap.add_argument("--batch", default=None, help="AnalysisOptions.batch, where the toolkit has it")
+    ap.add_argument("--out", type=Path, default=HERE / "results-launch-bound.json")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    result = measure(args.samples, args.width, args.factor, args.batch)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(table(result))
+    worst = max(max(s["ops_ratio"], s["syncs_ratio"]) for s in result["stages"].values())
+    print(f"largest ratio {worst:.2f} (goal ≤ 1.3)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
