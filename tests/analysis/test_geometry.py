@@ -188,6 +188,7 @@ def test_cli_three_axes_and_the_region_picture(tiny, tmp_path):
 
 def _geo_block(r, iqr, attracting=1, samples=1):
     return {"directions": 8, "samples": list(range(samples)), "groups": [],
+            "radii": [[r] * 16] * samples, "attracting_at_theta": [i < attracting for i in range(samples)],
             "summary": {"median_radius": r, "log_iqr": iqr, "log_range": None if iqr is None else 2 * iqr, "balance": 0.5,
                         "unstable_t0": 0.0, "attracting_samples": attracting, "samples": samples}}
 
