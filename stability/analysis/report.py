@@ -111,7 +111,7 @@ def split_table(block: dict) -> str:
         if curve:
             best_t = max(range(len(curve)), key=lambda i: curve[i])
             rows.append(("accuracy", f"{curve[0]:.1%} (T=1) · best {curve[best_t]:.1%} (T={best_t + 1}) · "
-                         f"{curve[-1]:.1%} (T={len(curve)})", "whole answer right"))
+                         f"{curve[-1]:.1%} (T={len(curve)})", f"whole answer right, n = {block['samples']}"))
         if pos:
             rows.append(("per-position accuracy", f"{pos[0]:.1%} (T=1) · {pos[-1]:.1%} (T={len(pos)})",
                          "share of positions right"))
@@ -224,7 +224,7 @@ def verdict_text(report: dict) -> str:
                      "the bad side; else PARTLY")
         lines += _wrap(text + f" (the rule: {RULE})", "  ", 2)
     head = "VERDICT (the paper's three axes, Section 3.2"
-    head += (f"; [lo, hi]: {conf['interval']:.0%} interval, each end a one-sided {conf['each_end']:.0%} bound)"
+    head += (f"; [lo, hi]: {conf['interval']:.0%} interval, each end a {conf['each_end']:.0%} bound)"
              if conf else ")")
     return "\n".join([head, *lines])
 
@@ -309,7 +309,7 @@ def _write_plots(report: dict, directory: Path) -> list[Path]:
             ax.semilogy(range(1, len(y) + 1), y, color=_STATUS_COLOURS.get(status, "grey"), alpha=0.6, lw=1,
                         label=label)
         ax.axhline(fp["tol"], color="k", ls="--", lw=0.8, label=f"τ = {fp['tol']:g}")
-        ax.set(title=f"{s}: fixed-point residual", xlabel="iteration", ylabel="‖f(x)−x‖∞ / ‖f(x)‖∞")
+        ax.set(title=f"{s}: fixed-point residual (n = {report[s]['samples']})", xlabel="iteration", ylabel="‖f(x)−x‖∞ / ‖f(x)‖∞")
         ax.legend(fontsize=8)
     save(fig, plt, "residuals.png")
 
@@ -345,7 +345,7 @@ def _eigen_plot(report, splits, save):
                            label="at converged x*" if conv else "at best iterate (unconverged)")
         lim = max([1.1] + [abs(c) * 1.1 for ev in jac["eigenvalues"] for z in ev for c in z])
         ax.set(xlim=(-lim, lim), ylim=(-lim, lim), aspect="equal", xlabel="Re λ", ylabel="Im λ",
-               title=f"{s}: leading eigenvalues of J*")
+               title=f"{s}: leading eigenvalues of J* (n = {report[s]['samples']})")
         ax.legend(fontsize=8, loc="lower left")
     save(fig, plt, "eigenvalues.png")
 
@@ -360,8 +360,9 @@ def _accuracy_plot(report, splits, save):
                 label=f"{s} (per position)")
         if acc["at_fixed_point"] is not None:
             ax.axhline(acc["at_fixed_point"], color=line.get_color(), ls=":", lw=1, label=f"{s} at x*")
+    sizes = ", ".join(f"{s} {report[s]['samples']}" for s in splits)
     ax.set(xscale="log", xlabel="iteration T", ylabel="accuracy", ylim=(-0.02, 1.02),
-           title="accuracy against iteration")
+           title=f"accuracy against iteration (n = {sizes} analysed samples)")
     ax.legend(fontsize=8)
     save(fig, plt, "accuracy.png")
 
@@ -379,7 +380,8 @@ def _prop5_plot(report, splits, save):
         else:
             ax.text(0.5, 0.5, p5.get("skipped", "not computed"), ha="center", va="center", wrap=True,
                     transform=ax.transAxes, fontsize=8)
-        ax.set(title=f"{s}: Prop. 5 check", xlabel="T", ylabel="relative error")
+        ax.set(title=f"{s}: Prop. 5 check (n = 1: sample {p5.get('sample')})", xlabel="T",
+               ylabel="relative error")
     save(fig, plt, "prop5.png")
 
 
