@@ -79,7 +79,7 @@ def _geometry_axis(geo: Optional[dict], th: dict) -> tuple:
         nums["geometry_narrowest_group"] = narrow["name"]
         nums["geometry_narrowest_group_radius"] = narrow["median_radius"]
     K = geo.get("directions")
-    where = f"{n_att} sample(s) × {K} directions × ±"
+    where = f"{n_att} sample{'' if n_att == 1 else 's'} × {K} directions × ±"
     if not n_att:
         why = f"x* does not attract at θ* on the {n} geometry sample(s): every radius is 0"
         return "no", why, why, nums, None

@@ -107,7 +107,7 @@ def test_the_geometry_verdict_says_samples_times_directions_and_its_interval():
     v = verdict({"fixed_point": fixed_point_block(32, 32), "geometry": geo}, tol=1e-5)
     ref = brute_force_median_interval([r for rs in radii for r in rs])
     assert (v.intervals["geometry_median_radius"]["lo"], v.intervals["geometry_median_radius"]["hi"]) == ref[:2]
-    assert v.geometry == "yes" and "4 sample(s) × 8 directions × ±" in v.brief["geometry"]
+    assert v.geometry == "yes" and "4 samples × 8 directions × ±" in v.brief["geometry"]
 
 
 def test_no_line_of_the_demos_printed_report_exceeds_100_columns():
