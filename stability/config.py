@@ -523,8 +523,12 @@ class AnalysisOptions(_Config):
         DEFAULT_STAGES, "the stages to run, of STAGES (reachability always runs)")
     geometry_directions: int = _f(8, "geometry: random directions in all loop parameters, each measured with both "
                                   "signs", metavar="K", ge=1)
-    geometry_samples: int = _f(1, "geometry: radii are measured for the first N samples of each split",
-                               metavar="N", ge=1)
+    geometry_samples: int = _f(4, "geometry: radii are measured on up to N samples of each split, the first N "
+                               "whose x* attracts at θ* (1 on states above n = 8,192)", metavar="N", ge=1)
+    geometry_pick: Literal["attracting", "first"] = _f(
+        "attracting", "geometry: which samples: the first geometry_samples whose x* attracts at θ* (converged, "
+        "ρ(J*) < 1; the first sample where none does), or the first geometry_samples whatever they do (the "
+        "replication grid's records were measured so)")
     geometry_accuracy: float = _f(0.1, "geometry: bisect each radius until its bracket [lo, hi] has hi/lo ≤ 1 + F",
                                   metavar="F", gt=0.0, lt=1.0)
     geometry_group_directions: int = _f(1, "geometry: directions within each parameter group (W_x, attention, "
@@ -565,6 +569,12 @@ class AnalysisOptions(_Config):
         if self.few_samples and n > self.few_samples_above:
             return min(samples, self.few_samples)
         return samples
+
+    def geometry_count(self, n: int, samples: int) -> int:
+        """How many samples the geometry stage measures at state size ``n``: up to ``geometry_samples``, 1 where
+        ``n > few_samples_above`` and ``few_samples`` is set (the large-state mode: each sample costs minutes)."""
+        k = 1 if self.few_samples and n > self.few_samples_above else self.geometry_samples
+        return min(k, samples)
 
     def to_dict(self) -> dict:
         """The JSON's ``options``: every field, ``stages`` a list, and ``eig_route`` after ``seed`` (the keys and

@@ -49,7 +49,8 @@ def sample_record(final: dict, report: dict, hardware: Optional[dict] = None) ->
         block.pop("timings", None)
         (block.get("fixed_point") or {}).pop("residual_trace", None)
     return {"format": "stability-demo-sample", "hardware": hardware,
-            "final": {s: {"accuracy": list(final[s]["accuracy"])} for s in ("val", "hard") if s in final},
+            "final": {s: {"accuracy": list(final[s]["accuracy"]), "n": final[s].get("n")}
+                      for s in ("val", "hard") if s in final},
             "analysis": analysis}
 
 

@@ -47,7 +47,7 @@ def run_stages(model, inputs: torch.Tensor, targets: Optional[torch.Tensor], opt
         e = model.initial_state(x0, generator=torch.Generator(device=dev).manual_seed(options.seed))
     n, N = int(e[0].numel()), int(x0.shape[0])
     K = options.measured(n, N)  # the samples the per-sample stages measure (AtFixedPoint.few says the same)
-    progress = Progress(split, predict(n, N, options.stages, geometry_samples=options.geometry_samples,
+    progress = Progress(split, predict(n, N, options.stages, geometry_samples=options.geometry_count(n, N),
                                        threads=torch.get_num_threads(), few=K), say)
     at = AtFixedPoint(model=model, options=options, inputs=inputs, x0=x0, e=e, targets=targets, score=score, log=say,
                       split=split, progress=progress)
@@ -205,7 +205,7 @@ def _forecast(model, task, splits: tuple, options: AnalysisOptions, workers: int
     n = int(torch.Size(shape).numel())
     line = forecast(n, shape, options.samples, len(splits), options.stages,
                     workers=max(1, workers), threads=max(1, threads // max(1, workers)),
-                    geometry_samples=options.geometry_samples, device=options.device,
+                    geometry_samples=options.geometry_count(n, options.samples), device=options.device,
                     few=options.measured(n, options.samples))
     if line:
         log(line)

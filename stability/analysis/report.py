@@ -16,6 +16,7 @@ from typing import Any, Optional
 from stability import atomic
 from stability.analysis.initial_iterate import report_rows as initial_iterate_rows
 from stability.analysis.repelling import report_rows as repelling_rows
+from stability.analysis.text import WIDTH, table_lines, verdict_text  # noqa: F401 (verdict_text: the report's)
 from stability.stats import FIXED_POINT_STATUSES, median
 from stability.atomic import atomic_path
 
@@ -111,7 +112,7 @@ def split_table(block: dict) -> str:
         if curve:
             best_t = max(range(len(curve)), key=lambda i: curve[i])
             rows.append(("accuracy", f"{curve[0]:.1%} (T=1) · best {curve[best_t]:.1%} (T={best_t + 1}) · "
-                         f"{curve[-1]:.1%} (T={len(curve)})", "whole answer right"))
+                         f"{curve[-1]:.1%} (T={len(curve)})", f"whole answer right, n = {block['samples']}"))
         if pos:
             rows.append(("per-position accuracy", f"{pos[0]:.1%} (T=1) · {pos[-1]:.1%} (T={len(pos)})",
                          "share of positions right"))
@@ -127,11 +128,8 @@ def split_table(block: dict) -> str:
         rows.append(("time", f"{sum(block['timings'].values()):.1f} s",
                      ", ".join(f"{k} (in {inside})" if k == "accuracy" and inside else f"{k} {v:.1f}"
                                for k, v in block["timings"].items())))
-    w0 = max(len(r[0]) for r in rows)
-    w1 = max(len(r[1]) for r in rows)
-    line = "-" * (w0 + w1 + 40)
-    body = [f"{a:<{w0}}  {b:<{w1}}  {c}".rstrip() for a, b, c in rows]
-    return "\n".join([f"split: {block['split']}", line, *body, line])
+    line = "-" * WIDTH
+    return "\n".join([f"split: {block['split']}", line, *table_lines(rows), line])
 
 
 def geometry_rows(geo: dict) -> list:
@@ -163,38 +161,6 @@ def geometry_rows(geo: dict) -> list:
                      "what failed at the outer end (rho: ρ(J*) ≥ 1; a status: the continued solve)"
                      + (f"; certified ρ within {gap:.2g} of the estimate" if gap is not None else "")))
     return rows
-
-
-_AXES = (("reachable", "reachable"), ("input_dependent", "input-dependent"), ("geometry", "geometry"))
-
-
-def verdict_text(report: dict) -> str:
-    """The VERDICT: for each split, the paper's three axes (reachable, input-dependent, geometry) in words and
-    numbers, and the thresholds used. A.8's "from every start" is a fact of the reachable line, not an axis. A
-    report written before the geometry stage (schema 2) shows its axes as they were."""
-    lines = ["VERDICT (the paper's three axes, Section 3.2)"]
-    th = None
-    for split in report["splits"]:
-        v = report[split].get("verdict")
-        if not v:
-            continue
-        th = v["thresholds"]
-        axes = _AXES if "geometry" in v else (*_AXES[:2], ("independent_of_e", "independent of e"))
-        for key, label in axes:
-            lines.append(f"  {split:<6} {label + ':':<19} {v[key].upper():<12} {v['reasons'].get(key, '')}")
-    if th:
-        lines.append(f"  thresholds: reachable if ≥ {th['reachable_share']:.0%} of samples converge under plain "
-                     f"iteration and median ρ(J*) < {1 - th['rho_margin']:g} (from every start: x* from each "
-                     + (f"converged start within {th['e_distance_max']:g}, relative L∞; local, A.8: ‖dx_T/de·u‖ ≤ "
-                        f"{th['e_local_max']:g}" if "e_local_max" in th else
-                        f"e within {th['e_distance_max']:g}, relative L∞") + "); input-dependent if median ‖dx*/dx0‖_F ≥ "
-                     f"{th['input_grad_min']:g} and the converged samples reach more than one fixed point (Prop. 5 "
-                     f"agrees if the unrolled gradient is within {th['prop5_rel_error_max']:g})"
-                     + (f"; geometry: yes if the median radius of stability (relative step in parameter space at "
-                        f"which x* stops attracting) is ≥ {th['geometry_radius_min']:g} and the IQR of log r over the "
-                        f"directions ≤ {th['geometry_log_iqr_max']:g} (partly if one holds; references in "
-                        f"benchmarks/RESULTS.md, \"Geometry stage\")" if "geometry_radius_min" in th else ""))
-    return "\n".join(lines)
 
 
 def _med(values) -> Optional[float]:
@@ -277,7 +243,7 @@ def _write_plots(report: dict, directory: Path) -> list[Path]:
             ax.semilogy(range(1, len(y) + 1), y, color=_STATUS_COLOURS.get(status, "grey"), alpha=0.6, lw=1,
                         label=label)
         ax.axhline(fp["tol"], color="k", ls="--", lw=0.8, label=f"τ = {fp['tol']:g}")
-        ax.set(title=f"{s}: fixed-point residual", xlabel="iteration", ylabel="‖f(x)−x‖∞ / ‖f(x)‖∞")
+        ax.set(title=f"{s}: fixed-point residual (n = {report[s]['samples']})", xlabel="iteration", ylabel="‖f(x)−x‖∞ / ‖f(x)‖∞")
         ax.legend(fontsize=8)
     save(fig, plt, "residuals.png")
 
@@ -313,7 +279,7 @@ def _eigen_plot(report, splits, save):
                            label="at converged x*" if conv else "at best iterate (unconverged)")
         lim = max([1.1] + [abs(c) * 1.1 for ev in jac["eigenvalues"] for z in ev for c in z])
         ax.set(xlim=(-lim, lim), ylim=(-lim, lim), aspect="equal", xlabel="Re λ", ylabel="Im λ",
-               title=f"{s}: leading eigenvalues of J*")
+               title=f"{s}: leading eigenvalues of J* (n = {report[s]['samples']})")
         ax.legend(fontsize=8, loc="lower left")
     save(fig, plt, "eigenvalues.png")
 
@@ -328,8 +294,9 @@ def _accuracy_plot(report, splits, save):
                 label=f"{s} (per position)")
         if acc["at_fixed_point"] is not None:
             ax.axhline(acc["at_fixed_point"], color=line.get_color(), ls=":", lw=1, label=f"{s} at x*")
+    sizes = ", ".join(f"{s} {report[s]['samples']}" for s in splits)
     ax.set(xscale="log", xlabel="iteration T", ylabel="accuracy", ylim=(-0.02, 1.02),
-           title="accuracy against iteration")
+           title=f"accuracy against iteration (n = {sizes} analysed samples)")
     ax.legend(fontsize=8)
     save(fig, plt, "accuracy.png")
 
@@ -347,7 +314,8 @@ def _prop5_plot(report, splits, save):
         else:
             ax.text(0.5, 0.5, p5.get("skipped", "not computed"), ha="center", va="center", wrap=True,
                     transform=ax.transAxes, fontsize=8)
-        ax.set(title=f"{s}: Prop. 5 check", xlabel="T", ylabel="relative error")
+        ax.set(title=f"{s}: Prop. 5 check (n = 1: sample {p5.get('sample')})", xlabel="T",
+               ylabel="relative error")
     save(fig, plt, "prop5.png")
 
 

@@ -296,27 +296,51 @@ def stage_accuracy(at: AtFixedPoint):
     return acc
 
 
+def pick_geometry_samples(o, n: int, status: list, rho: list, fill) -> list:
+    """The samples the geometry stage measures (``AnalysisOptions.geometry_pick``): the first
+    ``geometry_count(n, N)`` samples whose x* attracts at θ* (converged, ρ(J*) < 1), in order, or the first sample
+    where none does ("attracting"); the first ``geometry_count`` samples ("first"). ``rho`` holds ρ(J*) per sample
+    (None where not measured), ``fill(samples)`` measures the missing ones in place, a chunk at a time."""
+    N = len(status)
+    k = o.geometry_count(n, N)
+    if o.geometry_pick == "first":
+        fill([b for b in range(k) if rho[b] is None])
+        return list(range(k))
+    candidates, picked = [b for b in range(N) if status[b] == "converged"], []
+    for i in range(0, len(candidates), k):
+        chunk = candidates[i:i + k]
+        fill([b for b in chunk if rho[b] is None])
+        picked += [b for b in chunk if rho[b] is not None and np.isfinite(rho[b]) and rho[b] < 1.0]
+        if len(picked) >= k:
+            break
+    if not picked:
+        fill([0] if rho[0] is None else [])
+    return picked[:k] or [0]
+
+
 def stage_geometry(at: AtFixedPoint):
     """Section 3.2's third axis: radii of stability along random directions in parameter space, their anisotropy
-    (App. B.2), per parameter group, and (``geometry_plane``) the ρ(J*) picture over a plane, on the first
-    ``geometry_samples`` samples (:mod:`stability.analysis.geometry`)."""
+    (App. B.2), per parameter group, and (``geometry_plane``) the ρ(J*) picture over a plane, on the samples of
+    :func:`pick_geometry_samples` (:mod:`stability.analysis.geometry`)."""
     from stability.analysis.geometry import measure
 
     o = at.options
     N = at.x_star.shape[0]
-    samples = list(range(min(o.geometry_samples, N)))
-    rho = None if at.jacobian_spectra is None else list(at.jacobian_spectra.spectral_radius)
-    missing = samples if rho is None else [b for b in samples if rho[b] is None]
-    if missing:  # stage rho did not run (or measured fewer samples): ρ(J*) at θ* of these samples by its routine
+    rho = [None] * N if at.jacobian_spectra is None else list(at.jacobian_spectra.spectral_radius)
+
+    def fill(missing):  # ρ(J*) at θ* of samples stage rho did not measure, by its routine
+        if not missing:
+            return
         from stability.numerics import Linearisation, spectral_radius
 
         sel = torch.tensor(missing, device=at.x_star.device)
         got = spectral_radius(Linearisation(at.f, at.x_star[sel], at.x0[sel]), tol=o.eig_tol, k=o.eig_k,
                               seed=o.seed)
-        rho = [None] * N if rho is None else rho
         for b, v in zip(missing, got.rho.tolist()):
             rho[b] = float(v)
+
     status = at.solution.status
+    samples = pick_geometry_samples(o, int(at.x_star[0].numel()), list(status), rho, fill)
     attracting = [status[b] == "converged" and rho[b] is not None and np.isfinite(rho[b]) and rho[b] < 1.0
                   for b in range(N)]
     return measure(at.model, at.inputs, at.x_star, at.x0, attracting, rho, samples=samples,

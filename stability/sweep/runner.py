@@ -387,13 +387,9 @@ def _summarise(ckpt_path: Path, results: Path, cell_id: str, options: RunOptions
         m = mon.measure(loaded.model)
         keys = ("rho_Wx", "rho_J_median", "converged_fraction", "input_grad_norm_median", "samples")
         return {"source": "monitor", "split": "val", **{k: m[k] for k in keys}}, None, "summary by the monitor"
-    from stability.analysis.options import DEFAULT_STAGES, AnalysisOptions
     from stability.analysis.pipeline import analyze_checkpoint
 
-    aopts = AnalysisOptions(samples=options.analyze_samples, max_iter=options.analyze_max_iter,
-                            stages=DEFAULT_STAGES + (("geometry",) if options.analyze_geometry else ()),
-                            iterations=test_iterations, device=device.type,
-                            workers=1)  # the sweep runs cells side by side, so one split after the other here
+    aopts = analysis_options(options, test_iterations, device.type)
     say(f"analysis: {options.analyze_samples} samples of {', '.join(options.analyze_splits)}")
     t = time.perf_counter()
     analysis = analyze_checkpoint(ckpt_path, splits=tuple(options.analyze_splits), options=aopts, log=say)
@@ -401,6 +397,22 @@ def _summarise(ckpt_path: Path, results: Path, cell_id: str, options: RunOptions
     analysis.write_json(analysis_path(results, cell_id))
     summary = analysis_summary(analysis.to_json())
     return _stability_from_analysis(summary), summary, None
+
+
+#: the geometry stage's sample choice of every sweep: the one the committed replication records were measured with
+#: (the first sample of each split), pinned so that they reproduce bit for bit whatever the library's default
+SWEEP_GEOMETRY = {"geometry_samples": 1, "geometry_pick": "first"}
+
+
+def analysis_options(options, test_iterations: int, device: str):
+    """The :class:`~stability.config.AnalysisOptions` a sweep cell's summary runs with (``options``: the grid's
+    :class:`~stability.config.SweepSummary`): its samples, budget and stages, the geometry stage's sample choice
+    pinned (:data:`SWEEP_GEOMETRY`), one split after the other (the sweep runs cells side by side)."""
+    from stability.analysis.options import DEFAULT_STAGES, AnalysisOptions
+
+    return AnalysisOptions(samples=options.analyze_samples, max_iter=options.analyze_max_iter,
+                           stages=DEFAULT_STAGES + (("geometry",) if options.analyze_geometry else ()),
+                           iterations=test_iterations, device=device, workers=1, **SWEEP_GEOMETRY)
 
 
 # ---- the worker entry: one cell by id --------------------------------------------------------------------

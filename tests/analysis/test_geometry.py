@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import run_cli
+from tests.conftest import ROOT, run_cli
 from stability.analysis.geometry import DiagonalRecall, Figure5Model, anisotropy, diagonal_radius, figure5_radius
 from stability.analysis.options import DEFAULT_STAGES, STAGES, AnalysisOptions
 from stability.analysis.perturbation import loop_parameters, random_directions
@@ -188,6 +188,7 @@ def test_cli_three_axes_and_the_region_picture(tiny, tmp_path):
 
 def _geo_block(r, iqr, attracting=1, samples=1):
     return {"directions": 8, "samples": list(range(samples)), "groups": [],
+            "radii": [[r] * 16] * samples, "attracting_at_theta": [i < attracting for i in range(samples)],
             "summary": {"median_radius": r, "log_iqr": iqr, "log_range": None if iqr is None else 2 * iqr, "balance": 0.5,
                         "unstable_t0": 0.0, "attracting_samples": attracting, "samples": samples}}
 
@@ -256,3 +257,49 @@ def test_a_grid_can_ask_the_sweep_for_the_geometry_stage(tmp_path):
     assert not any(k.startswith("geometry") for k in analysis_summary(report)["val"])
     report["val"]["geometry"] = _geo_block(0.3, 0.4)
     assert analysis_summary(report)["val"]["geometry_median_radius"] == 0.3
+
+
+# ---- which samples the geometry stage measures (issue 33) ---------------------------------------------------------
+
+def test_by_default_the_geometry_stage_measures_up_to_four_attracting_samples():
+    from stability.analysis.stages import pick_geometry_samples
+
+    status = ["stalled", "converged", "converged", "converged", "stalled", "converged", "converged", "converged"]
+    rho = [1.2, 0.5, 1.1, 0.7, None, None, 0.6, 0.4]
+    filled = []
+
+    def fill(bs):  # ρ(J*) where stage rho did not measure it
+        filled.extend(bs)
+        for b in bs:
+            rho[b] = 0.8
+
+    o = AnalysisOptions()
+    assert o.geometry_samples == 4 and o.geometry_pick == "attracting"
+    assert pick_geometry_samples(o, 100, status, rho, fill) == [1, 3, 5, 6] and filled == [5]
+    # none attracts: the first sample (every radius 0), as before
+    assert pick_geometry_samples(o, 100, ["stalled"] * 3, [None] * 3, lambda bs: None) == [0]
+    # a large state (above few_samples_above): one sample, each costs minutes
+    assert pick_geometry_samples(o, 10_000, status, rho, fill) == [1]
+
+
+def test_the_sweep_measures_geometry_as_the_committed_replication_records_were_measured():
+    """The replication records (rerun bit for bit by tests/e2e/test_replication.py) were measured on the first sample
+    of each split: the options a replication cell's summary runs with are the ones it ran with before the library's
+    default changed, field by field, and they pick sample 0 even where its x* does not attract."""
+    from stability.analysis.stages import pick_geometry_samples
+    from stability.config import SweepSummary
+    from stability.sweep import grid as gridlib
+    from stability.sweep.runner import analysis_options
+
+    grid = gridlib.load(ROOT / "experiments" / "replication.toml")
+    summary = SweepSummary(**grid.summary)
+    assert summary.analyze_geometry
+    cell = grid.cells[0]
+    got = analysis_options(summary, cell.config.train.test_iterations, "cpu")
+    before = AnalysisOptions(samples=summary.analyze_samples, max_iter=summary.analyze_max_iter,
+                             stages=DEFAULT_STAGES + ("geometry",), iterations=cell.config.train.test_iterations,
+                             device="cpu", workers=1, geometry_samples=1)  # the old default, 1
+    assert {k: v for k, v in got.to_dict().items() if k != "geometry_pick"} == \
+        {k: v for k, v in before.to_dict().items() if k != "geometry_pick"}
+    assert got.geometry_pick == "first"
+    assert pick_geometry_samples(got, 1280, ["stalled", "converged"], [1.3, 0.5], lambda bs: None) == [0]

@@ -33,6 +33,8 @@ def test_analyze_writes_text_json_and_plots_for_both_splits(tiny_checkpoint, tmp
     assert proc.returncode == 0, proc.stderr
     assert "split: val" in proc.stdout and "split: hard" in proc.stdout
     assert "ρ(J*) median" in proc.stdout
+    report_lines = [ln for ln in proc.stdout.splitlines() if not ln.startswith(("json: ", "plot: "))]
+    assert max(map(len, report_lines)) <= 100, max(report_lines, key=len)  # no printed report line over 100
     report = json.loads(js.read_text())
     assert report["checkpoint"] == str(tiny_checkpoint)
     assert report["config"]["model"]["width"] == 16
