@@ -116,6 +116,11 @@ SUITE = (
               _script("paper_size.py", "--dry-run", "--out", "{out}/paper-size", "--json", "{out}/paper-size.json"),
               "the whole default `stability analyze` of a width-256 sudoku checkpoint (trained briefly, W_x scaled "
               "so Picard converges) as a process: wall, CPU, peak RSS, per-stage timings"),
+    Benchmark("launch-bound", "Launch-boundness of the analysis (`benchmarks/launch_bound.py`, issue 35)",
+              _script("launch_bound.py", "--samples", "8", "--out", "{out}/launch-bound.json"),
+              _script("launch_bound.py", "--samples", "2", "--factor", "2", "--out", "{out}/launch-bound.json"),
+              "ops dispatched and host syncs per analysis stage at N and 8N samples (the ratio a batched stage "
+              "keeps near 1)"),
     Benchmark("busy-machine", "Busy machine (issue 25)",
               _script("busy_machine.py", "--ckpt", CKPT, "--json", "{out}/busy-machine.json"),
               _script("busy_machine.py", "--quick", "--ckpt", CKPT, "--json", "{out}/busy-machine.json"),
