@@ -161,8 +161,11 @@ def run(args: argparse.Namespace) -> int:
     from stability.sweep.runner import RunOptions, checkpoint_path, outcome_line, record_path
 
     from stability.atomic import check_writable
+    from stability.commands._types import check_maxima
+    from stability.config import SweepSummary
 
-    grid = gridlib.load(args.grid)
+    check_maxima(args, [(n.replace("_", "-"), n, SweepSummary.model_fields[n]) for n in SweepSummary.FLAGS])
+    grid = gridlib.load(args.grid)  # every cell's options validated, their maxima too (dry run and --list as well)
     cells = gridlib.select(grid.cells, args.where)
     if args.only is not None:
         wanted = [w.strip() for w in args.only.split(",") if w.strip()]
@@ -185,8 +188,6 @@ def run(args: argparse.Namespace) -> int:
     if args.executor == "local" and (args.no_wait or args.cluster != "slurm"):
         raise ConfigError("--cluster and --no-wait are options of --executor slurm")
     # each summary option: the command line, else the grid's [summary] table, else the schema's default
-    from stability.config import SweepSummary
-
     given = {k: getattr(args, k) for k in SweepSummary.FLAGS if getattr(args, k) is not None}
     chosen = SweepSummary(**{**grid.summary, **given})
     splits = ("val", "hard") if chosen.analyze_splits == "both" else (chosen.analyze_splits,)

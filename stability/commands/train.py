@@ -171,7 +171,9 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from stability.atomic import check_writable
+    from stability.commands._types import check_maxima
 
+    check_maxima(args, [(f.flag, f.dest, f.info) for f in flags()])  # a count past its maximum names its flag
     config = config_from_args(args)  # validated before anything heavy is imported
     check_float32(config)
     out = check_writable(args.out, "file", "--out")

@@ -68,10 +68,22 @@ def cooldown_epoch(cfg: TrainConfig) -> int:
 
 
 def schedule_peak(cfg: TrainConfig) -> tuple[float, int]:
-    """(largest LR factor over the run, the 0-based epoch where it is first reached)."""
-    factors = [lr_factor(e, cfg) for e in range(cfg.epochs)]
-    peak = max(factors)
-    return peak, factors.index(peak)
+    """(largest LR factor over the run, the 0-based epoch where it is first reached), in O(log epochs) time and
+    constant memory: the factor never decreases within the epochs before the cooldown, nor within those from it
+    on, so each part peaks at its last epoch, first reached where a bisection finds it."""
+    best = (-1.0, 0)
+    cut = min(cooldown_epoch(cfg), cfg.epochs)
+    for start, stop in ((0, cut), (cut, cfg.epochs)):
+        if start >= stop:
+            continue
+        peak = lr_factor(stop - 1, cfg)
+        lo, hi = start, stop - 1  # the first epoch of [start, stop) whose factor is the part's peak
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if lr_factor(mid, cfg) >= peak else (mid + 1, hi)
+        if peak > best[0]:
+            best = (peak, lo)
+    return best
 
 
 def schedule_warning(cfg: TrainConfig) -> Optional[str]:

@@ -485,3 +485,30 @@ def test_train_accuracy_each_epoch_is_the_whole_answer_accuracy_at_the_training_
     b = stability.load(tmp_path / "b.pt").model
     for (n, p), q in zip(loaded.model.state_dict().items(), b.state_dict().values()):
         assert torch.equal(p, q), n    # logging the fit does not change the training
+
+
+def test_schedule_peak_is_the_epoch_by_epoch_peak_without_a_list_as_long_as_the_epochs():
+    """schedule_peak bisects instead of listing every epoch's factor: the same (peak, epoch) as the list, and at
+    the largest epoch count it answers at once."""
+    import itertools
+    import time
+
+    from stability.config import MAX_EPOCHS
+    from stability.train.loop import lr_factor
+
+    for epochs, warmup, at, factor in itertools.product([1, 2, 5, 6, 10, 37], [0, 1, 2, 9, 40], [0.0, 0.3, 0.6, 1.0],
+                                                        [0.0, 0.1, 1.0]):
+        cfg = TrainConfig(epochs=epochs, warmup_epochs=warmup, cooldown_at=at, cooldown_factor=factor)
+        factors = [lr_factor(e, cfg) for e in range(epochs)]
+        assert schedule_peak(cfg) == (max(factors), factors.index(max(factors))), cfg
+    t0 = time.perf_counter()
+    schedule_peak(TrainConfig(epochs=MAX_EPOCHS, warmup_epochs=MAX_EPOCHS))
+    calls = []
+    import stability.train.loop as loop
+    real = loop.lr_factor
+    try:
+        loop.lr_factor = lambda e, c: calls.append(e) or real(e, c)
+        schedule_peak(TrainConfig(epochs=MAX_EPOCHS, warmup_epochs=MAX_EPOCHS // 2))
+    finally:
+        loop.lr_factor = real
+    assert len(calls) < 100 and time.perf_counter() - t0 < 1
