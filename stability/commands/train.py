@@ -90,7 +90,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.epilog = ("exit status: 0 trained; 2 bad usage or input (one line on stderr, nothing written), or --out is "
                 "being written by another run; 3 the run diverged (a non-finite loss or gradient: training stopped, "
-                "the last good checkpoint is kept); 130 interrupted")
+                "the last good checkpoint is kept); 130 interrupted, 143 terminated (SIGTERM): the lock is released and the "
+                "last finished epoch's checkpoint kept for --resume")
 
 
 #: the largest finite float32: the model and AdamW compute in float32, so a larger option overflows there

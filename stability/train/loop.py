@@ -510,8 +510,35 @@ def train(config: RunConfig, out: Path | str, *, resume: bool = False, progress:
         check_writable(path, "file", "checkpoint" if path == out else "metrics file")
     if tensorboard is not None:
         check_writable(tensorboard, "dir", "--tensorboard")
-    with run_lock(out):
+    with sigterm_unwinds(), run_lock(out):
         return _train(config, out, resume=resume, progress=progress, callbacks=callbacks, tensorboard=tensorboard)
+
+
+@contextmanager
+def sigterm_unwinds():
+    """While training, SIGTERM (``kill``, a scheduler's stop, the sweep stopping its workers) ends the run as
+    Ctrl-C does: it raises :class:`~stability.errors.Terminated` (a ``KeyboardInterrupt``) where the run is, so the
+    lock file is removed, an atomic write in progress leaves no temporary file, and the checkpoint of the last
+    finished epoch stays for ``--resume`` (the checkpoint is written after every epoch; nothing else is kept,
+    as on SIGINT). The previous handler is back afterwards; outside the main thread (where Python cannot set
+    handlers) nothing changes."""
+    import signal
+    import threading
+
+    from stability.errors import Terminated
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum, frame):
+        raise Terminated(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _train(config: RunConfig, out: Path, *, resume: bool, progress: bool, callbacks: tuple[EpochCallback, ...],
