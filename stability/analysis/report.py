@@ -18,39 +18,12 @@ from stability.analysis.initial_iterate import report_rows as initial_iterate_ro
 from stability.analysis.repelling import report_rows as repelling_rows
 from stability.stats import FIXED_POINT_STATUSES, median
 from stability.atomic import atomic_path
+from stability.analysis.publish import publish  # noqa: F401  (what analyze and demo print and write)
 
 
 def as_report(report) -> dict:
     """The JSON of an :class:`~stability.analysis.results.Analysis`, or the dict itself."""
     return report if isinstance(report, dict) else report.to_json()
-
-
-def publish(analysis, *, json_path: Optional[Path | str] = None, plots: Optional[Path | str] = None) -> None:
-    """What ``stability analyze`` and ``stability demo`` give: the text report on stdout, then the JSON written to
-    ``json_path`` and the plots to ``plots`` (when given), each path on a line (``json: PATH``, ``plot: PATH``).
-    When both are asked for and one cannot be written (a full disk), the one-line error says which was written
-    completely and which was not (each is written whole or not at all: the JSON atomically, the plots into a folder
-    that a failure removes)."""
-    from stability.errors import OutputError
-
-    print(analysis.summary(), end="")
-    json_done = False
-    try:
-        if json_path is not None:
-            analysis.write_json(json_path)
-            json_done = True
-            print(f"json: {json_path}")
-        if plots is not None:
-            for path in analysis.plot(plots):
-                print(f"plot: {path}")
-    except OutputError as exc:
-        if json_path is None or plots is None:
-            raise
-        if json_done:
-            raise OutputError(f"{exc}; the JSON {json_path} was written completely, the plots in {plots} were "
-                              "not") from None
-        raise OutputError(f"{exc}; nothing was written: neither the JSON {json_path} nor the plots in {plots}") \
-            from None
 
 
 def _fmt(v: Any, spec: str = ".4g") -> str:

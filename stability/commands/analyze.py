@@ -238,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
 
     from stability.analysis.options import STAGES, AnalysisOptions
     from stability.analysis.pipeline import analyze_checkpoint
-    from stability.analysis.report import publish
+    from stability.analysis.publish import publish
     from stability.atomic import check_writable
     from stability.errors import StabilityError
 
