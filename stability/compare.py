@@ -310,7 +310,9 @@ def _fmt(v: Optional[float], percent: bool) -> str:
     return f"{v:.4g}"
 
 
-def _fmt_delta(row: Row) -> str:
+def change_text(row: Row) -> str:
+    """The change column: ``=``, ``+0.4 (+50%)`` (the relative change where :func:`relative_change` allows it),
+    ``+1.2 pts`` for a share, or ``only in A``."""
     d = row.delta
     if d is None:
         return f"only in {row.only}" if row.only else ""
@@ -351,7 +353,7 @@ def format_comparison(cmp: Comparison, only_changed: bool = False) -> str:
             split = r.split
             lines.append("")
             lines.append(f"{split:<{width}}  {'A':>12}  {'B':>12}  change (B − A)")
-        lines.append(f"{r.label:<{width}}  {_fmt(r.a, r.percent):>12}  {_fmt(r.b, r.percent):>12}  {_fmt_delta(r)}")
+        lines.append(f"{r.label:<{width}}  {_fmt(r.a, r.percent):>12}  {_fmt(r.b, r.percent):>12}  {change_text(r)}")
     changed = [r for r in cmp.rows if r.changed]
     both = [r for r in cmp.rows if r.only is None]
     only = {side: sum(r.only == side for r in cmp.rows) for side in ("A", "B")}

@@ -13,8 +13,8 @@ import pytest
     (-4.0, -5.0, "-1 (-25%)"),
 ])
 def test_the_relative_change_is_shown_only_where_both_values_are_away_from_zero_on_their_scale(a, b, shown):
-    from stability.compare import Row, _fmt_delta
+    from stability.compare import Row, change_text
 
     row = Row("val", "ρ(J*) median", a, b)
-    assert _fmt_delta(row) == shown
+    assert change_text(row) == shown
     assert (row.to_dict()["relative"] is None) == ("%" not in shown)
