@@ -50,6 +50,7 @@ MAX_WIDTH = 65_536  # model width
 MAX_PROBES = 1024  # random probes (Hutchinson's error is ~3 % at 1024), history lengths, heads
 MAX_DIRECTIONS = 10_000  # the geometry stage's directions, certified radii, the repelling stage's starts
 MAX_SEED = 2**63 - 1  # torch's generators take 64-bit seeds
+MAX_WORKERS = 1024  # processes side by side (a sweep's workers or GPUs, the analysis' split processes)
 
 
 def is_device_name(name: str) -> bool:
@@ -550,7 +551,7 @@ class AnalysisOptions(_Config):
                                     "noise_std; 1 for --model)", metavar="F", ge=0.0)
     workers: Optional[int] = _f(1, "splits analysed side by side on the CPU, one process each, sharing torch's "
                                 "threads (none: one per split, up to the thread count)", ge=1,
-                                le=MAX_PROBES)
+                                le=MAX_WORKERS)
     stages: Annotated[tuple[str, ...], BeforeValidator(_stages)] = _f(
         DEFAULT_STAGES, "the stages to run, of STAGES (reachability always runs)")
     geometry_directions: int = _f(8, "geometry: random directions in all loop parameters, each measured with both "

@@ -152,6 +152,21 @@ def resume_command(args: argparse.Namespace, results, left: list) -> str:
     return shlex.join(cmd)
 
 
+def check_counts(args: argparse.Namespace) -> None:
+    """Refuse, in one line before any work, a summary flag above its schema maximum and ``--workers`` or ``--gpus``
+    above :data:`~stability.config.MAX_WORKERS` (a process each: ``--workers 99999999999`` would exhaust memory
+    listing its slots)."""
+    from stability.commands._types import check_maxima
+    from stability.config import MAX_WORKERS, SweepSummary
+    from stability.errors import ConfigError
+
+    check_maxima(args, [(n.replace("_", "-"), n, SweepSummary.model_fields[n]) for n in SweepSummary.FLAGS])
+    for flag in ("workers", "gpus"):
+        value = getattr(args, flag, None)
+        if value is not None and value > MAX_WORKERS:
+            raise ConfigError(f"--{flag} {value}: at most {MAX_WORKERS} (one process each)")
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -161,10 +176,9 @@ def run(args: argparse.Namespace) -> int:
     from stability.sweep.runner import RunOptions, checkpoint_path, outcome_line, record_path
 
     from stability.atomic import check_writable
-    from stability.commands._types import check_maxima
     from stability.config import SweepSummary
 
-    check_maxima(args, [(n.replace("_", "-"), n, SweepSummary.model_fields[n]) for n in SweepSummary.FLAGS])
+    check_counts(args)
     grid = gridlib.load(args.grid)  # every cell's options validated, their maxima too (dry run and --list as well)
     cells = gridlib.select(grid.cells, args.where)
     if args.only is not None:

@@ -376,3 +376,14 @@ def test_an_analysis_count_past_its_maximum_is_one_line_naming_the_flag(flag, tm
     proc = run_cli("analyze", tmp_path / "no.pt", flag, HUGE, "--json", tmp_path / "a.json", check=False)
     err = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(err) == 1 and f"{flag} {HUGE}: at most" in err[0], proc.stderr
+
+
+@pytest.mark.parametrize("flag", ["--workers", "--gpus", "--analyze-samples", "--analyze-max-iter"])
+def test_a_sweep_count_past_its_maximum_is_one_line_naming_the_flag_before_any_work(flag, tmp_path):
+    from tests.conftest import ROOT, run_cli
+
+    proc = run_cli("sweep", ROOT / "experiments" / "smoke.toml", flag, HUGE, "--results", tmp_path / "r",
+                   check=False, timeout=60)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1 and f"{flag} {HUGE}: at most" in err[0], proc.stderr
+    assert os.listdir(tmp_path) == []
