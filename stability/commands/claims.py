@@ -1,10 +1,10 @@
 """``stability claims RESULTS``: every registered claim of the paper judged from a sweep's records (issue 27).
 
 Reads the claims file (default ``experiments/claims.toml``), computes each verdict by the file's rule
-(:mod:`stability.sweep.claims`) and prints one line per claim: id, verdict, n, effect, CI, p, the direction its one-sided test took and on which
-side of it the effect lies, and the reason. ``--json``
-writes every number; ``--markdown`` the table docs/replication.md includes (generated, never hand-written);
-``--figures DIR`` one figure per claim (:mod:`stability.sweep.claim_figures`).
+(:mod:`stability.sweep.claims`) and prints one line per claim: id, verdict, n, effect, CI, p, the direction its
+one-sided test took and on which side of it the effect lies, and the reason. ``--json`` writes every number;
+``--markdown`` the table docs/replication.md includes (generated, never hand-written); ``--figures DIR`` one figure
+per claim (:mod:`stability.sweep.claim_figures`).
 """
 
 from __future__ import annotations
