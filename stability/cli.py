@@ -95,7 +95,12 @@ def main(argv: list[str] | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        from stability.errors import EXIT_TERMINATED, Terminated
+
+        if isinstance(exc, Terminated):  # SIGTERM during training (stability.train.loop.sigterm_unwinds)
+            print(f"stability {args.command}: terminated", file=sys.stderr)
+            return EXIT_TERMINATED
         print(f"stability {args.command}: interrupted", file=sys.stderr)
         return 130
 

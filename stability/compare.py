@@ -23,6 +23,23 @@ from stability.errors import StabilityError, first_line
 ITERATION_MARKS = (1, 2, 5, 10, 20, 30, 50, 100, 200, 300, 500, 1000)
 
 
+#: a relative change is shown only when the smaller value is at least this fraction of the larger (so between
+#: −90 % and +900 %): beyond it one side is near zero on the other's scale (a residual of 1e-15 against 4e-4), and
+#: the percentage (+38102323392 %) says nothing the absolute difference does not
+RELATIVE_RANGE = 0.1
+
+
+def relative_change(a: float, b: float) -> Optional[float]:
+    """(b − a) / |a| when both are finite, of one sign and away from zero on their common scale (the smaller at
+    least :data:`RELATIVE_RANGE` of the larger in magnitude); else None, and only the absolute difference is
+    meaningful."""
+    if not (math.isfinite(a) and math.isfinite(b)) or a == 0 or b == 0 or (a > 0) != (b > 0):
+        return None
+    if min(abs(a), abs(b)) < RELATIVE_RANGE * max(abs(a), abs(b)):
+        return None
+    return (b - a) / abs(a)
+
+
 @dataclass
 class Row:
     """One quantity of one split: A's and B's value (None where a side lacks it) and how to print it."""
@@ -40,6 +57,11 @@ class Row:
         return self.b - self.a
 
     @property
+    def relative(self) -> Optional[float]:
+        """(B − A) / |A| where it means something (:func:`relative_change`), else None."""
+        return None if self.a is None or self.b is None else relative_change(self.a, self.b)
+
+    @property
     def only(self) -> Optional[str]:
         """``"A"`` or ``"B"`` when only that side has a value (not a change: the other side did not measure it)."""
         if (self.a is None) == (self.b is None):
@@ -55,7 +77,7 @@ class Row:
 
     def to_dict(self) -> dict:
         return {"split": self.split, "quantity": self.label, "a": self.a, "b": self.b, "delta": self.delta,
-                "changed": self.changed, "only_in": self.only}
+                "changed": self.changed, "only_in": self.only, "relative": self.relative}
 
 
 @dataclass
@@ -288,7 +310,9 @@ def _fmt(v: Optional[float], percent: bool) -> str:
     return f"{v:.4g}"
 
 
-def _fmt_delta(row: Row) -> str:
+def change_text(row: Row) -> str:
+    """The change column: ``=``, ``+0.4 (+50%)`` (the relative change where :func:`relative_change` allows it),
+    ``+1.2 pts`` for a share, or ``only in A``."""
     d = row.delta
     if d is None:
         return f"only in {row.only}" if row.only else ""
@@ -296,7 +320,8 @@ def _fmt_delta(row: Row) -> str:
         return "="
     if row.percent:
         return f"{100 * d:+.1f} pts"
-    return f"{d:+.3g}" + (f" ({100 * d / abs(row.a):+.0f}%)" if row.a else "")
+    rel = row.relative
+    return f"{d:+.3g}" + (f" ({100 * rel:+.0f}%)" if rel is not None else "")
 
 
 def format_comparison(cmp: Comparison, only_changed: bool = False) -> str:
@@ -328,7 +353,7 @@ def format_comparison(cmp: Comparison, only_changed: bool = False) -> str:
             split = r.split
             lines.append("")
             lines.append(f"{split:<{width}}  {'A':>12}  {'B':>12}  change (B − A)")
-        lines.append(f"{r.label:<{width}}  {_fmt(r.a, r.percent):>12}  {_fmt(r.b, r.percent):>12}  {_fmt_delta(r)}")
+        lines.append(f"{r.label:<{width}}  {_fmt(r.a, r.percent):>12}  {_fmt(r.b, r.percent):>12}  {change_text(r)}")
     changed = [r for r in cmp.rows if r.changed]
     both = [r for r in cmp.rows if r.only is None]
     only = {side: sum(r.only == side for r in cmp.rows) for side in ("A", "B")}

@@ -38,6 +38,20 @@ RECALLS = typing.get_args(Recall)
 NORMS = typing.get_args(Norm)
 METHODS = typing.get_args(Method)
 
+# The largest value of each kind of count (issue 33): a value past them cannot finish (memory or time) and would
+# otherwise fail late, or grow memory without a word; every count of the schema has one of them as its `le` bound,
+# so a run file, a grid (its dry run too) and a flag are refused before anything is allocated. Each is far above
+# any run this toolkit has made (the paper's: 100 epochs, 40,000 samples, 512 bits, width 512, 500 iterations).
+MAX_EPOCHS = 100_000  # epochs, warm-up, evaluation and monitor periods
+MAX_SAMPLES = 10_000_000  # dataset sizes, batch sizes, sample counts
+MAX_ITERATIONS = 1_000_000  # loop iterations, solver and adjoint budgets
+MAX_BITS = 65_536  # prefix-sums string lengths
+MAX_WIDTH = 65_536  # model width
+MAX_PROBES = 1024  # random probes (Hutchinson's error is ~3 % at 1024), history lengths, heads
+MAX_DIRECTIONS = 10_000  # the geometry stage's directions, certified radii, the repelling stage's starts
+MAX_SEED = 2**63 - 1  # torch's generators take 64-bit seeds
+MAX_WORKERS = 1024  # processes side by side (a sweep's workers or GPUs, the analysis' split processes)
+
 
 def is_device_name(name: str) -> bool:
     """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (whether that device exists is checked where it is used)."""
@@ -65,10 +79,12 @@ def resolve_device(name: str):
 
 
 def _f(default: Any, help: str, *, metavar: Optional[str] = None, flag: Optional[str] = None, derived: bool = False,
-       **bounds: Any) -> Any:
+       why: Optional[str] = None, **bounds: Any) -> Any:
     """A schema field: default, help text, CLI metavar / flag name (default: ``--field-name``), bounds (ge, le).
-    ``derived``: decided by the task (``Task.model_options``) or the release import, so no flag sets it."""
-    extra = {k: v for k, v in (("metavar", metavar), ("flag", flag), ("derived", derived or None)) if v is not None}
+    ``derived``: decided by the task (``Task.model_options``) or the release import, so no flag sets it. ``why``:
+    the reason for the upper bound, said when a flag passes it (:func:`stability.commands._types.check_maxima`)."""
+    extra = {k: v for k, v in (("metavar", metavar), ("flag", flag), ("derived", derived or None), ("why", why))
+             if v is not None}
     return Field(default, description=help, json_schema_extra=extra or None, **bounds)
 
 
@@ -137,9 +153,10 @@ class DeepSupervision(_MethodConfig):
     are spent."""
 
     name: Literal["deep-supervision"] = "deep-supervision"
-    bptt_steps: int = _f(5, "iterations back-propagated per segment", metavar="K", ge=1)
+    bptt_steps: int = _f(5, "iterations back-propagated per segment", metavar="K", ge=1,
+                         le=MAX_ITERATIONS)
     supervision_interval: Optional[int] = _f(None, "iterations per supervised segment, at least K (default K)",
-                                             metavar="T", ge=1)
+                                             metavar="T", ge=1, le=MAX_ITERATIONS)
     halt_tol: float = _f(0.1, "a sample stops once its relative L∞ residual is below TAU", metavar="TAU", ge=0.0)
 
     @model_validator(mode="after")
@@ -163,18 +180,19 @@ class Implicit(_MethodConfig):
 
     name: Literal["implicit"] = "implicit"
     solver_tol: float = _f(1e-3, "Anderson forward-solve tolerance", metavar="TOL", ge=0.0)
-    anderson_memory: int = _f(5, "Anderson history length", metavar="M", ge=1)
+    anderson_memory: int = _f(5, "Anderson history length", metavar="M", ge=1, le=MAX_PROBES)
     implicit_backward: ImplicitBackward = _f("krylov", "adjoint solve (I − Jᵀ) u = ∂L/∂x*: GMRES, Neumann series, "
                                              "or one-step")
     backward_tol: float = _f(1e-4, "adjoint-solve relative tolerance", metavar="TOL", ge=0.0)
     backward_iterations: int = _f(30, "adjoint-solve products with Jᵀ when --backward-max-iterations is 0",
-                                  metavar="N", ge=1)
+                                  metavar="N", ge=1, le=MAX_ITERATIONS)
     # measured on sudoku-size maps: benchmarks/RESULTS.md, "Implicit backward"
     backward_max_iterations: int = _f(150, "adaptive adjoint budget: iterate until --backward-tol or max(N, "
                                       "--backward-iterations) products; 0: the fixed --backward-iterations",
-                                      metavar="N", ge=0)
+                                      metavar="N", ge=0, le=MAX_ITERATIONS)
     jac_reg: float = _f(0.0, "weight of the ‖J‖_F²/n regulariser at x* (0: off)", metavar="W", ge=0.0)
-    jac_reg_probes: int = _f(1, "Hutchinson probes of the regulariser", metavar="N", ge=1)
+    jac_reg_probes: int = _f(1, "Hutchinson probes of the regulariser", metavar="N", ge=1,
+                            le=MAX_PROBES)
 
     @model_validator(mode="after")
     def _check(self):
@@ -240,14 +258,15 @@ class ModelConfig(_Config):
 
     recall: Recall = _f("external", "none | external | internal | fixed (the fixed-depth baseline)")
     norm: Norm = _f("post", "outer/inner normalisation variant")
-    width: int = _f(256, "model width d", metavar="D", ge=1)
-    heads: int = _f(8, "attention heads", metavar="H", ge=1)
-    mlp_ratio: int = _f(4, "MLP hidden width as a multiple of d", metavar="R", ge=1)
-    depth: int = _f(15, "blocks of the fixed-depth baseline", metavar="N", ge=1)
-    in_channels: int = _f(1, "input channels (set by the task)", derived=True, ge=1)
-    out_channels: int = _f(2, "output classes (set by the task)", derived=True, ge=2)
+    width: int = _f(256, "model width d", metavar="D", ge=1, le=MAX_WIDTH)
+    heads: int = _f(8, "attention heads", metavar="H", ge=1, le=MAX_PROBES)
+    mlp_ratio: int = _f(4, "MLP hidden width as a multiple of d", metavar="R", ge=1, le=64)
+    depth: int = _f(15, "blocks of the fixed-depth baseline", metavar="N", ge=1, le=10_000)
+    in_channels: int = _f(1, "input channels (set by the task)", derived=True, ge=1, le=MAX_WIDTH)
+    out_channels: int = _f(2, "output classes (set by the task)", derived=True, ge=2, le=MAX_WIDTH)
     spatial_ndim: int = _f(1, "spatial axes (set by the task)", derived=True, ge=1, le=3)
-    attention_window: Optional[int] = _f(None, "local attention window (set by the task)", derived=True, ge=1)
+    attention_window: Optional[int] = _f(None, "local attention window (set by the task)", derived=True,
+                                        ge=1, le=MAX_SAMPLES)
     rope_base: float = _f(10000.0, "RoPE frequency base", metavar="B")
     qk_norm: bool = _f(True, "RMSNorm on queries and keys")
     share_norms: bool = _f(True, "one Pre/Peri/Post instance for both sublayers, as the release")
@@ -320,12 +339,14 @@ class TaskConfig(_Config):
     """
 
     name: TaskName = _f("prefix-sums", "the task", flag="task")
-    train_size: int = _f(8000, "training samples", metavar="N", ge=1)
-    val_size: int = _f(2000, "validation samples", metavar="N", ge=1)
-    hard_size: int = _f(10000, "hard samples", metavar="N", ge=1)
-    train_length: int = _f(32, "prefix sums: train/val length in bits", metavar="BITS", ge=1)
-    hard_length: int = _f(512, "prefix sums: hard length in bits", metavar="BITS", ge=1)
-    seed: int = _f(0, "seed of the generated data", metavar="S", flag="data-seed", ge=0)
+    train_size: int = _f(8000, "training samples", metavar="N", ge=1, le=MAX_SAMPLES)
+    val_size: int = _f(2000, "validation samples", metavar="N", ge=1, le=MAX_SAMPLES)
+    hard_size: int = _f(10000, "hard samples", metavar="N", ge=1, le=MAX_SAMPLES)
+    train_length: int = _f(32, "prefix sums: train/val length in bits", metavar="BITS", ge=1,
+                           le=MAX_BITS)
+    hard_length: int = _f(512, "prefix sums: hard length in bits", metavar="BITS", ge=1,
+                          le=MAX_BITS)
+    seed: int = _f(0, "seed of the generated data", metavar="S", flag="data-seed", ge=0, le=MAX_SEED)
     data_path: Optional[str] = _f(None, "a real dataset file (sudoku-extreme CSVs, Lichess CSV)", metavar="PATH")
     cache_dir: Optional[str] = _f(None, "where datasets are cached", metavar="DIR")
     engine: Optional[str] = _f(None, "UCI chess engine for the chess generator", metavar="PATH")
@@ -364,34 +385,39 @@ class TrainConfig(_Config):
                                  "loss, deep supervision with truncated BPTT (FPRM), or implicit (equilibrium, "
                                  "Anderson forward, implicit-function-theorem backward)")
     lr: float = _f(1e-4, "peak learning rate", gt=0.0)
-    epochs: int = _f(100, "epochs", metavar="N", ge=1)
-    batch_size: int = _f(500, "batch size", metavar="N", ge=1)
-    iterations: int = _f(30, "maximum training iterations T of every method", metavar="T", ge=1)
+    epochs: int = _f(100, "epochs", metavar="N", ge=1, le=MAX_EPOCHS)
+    batch_size: int = _f(500, "batch size", metavar="N", ge=1, le=MAX_SAMPLES)
+    iterations: int = _f(30, "maximum training iterations T of every method", metavar="T", ge=1,
+                        le=MAX_ITERATIONS)
     weight_decay: float = _f(0.01, "AdamW weight decay", metavar="W", ge=0.0)
     adam_eps: float = _f(1e-8, "AdamW ε", metavar="EPS", ge=0.0)
     betas: Annotated[tuple[float, ...], BeforeValidator(_list_to_tuple)] = _f((0.9, 0.999), "AdamW β1,β2", metavar="B1,B2")
     decay_exempt: DecayExempt = _f("release", "parameters without weight decay: release (biases, norm gains but "
                                    "the head's) or norms (legacy: all biases and norm gains)")
     warmup_epochs: int = _f(9, "epochs of LR warm-up, factor 1 − exp(−(e+1)/10) in epoch e < N (0: none)",
-                            metavar="N", ge=0)
+                            metavar="N", ge=0, le=MAX_EPOCHS)
     cooldown_at: float = _f(0.6, "the LR is multiplied by the cooldown factor from epoch ⌊F · epochs⌋ on (1: never)",
                             metavar="F", ge=0.0, le=1.0)
     cooldown_factor: float = _f(0.1, "LR factor of the cooldown", metavar="C", ge=0.0, le=1.0)
     grad_clip: float = _f(1.0, "gradient-norm clip", metavar="G", ge=0.0)
-    seed: int = _f(0, "seed of initialisation and data order", metavar="S", ge=0)
+    seed: int = _f(0, "seed of initialisation and data order", metavar="S", ge=0, le=MAX_SEED)
     device: str = _f("auto", "auto (cuda when available), cpu, cuda or cuda:N", metavar="DEV")
     compile: bool = _f(False, "torch.compile the loop map (progressive only)")
     bf16: bool = _f(True, "bf16 autocast on CUDA (the CPU always trains in float32)")
-    eval_every: int = _f(0, "evaluate every N epochs (0: only at the end)", metavar="N", ge=0)
-    eval_iterations: int = _f(60, "iterations of the periodic evaluations", metavar="T", ge=1)
+    eval_every: int = _f(0, "evaluate every N epochs (0: only at the end)", metavar="N", ge=0,
+                       le=MAX_EPOCHS)
+    eval_iterations: int = _f(60, "iterations of the periodic evaluations", metavar="T", ge=1,
+                            le=MAX_ITERATIONS)
     test_iterations: int = _f(500, "iterations of the final evaluation (announced with an estimate when long)",
-                              metavar="T", ge=1)
-    eval_batch_size: int = _f(1000, "evaluation batch size", metavar="N", ge=1)
+                              metavar="T", ge=1, le=MAX_ITERATIONS)
+    eval_batch_size: int = _f(1000, "evaluation batch size", metavar="N", ge=1, le=MAX_SAMPLES)
     monitor_every: int = _f(0, "log ρ(W_x), median ρ(J*), converged fraction, ‖dx*/dx0‖ every N epochs (0: off)",
-                            metavar="N", ge=0)
-    monitor_samples: int = _f(16, "probe size of the stability monitor", metavar="N", ge=1)
+                            metavar="N", ge=0, le=MAX_EPOCHS)
+    monitor_samples: int = _f(16, "probe size of the stability monitor", metavar="N", ge=1,
+                              le=MAX_SAMPLES)
     train_accuracy_samples: int = _f(0, "after every epoch, whole-answer accuracy on the first N training inputs at "
-                                     "iteration T, the training depth (0: off)", metavar="N", ge=0)
+                                     "iteration T, the training depth (0: off)", metavar="N", ge=0,
+                                     le=MAX_SAMPLES)
 
     @model_validator(mode="after")
     def _check(self):
@@ -435,9 +461,10 @@ class SweepSummary(_Config):
     summary: Literal["analyze", "monitor"] = _f("analyze", "after training: the analysis pipeline, or only the "
                                                 "monitor's four quantities")
     analyze_samples: int = _f(8, "samples per split of the analysis (0: the monitor summary only)", metavar="N",
-                              ge=0)
+                              ge=0, le=MAX_SAMPLES)
     analyze_splits: Literal["val", "hard", "both"] = _f("val", "splits the analysis covers")
-    analyze_max_iter: int = _f(500, "fixed-point solver budget of the analysis", metavar="N", ge=1)
+    analyze_max_iter: int = _f(500, "fixed-point solver budget of the analysis", metavar="N", ge=1,
+                              le=MAX_ITERATIONS)
     reproducible: bool = _f(False, "every cell with pinned CPU kernels (README: Reproducibility)")
     analyze_geometry: bool = _f(False, "the analysis adds the geometry stage (docs/analysis.md)")
 
@@ -496,35 +523,42 @@ class AnalysisOptions(_Config):
         "geometry_certify", "repelling_starts", "repelling_scale", "repelling_budget", "few_samples")
 
     samples: int = _f(32, "analyse the first N samples of each split (or of --inputs), in order", metavar="N",
-                      ge=1)
+                      ge=1, le=MAX_SAMPLES)
     solver: Literal["picard", "anderson"] = _f("picard", "fixed-point solver (picard: plain iteration, the "
                                                "reachability the paper means)")
     tol: float = _f(1e-5, "relative L∞ residual τ for convergence", metavar="F", gt=0.0)
-    max_iter: int = _f(500, "solver iterations", metavar="N", ge=1)
-    iterations: int = _f(500, "accuracy is measured at iterations 1..T", metavar="T", ge=1)  # T_max of the curve
+    max_iter: int = _f(500, "solver iterations", metavar="N", ge=1, le=MAX_ITERATIONS,
+                       why="the solver keeps a residual per sample and iteration")
+    iterations: int = _f(500, "accuracy is measured at iterations 1..T", metavar="T", ge=1,
+                         le=MAX_ITERATIONS, why="the accuracy curve runs the loop map T times per sample")  # T_max of the curve
     device: Annotated[str, BeforeValidator(_device)] = _f(
         "cpu", "where to compute: cpu, auto (cuda when available), cuda or cuda:N", metavar="DEV")
-    eig_k: int = _f(3, "leading eigenvalues the ρ(J*) eigensolver computes per sample", ge=1)
+    eig_k: int = _f(3, "leading eigenvalues the ρ(J*) eigensolver computes per sample", ge=1,
+                   le=MAX_PROBES)
     eig_tol: float = _f(1e-6, "Ritz residual below which ρ(J*) is certified", gt=0.0)
     gmres_tol: float = _f(1e-10, "relative tolerance of the linear solves (Prop. 5, ‖dx*/dx0‖_F)", gt=0.0)
-    probes: int = _f(4, "random probes of the ‖dx*/dx0‖_F estimate", metavar="K", ge=1)
+    probes: int = _f(4, "random probes of the ‖dx*/dx0‖_F estimate", metavar="K", ge=1,
+                    le=MAX_PROBES, why="each probe is one more linear solve per sample, all held in memory at once")
     prop4_probes: int = _f(4, "Prop. 4 on states too large for dense matrices: Gaussian probes of M against J",
-                           ge=1)
+                           ge=1, le=MAX_PROBES)
     seed: int = _f(0, "seed of every random start, probe and direction of the analysis")
-    eig_batch: Optional[int] = _f(None, "samples per Arnoldi batch (none: 1 on the CPU, all on CUDA)", ge=1)
+    eig_batch: Optional[int] = _f(None, "samples per Arnoldi batch (none: 1 on the CPU, all on CUDA)", ge=1,
+                                   le=MAX_SAMPLES)
     eig_precision: Literal["mixed", "float64"] = _f(
         "mixed", "products of the ρ(J*) eigensolver: mixed (float32, every result certified by a float64 residual "
         "and re-solved in float64 where it misses) or float64")
     noise_std: Optional[float] = _f(None, "std of the noise start of App. A.8 (default: the checkpoint's "
                                     "noise_std; 1 for --model)", metavar="F", ge=0.0)
     workers: Optional[int] = _f(1, "splits analysed side by side on the CPU, one process each, sharing torch's "
-                                "threads (none: one per split, up to the thread count)", ge=1)
+                                "threads (none: one per split, up to the thread count)", ge=1,
+                                le=MAX_WORKERS)
     stages: Annotated[tuple[str, ...], BeforeValidator(_stages)] = _f(
         DEFAULT_STAGES, "the stages to run, of STAGES (reachability always runs)")
     geometry_directions: int = _f(8, "geometry: random directions in all loop parameters, each measured with both "
-                                  "signs", metavar="K", ge=1)
+                                  "signs", metavar="K", ge=1, le=MAX_DIRECTIONS)
     geometry_samples: int = _f(4, "geometry: radii are measured on up to N samples of each split, the first N "
-                               "whose x* attracts at θ* (1 on states above n = 8,192)", metavar="N", ge=1)
+                               "whose x* attracts at θ* (1 on states above n = 8,192)", metavar="N", ge=1,
+                               le=MAX_SAMPLES)
     geometry_pick: Literal["attracting", "first"] = _f(
         "attracting", "geometry: which samples: the first geometry_samples whose x* attracts at θ* (converged, "
         "ρ(J*) < 1; the first sample where none does), or the first geometry_samples whatever they do (the "
@@ -533,23 +567,26 @@ class AnalysisOptions(_Config):
                                   metavar="F", gt=0.0, lt=1.0)
     geometry_group_directions: int = _f(1, "geometry: directions within each parameter group (W_x, attention, "
                                         "MLP, norms, embedding, ...), both signs; 0: no per-group radii",
-                                        metavar="K", ge=0)
+                                        metavar="K", ge=0, le=MAX_DIRECTIONS)
     geometry_certify: int = _f(4, "geometry: radii whose ρ(J*) is certified at both ends of the final bracket "
-                               "(the first N that ρ decided)", metavar="N", ge=0)
+                               "(the first N that ρ decided)", metavar="N", ge=0,
+                               le=MAX_DIRECTIONS)
     repelling_starts: int = _f(3, "repelling: perturbed starts of the root-finder per sample, besides the Picard "
-                               "iterate", metavar="K", ge=0)
+                               "iterate", metavar="K", ge=0, le=MAX_DIRECTIONS)
     repelling_scale: float = _f(0.5, "repelling: relative size of each perturbation, ‖δ‖₂ = F · max(‖x_best‖₂, "
                                 "√n)", metavar="F", gt=0.0)
-    repelling_budget: int = _f(100, "repelling: Broyden iterations per start", metavar="N", ge=1)
+    repelling_budget: int = _f(100, "repelling: Broyden iterations per start", metavar="N", ge=1,
+                               le=MAX_ITERATIONS)
     # large states (issue 25): above few_samples_above (the state size n, above every committed record's) the
     # stages whose cost is per sample (analysis.options.FEW_SAMPLE_STAGES) measure the first few_samples only
     few_samples: int = _f(8, "on states above n = 8,192: the stages whose cost is per sample (rho and σ_max, prop4, "
                           "input, a8, repelling) measure the first K samples only, said in the report; 0: all",
-                          metavar="K", ge=0)
-    few_samples_above: int = _f(8192, "the state size n above which few_samples applies", ge=0)
+                          metavar="K", ge=0, le=MAX_SAMPLES)
+    few_samples_above: int = _f(8192, "the state size n above which few_samples applies", ge=0,
+                                  le=MAX_SEED)
     # not a flag with this default: `stability analyze --geometry-plane N` defaults to 15 with --plots, else 0
     geometry_plane: int = _f(0, "geometry: the ρ(J*) picture over the plane of two directions, N × N cells (0: "
-                             "none)", ge=0)
+                             "none)", ge=0, le=1000)
 
     @model_validator(mode="before")
     @classmethod

@@ -29,6 +29,15 @@ class MissingExtraError(StabilityError, ImportError):
     """An optional package (an extra of ``pyproject.toml``, :mod:`stability.extras`) that is not installed."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is (as SIGINT raises KeyboardInterrupt) so that it unwinds as Ctrl-C does:
+    locks released, temporary files removed (stability.train.loop.sigterm_unwinds). The CLI exits 143 on it."""
+
+
+#: the exit status of a command ended by SIGTERM (128 + 15, as the shell reports a process killed by it)
+EXIT_TERMINATED = 143
+
+
 def first_line(exc: BaseException | str, default: str = "") -> str:
     """The first non-empty line of an exception's message (or of a text); ``default``, else the exception's class
     name, when it has none. The one way a foreign error becomes part of a one-line message."""

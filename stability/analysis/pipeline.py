@@ -131,11 +131,29 @@ def analyze_model(model, inputs: torch.Tensor, targets: Optional[torch.Tensor] =
     if not isinstance(model, torch.nn.Module):
         raise StabilityError(f"{type(model).__name__} must be a torch.nn.Module (the analysis runs on a float64 "
                              f"copy of its parameters)")
+    check_finite_weights(model, type(model).__name__)
     m = analysis_model(model, torch.float64, options.device)
     check_model(m, inputs, targets)
     N = min(options.samples, int(inputs.shape[0]))
     split = run_stages(m, inputs[:N], None if targets is None else targets[:N], options, log=log)
     return Analysis(options=options, splits={split.split: split}, source=source or {"model": split.model})
+
+
+def check_finite_weights(model, what: str) -> None:
+    """Refuse, in one line naming them, a model whose parameters or buffers hold NaN or ±inf, before any work.
+
+    Refused rather than warned about: every iterate of such a map is NaN from the first step on, so each stage
+    would spend its whole budget to report "diverged" everywhere, numbers that look like a finding about the model
+    (no fixed point) and are only the arithmetic of NaN; the inputs of ``--inputs`` are refused the same way. The
+    trainer never writes such a checkpoint (a diverged run keeps its last good one): it comes from elsewhere."""
+    bad = [name for name, t in model.state_dict().items()
+           if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())
+           and not bool(torch.isfinite(t).all())]
+    if bad:
+        names = ", ".join(bad[:4]) + (f" and {len(bad) - 4} more" if len(bad) > 4 else "")
+        raise StabilityError(f"{what}: non-finite weights (NaN or inf) in {len(bad)} of "
+                             f"{len(model.state_dict())} tensors: {names}; the loop map gives NaN from the first "
+                             "iteration, so there is nothing to analyse (train again, or use an earlier checkpoint)")
 
 
 def _on_device(options: AnalysisOptions) -> AnalysisOptions:
@@ -174,6 +192,7 @@ def _checkpoint_splits(loaded, path, splits: tuple, options: AnalysisOptions, lo
 
     if not is_looped(loaded.model):
         raise StabilityError(f"{path}: a fixed-depth baseline has no loop map, so it has no fixed points to analyse")
+    check_finite_weights(loaded.model, str(path))
     if options.noise_std is None:
         options = options.replace(noise_std=float(getattr(loaded.config.model, "noise_std", 1.0)))
     model = analysis_model(loaded.model, torch.float64, options.device)

@@ -19,23 +19,12 @@ from stability.analysis.repelling import report_rows as repelling_rows
 from stability.analysis.text import WIDTH, table_lines, verdict_text  # noqa: F401 (verdict_text: the report's)
 from stability.stats import FIXED_POINT_STATUSES, median
 from stability.atomic import atomic_path
+from stability.analysis.publish import publish  # noqa: F401  (what analyze and demo print and write)
 
 
 def as_report(report) -> dict:
     """The JSON of an :class:`~stability.analysis.results.Analysis`, or the dict itself."""
     return report if isinstance(report, dict) else report.to_json()
-
-
-def publish(analysis, *, json_path: Optional[Path | str] = None, plots: Optional[Path | str] = None) -> None:
-    """What ``stability analyze`` and ``stability demo`` give: the text report on stdout, then the JSON written to
-    ``json_path`` and the plots to ``plots`` (when given), each path on a line (``json: PATH``, ``plot: PATH``)."""
-    print(analysis.summary(), end="")
-    if json_path is not None:
-        analysis.write_json(json_path)
-        print(f"json: {json_path}")
-    if plots is not None:
-        for path in analysis.plot(plots):
-            print(f"plot: {path}")
 
 
 def _fmt(v: Any, spec: str = ".4g") -> str:

@@ -141,3 +141,18 @@ def schema_argument(flag: str, name: str, info, *, dest: str, positive: bool = F
     if "metavar" in extra:
         kw["metavar"] = tuple(extra["metavar"]) if isinstance(extra["metavar"], list) else extra["metavar"]
     return (f"--{flag}",), kw
+
+
+def check_maxima(args: argparse.Namespace, fields) -> None:
+    """Refuse, in one line and before any work, a flag's count above its schema field's upper bound (the ``le`` of
+    :mod:`stability.config`: ``--epochs 99999999999999999999999`` would otherwise grow memory without a word).
+    ``fields``: ``(flag, dest, FieldInfo)`` of each schema flag of the command."""
+    from stability.config import bounds, field_extra
+    from stability.errors import ConfigError
+
+    for flag, dest, info in fields:
+        value = getattr(args, dest, None)
+        hi = bounds(info)[1]
+        if isinstance(value, int) and not isinstance(value, bool) and hi is not None and value > hi:
+            why = field_extra(info).get("why")
+            raise ConfigError(f"--{flag} {value}: at most {hi}" + (f" ({why})" if why else ""))

@@ -94,30 +94,16 @@ def _option(p: argparse.ArgumentParser, name: str, positive: bool = False) -> No
     p.add_argument(*args, **kw)
 
 
-#: the largest counts ``analyze`` accepts: beyond them the analysis cannot finish (memory or time), and fails late
-LIMITS = {
-    # the solver keeps one residual per sample and iteration (a samples × max_iter float64 trace), and plain
-    # iteration that has not converged in a million steps will not
-    "max_iter": (10**6, "the solver keeps a residual per sample and iteration"),
-    # the accuracy curve and the Prop. 5 / A.8 grids run the loop map up to T times per sample
-    "iterations": (10**6, "the accuracy curve runs the loop map T times per sample"),
-    # every probe is one more linear solve per sample, all held at once; Hutchinson's error falls as 1/√K, about
-    # 3 % of ‖dx*/dx0‖_F at 1024 probes
-    "probes": (1024, "each probe is one more linear solve per sample, all held in memory at once"),
-}
-
-
 def check_feasible(args) -> None:
-    """Refuse, before any work, a count the analysis cannot finish (:data:`LIMITS`), in one line."""
-    from stability.errors import ConfigError
-
+    """Refuse, before any work, a count the analysis cannot finish (above its field's maximum in the schema,
+    stability/config.py), in one line."""
     from stability.analysis.options import parse_stages
-    from stability.errors import StabilityError
+    from stability.commands._types import check_maxima
+    from stability.config import AnalysisOptions
+    from stability.errors import ConfigError, StabilityError
 
-    for name, (limit, why) in LIMITS.items():
-        value = getattr(args, name, None)
-        if value is not None and value > limit:
-            raise ConfigError(f"--{name.replace('_', '-')} {value}: at most {limit} ({why})")
+    names = (*AnalysisOptions.FLAGS, "workers", "geometry_plane")
+    check_maxima(args, [(n.replace("_", "-"), n, AnalysisOptions.model_fields[n]) for n in names])
     if getattr(args, "only", None) is not None:
         try:
             parse_stages(args.only)
@@ -252,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
 
     from stability.analysis.options import STAGES, AnalysisOptions
     from stability.analysis.pipeline import analyze_checkpoint
-    from stability.analysis.report import publish
+    from stability.analysis.publish import publish
     from stability.atomic import check_writable
     from stability.errors import StabilityError
 

@@ -1,9 +1,10 @@
 """``stability claims RESULTS``: every registered claim of the paper judged from a sweep's records (issue 27).
 
 Reads the claims file (default ``experiments/claims.toml``), computes each verdict by the file's rule
-(:mod:`stability.sweep.claims`) and prints one line per claim: id, verdict, n, effect, CI, p, reason. ``--json``
-writes every number; ``--markdown`` the table docs/replication.md includes (generated, never hand-written);
-``--figures DIR`` one figure per claim (:mod:`stability.sweep.claim_figures`).
+(:mod:`stability.sweep.claims`) and prints one line per claim: id, verdict, n, effect, CI, p, the direction its
+one-sided test took and on which side of it the effect lies, and the reason. ``--json`` writes every number;
+``--markdown`` the table docs/replication.md includes (generated, never hand-written); ``--figures DIR`` one figure
+per claim (:mod:`stability.sweep.claim_figures`).
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     records = claims.read_results(args.results)
     results = claims.evaluate(spec, records)
     meta = dict(claims_path=str(path), sha256=sha, records=len(records), source=str(args.results))
-    for line in claims.lines(results):
+    for line in claims.lines(results, spec.claim):
         print(line)
     counts = {v: sum(r.verdict == v for r in results) for v in ("supported", "contradicted", "inconclusive")}
     print(f"{len(results)} claims from {len(records)} records ({path}, sha256 {sha[:12]}): "

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         from stability.analysis.options import STAGES, AnalysisOptions
         from stability.analysis.pipeline import analyze_checkpoint
         from stability.analysis.pool import keep_freed_memory
-        from stability.analysis.report import publish
+        from stability.analysis.publish import publish
 
         log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
         # workers=None: the two splits side by side, one process each, on a machine with two threads or more

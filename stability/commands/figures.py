@@ -1,4 +1,5 @@
-"""``stability figures [--out DIR] [--only NAME ...]``: regenerate the paper's theory figures and Table 3.
+"""``stability figures [--out DIR] [--only NAME ...]``: regenerate the paper's theory figures and Table 3 (into
+``runs/figures`` unless ``--out`` says where; ``--out figures`` rewrites the repository's committed copies).
 
 Every output is produced by one entry of :data:`FIGURES`: a name, a one-line description and a builder
 ``build(out_dir, args) -> list[Path]`` that writes its files (atomically) and returns them. A result-driven figure
@@ -98,9 +99,15 @@ FIGURES: dict[str, FigureSpec] = {
 }
 
 
+#: where figures go unless --out says otherwise: under runs/, which .gitignore leaves out, so a plain `stability
+#: figures` never overwrites the committed figures/ of the repository
+DEFAULT_OUT = "runs/figures"
+
+
 def add_arguments(parser) -> None:
-    parser.add_argument("--out", default="figures", metavar="DIR",
-                        help="directory to write into (created if missing; default: figures)")
+    parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
+                        help=f"directory to write into (created if missing; default: {DEFAULT_OUT}, an untracked "
+                             "folder; --out figures regenerates the repository's committed copies)")
     parser.add_argument("--only", nargs="+", metavar="NAME", default=None,
                         help=f"build only these ({', '.join(FIGURES)})")
     parser.add_argument("--results", metavar="DIR", default=None,

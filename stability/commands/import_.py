@@ -13,6 +13,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, metavar="PATH", help="where to write the toolkit checkpoint")
     p.add_argument("--release-config", metavar="PATH",
                    help="the run's Hydra config (default: RUN_DIR/.hydra/config.yaml beside CKPT)")
+    p.add_argument("--force", action="store_true", help="overwrite --out if it exists (refused without)")
     p.add_argument("--quiet", action="store_true", help="print only the written checkpoint's path, not its summary")
 
 
@@ -48,7 +49,7 @@ def summary(path) -> str:
 def run(args: argparse.Namespace) -> int:
     from stability.train.release_import import import_checkpoint
 
-    out = import_checkpoint(args.checkpoint, args.out, release_config=args.release_config)
+    out = import_checkpoint(args.checkpoint, args.out, release_config=args.release_config, force=args.force)
     if not args.quiet:  # the import itself takes seconds (no evaluation): nothing to show progress of
         print(summary(out))
     print(f"checkpoint: {out}")

@@ -152,6 +152,21 @@ def resume_command(args: argparse.Namespace, results, left: list) -> str:
     return shlex.join(cmd)
 
 
+def check_counts(args: argparse.Namespace) -> None:
+    """Refuse, in one line before any work, a summary flag above its schema maximum and ``--workers`` or ``--gpus``
+    above :data:`~stability.config.MAX_WORKERS` (a process each: ``--workers 99999999999`` would exhaust memory
+    listing its slots)."""
+    from stability.commands._types import check_maxima
+    from stability.config import MAX_WORKERS, SweepSummary
+    from stability.errors import ConfigError
+
+    check_maxima(args, [(n.replace("_", "-"), n, SweepSummary.model_fields[n]) for n in SweepSummary.FLAGS])
+    for flag in ("workers", "gpus"):
+        value = getattr(args, flag, None)
+        if value is not None and value > MAX_WORKERS:
+            raise ConfigError(f"--{flag} {value}: at most {MAX_WORKERS} (one process each)")
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -161,8 +176,10 @@ def run(args: argparse.Namespace) -> int:
     from stability.sweep.runner import RunOptions, checkpoint_path, outcome_line, record_path
 
     from stability.atomic import check_writable
+    from stability.config import SweepSummary
 
-    grid = gridlib.load(args.grid)
+    check_counts(args)
+    grid = gridlib.load(args.grid)  # every cell's options validated, their maxima too (dry run and --list as well)
     cells = gridlib.select(grid.cells, args.where)
     if args.only is not None:
         wanted = [w.strip() for w in args.only.split(",") if w.strip()]
@@ -185,8 +202,6 @@ def run(args: argparse.Namespace) -> int:
     if args.executor == "local" and (args.no_wait or args.cluster != "slurm"):
         raise ConfigError("--cluster and --no-wait are options of --executor slurm")
     # each summary option: the command line, else the grid's [summary] table, else the schema's default
-    from stability.config import SweepSummary
-
     given = {k: getattr(args, k) for k in SweepSummary.FLAGS if getattr(args, k) is not None}
     chosen = SweepSummary(**{**grid.summary, **given})
     splits = ("val", "hard") if chosen.analyze_splits == "both" else (chosen.analyze_splits,)

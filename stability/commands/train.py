@@ -90,7 +90,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.epilog = ("exit status: 0 trained; 2 bad usage or input (one line on stderr, nothing written), or --out is "
                 "being written by another run; 3 the run diverged (a non-finite loss or gradient: training stopped, "
-                "the last good checkpoint is kept); 130 interrupted")
+                "the last good checkpoint is kept); 130 interrupted, 143 terminated (SIGTERM): the lock is released and the "
+                "last finished epoch's checkpoint kept for --resume")
 
 
 #: the largest finite float32: the model and AdamW compute in float32, so a larger option overflows there
@@ -171,7 +172,9 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from stability.atomic import check_writable
+    from stability.commands._types import check_maxima
 
+    check_maxima(args, [(f.flag, f.dest, f.info) for f in flags()])  # a count past its maximum names its flag
     config = config_from_args(args)  # validated before anything heavy is imported
     check_float32(config)
     out = check_writable(args.out, "file", "--out")

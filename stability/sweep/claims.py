@@ -835,14 +835,65 @@ def _effect(r: Result) -> str:
     return "–" if r.effect is None else f"{r.effect:+.3g} {r.unit}"
 
 
-def lines(results: list[Result]) -> list[str]:
-    """One line per claim: id, verdict, n, effect (unit), CI, p, reason."""
+def hypothesis(claim: Claim) -> str:
+    """What the one-sided test asks, in the effect's own terms (a positive effect is A > B): ``A > B (A external, B autonomous)``, ``A − B > -10 (...)`` against a null, or
+    ``A < 1 (A lowest lr)`` for one sample."""
+    sym = ">" if claim.direction == "greater" else "<"
+    if claim.b is None:
+        return f"A {sym} {claim.null:g} (A {claim.a.label})"
+    arms = f"(A {claim.a.label}, B {claim.b.label})"
+    if claim.null == 0:
+        return f"A {sym} B {arms}"
+    return f"A − B {sym} {claim.null:g} {arms}"
+
+
+#: what each test weighs, in words (``{d}``: the values it tests, A − B or A)
+_WEIGHS = {"sign": "the signs of {d} against the null", "wilcoxon": "the signed ranks of {d}",
+           "mann-whitney": "the ranks of A's values among B's", "fisher": "the success rates",
+           "bootstrap": "the effect's interval"}
+
+
+def _effect_is(claim: Claim) -> str:
+    """What the effect is: the mean or median of A − B (paired) or of A (one sample), the difference of the two
+    arms' means or medians (unpaired), of their success rates (fisher)."""
+    if claim.test == "fisher":
+        return "A's success rate − B's"
+    if claim.design == "paired":
+        return f"the {claim.effect} of A − B"
+    if claim.design == "one-sample":
+        return f"the {claim.effect} of A"
+    return f"A's {claim.effect} − B's"
+
+
+def direction_text(claim: Claim, r: Result) -> str:
+    """``test: one-sided sign test, A > B (A ..., B ...); effect +1.7 points (the mean of A − B), in that
+    direction``: the direction the test took and on which side of it the effect lies; where the verdict and the
+    effect's side disagree, it says why (the test weighs signs or ranks, the effect is a mean or median), so a
+    "contradicted" next to an effect of the predicted sign reads as what it is."""
+    text = f"test: one-sided {claim.test}, {hypothesis(claim)}"
+    if r.effect is None or not math.isfinite(r.effect):
+        return text
+    gap = (r.effect - claim.null) * (1 if claim.direction == "greater" else -1)
+    side = "in that direction" if gap > 0 else "against it" if gap < 0 else f"at {claim.null:g}"
+    text += f"; effect {_effect(r)} ({_effect_is(claim)}), {side}"
+    if (r.verdict == "contradicted" and gap >= 0) or (r.verdict == "supported" and gap <= 0):
+        d = "A − B" if claim.design == "paired" else "A"
+        text += (f", yet the test went the other way: it weighs {_WEIGHS[claim.test].format(d=d)}, not the "
+                 f"effect's {claim.effect}")
+    return text
+
+
+def lines(results: list[Result], claims: Optional[list[Claim]] = None) -> list[str]:
+    """One line per claim: id, verdict, n, effect (unit), CI, p, then, with ``claims`` (the file's), the direction
+    the test took (:func:`direction_text`), and the reason."""
     width = max(len(r.id) for r in results)
+    by_id = {c.id: c for c in claims or ()}
     out = []
     for r in results:
         effect = _effect(r)
+        test = f"{direction_text(by_id[r.id], r)}; " if r.id in by_id else ""
         out.append(f"{r.id:<{width}}  {r.verdict:<12}  n={_n(r):<6}  effect={effect:<20}  CI={_ci(r.ci):<18}  "
-                   f"p={_p(r.p):<6}  {r.reason}")
+                   f"p={_p(r.p):<6}  {test}{r.reason}")
     return out
 
 

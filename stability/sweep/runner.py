@@ -32,7 +32,7 @@ from typing import Optional
 
 from stability import atomic, hardware
 from stability.stats import FIXED_POINT_STATUSES, median
-from stability.errors import DivergenceError, StabilityError
+from stability.errors import EXIT_TERMINATED, DivergenceError, StabilityError, Terminated
 
 RECORD_FORMAT = "stability-sweep-record"
 RECORD_SCHEMA = 1
@@ -468,6 +468,9 @@ def main(argv: Optional[list] = None) -> int:
     except StabilityError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Terminated:  # the sweep stopping its workers: the cell's lock is released, its checkpoint kept
+        print("terminated", file=sys.stderr)
+        return EXIT_TERMINATED
     print(atomic.json_text(out), flush=True)
     return 0
 

@@ -68,10 +68,22 @@ def cooldown_epoch(cfg: TrainConfig) -> int:
 
 
 def schedule_peak(cfg: TrainConfig) -> tuple[float, int]:
-    """(largest LR factor over the run, the 0-based epoch where it is first reached)."""
-    factors = [lr_factor(e, cfg) for e in range(cfg.epochs)]
-    peak = max(factors)
-    return peak, factors.index(peak)
+    """(largest LR factor over the run, the 0-based epoch where it is first reached), in O(log epochs) time and
+    constant memory: the factor never decreases within the epochs before the cooldown, nor within those from it
+    on, so each part peaks at its last epoch, first reached where a bisection finds it."""
+    best = (-1.0, 0)
+    cut = min(cooldown_epoch(cfg), cfg.epochs)
+    for start, stop in ((0, cut), (cut, cfg.epochs)):
+        if start >= stop:
+            continue
+        peak = lr_factor(stop - 1, cfg)
+        lo, hi = start, stop - 1  # the first epoch of [start, stop) whose factor is the part's peak
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if lr_factor(mid, cfg) >= peak else (mid + 1, hi)
+        if peak > best[0]:
+            best = (peak, lo)
+    return best
 
 
 def schedule_warning(cfg: TrainConfig) -> Optional[str]:
@@ -501,8 +513,35 @@ def train(config: RunConfig, out: Path | str, *, resume: bool = False, progress:
         check_writable(path, "file", "checkpoint" if path == out else "metrics file")
     if tensorboard is not None:
         check_writable(tensorboard, "dir", "--tensorboard")
-    with run_lock(out):
+    with sigterm_unwinds(), run_lock(out):
         return _train(config, out, resume=resume, progress=progress, callbacks=callbacks, tensorboard=tensorboard)
+
+
+@contextmanager
+def sigterm_unwinds():
+    """While training, SIGTERM (``kill``, a scheduler's stop, the sweep stopping its workers) ends the run as
+    Ctrl-C does: it raises :class:`~stability.errors.Terminated` (a ``KeyboardInterrupt``) where the run is, so the
+    lock file is removed, an atomic write in progress leaves no temporary file, and the checkpoint of the last
+    finished epoch stays for ``--resume`` (the checkpoint is written after every epoch; nothing else is kept,
+    as on SIGINT). The previous handler is back afterwards; outside the main thread (where Python cannot set
+    handlers) nothing changes."""
+    import signal
+    import threading
+
+    from stability.errors import Terminated
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum, frame):
+        raise Terminated(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _train(config: RunConfig, out: Path, *, resume: bool, progress: bool, callbacks: tuple[EpochCallback, ...],

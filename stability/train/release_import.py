@@ -16,11 +16,14 @@ from stability import checkpoint as ckpt
 from stability import release
 from stability.atomic import check_writable
 from stability.config import to_dict
+from stability.errors import OutputError
 from stability.train.loop import lr_factor, make_optimizer
 
 
-def import_checkpoint(path: Path | str, out: Path | str, *, release_config: Optional[Path | str] = None) -> Path:
-    """Write the imported release checkpoint as a toolkit checkpoint (atomic write) at ``out``.
+def import_checkpoint(path: Path | str, out: Path | str, *, release_config: Optional[Path | str] = None,
+                      force: bool = False) -> Path:
+    """Write the imported release checkpoint as a toolkit checkpoint (atomic write) at ``out``; an existing ``out``
+    is refused in one line, before anything is read, unless ``force`` (as ``stability train`` refuses it).
 
     ``stability.load(out)`` gives the same model; ``source`` records where it came from. The release's AdamW state
     is indexed by its own parameter order, so the file carries a fresh optimizer state (and RNG states seeded with
@@ -29,6 +32,8 @@ def import_checkpoint(path: Path | str, out: Path | str, *, release_config: Opti
     from stability import __version__
 
     out = check_writable(out, "file", "--out")
+    if out.exists() and not force:
+        raise OutputError(f"--out {out} exists; pass --force to overwrite it, or choose another --out")
     obj = ckpt.read_torch(path)
     loaded = release.load_release(path, obj, release_config=release_config)
     cfg_path = release.config_path(path, release_config)

@@ -75,5 +75,5 @@ def test_a_split_that_fails_in_its_process_raises_one_line(tiny, tmp_path):
 
 
 def test_workers_below_one_is_refused():
-    with pytest.raises(StabilityError, match=r"AnalysisOptions.workers: 0 is outside \[1, inf\]"):
+    with pytest.raises(StabilityError, match=r"AnalysisOptions.workers: 0 is outside \[1, 1024\]"):
         AnalysisOptions(workers=0)

@@ -217,3 +217,30 @@ def test_more_samples_than_the_split_has_is_said_not_clamped_silently(tiny_check
     assert proc.returncode == 0, proc.stderr
     assert "val: the split has 16 samples; analysing all 16 (asked for 1000)" in proc.stderr
     assert json.loads(js.read_text())["val"]["samples"] == 16
+
+
+@pytest.mark.parametrize("poison", ["all-nan", "one-inf"])
+def test_a_checkpoint_with_non_finite_weights_is_refused_in_one_line_naming_them_before_the_analysis(
+        poison, small_checkpoint, tmp_path):
+    import time
+
+    import torch
+
+    from tests.conftest import run_cli
+
+    obj = torch.load(small_checkpoint, weights_only=True)
+    names = [n for n, t in obj["model"].items() if t.is_floating_point()]
+    if poison == "all-nan":
+        for n in names:
+            obj["model"][n] = torch.full_like(obj["model"][n], float("nan"))
+    else:
+        obj["model"][names[-1]].view(-1)[0] = float("inf")
+    bad = tmp_path / "bad.pt"
+    torch.save(obj, bad)
+    t0 = time.perf_counter()
+    proc = run_cli("analyze", bad, "--samples", "2", "--json", tmp_path / "a.json", check=False)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1 and "non-finite weights" in err[0], proc.stderr
+    assert (names[0] if poison == "all-nan" else names[-1]) in err[0]
+    assert f"in {len(names) if poison == 'all-nan' else 1} of" in err[0]
+    assert not (tmp_path / "a.json").exists() and time.perf_counter() - t0 < 30

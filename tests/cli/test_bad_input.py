@@ -320,3 +320,70 @@ def test_halt_checks_json_before_loading(case, tmp_path, unwritable_dir, capsys)
     path, needle = _bad_outputs(tmp_path, unwritable_dir, "file")[case]
     assert main(["halt", str(tmp_path / "whatever.pt"), "--json", str(path)]) == 2
     _one_error_line(capsys, needle)
+
+
+# ---- counts past their maximum (issue 33) ----------------------------------------------------------------------
+def _config_classes():
+    from stability.config import METHOD_CLASSES, SECTIONS, AnalysisOptions, SweepSummary
+
+    return [*SECTIONS.values(), *METHOD_CLASSES.values(), SweepSummary, AnalysisOptions]
+
+
+def test_every_count_of_the_config_schema_has_a_maximum():
+    """Each integer field with a lower bound (a size, a count, an epoch or iteration budget, a seed) has an upper
+    one, so a huge value is refused where the schema is read, before anything is allocated."""
+    from stability.config import bounds, unwrap
+
+    unbounded = [f"{cls.__name__}.{name}" for cls in _config_classes() for name, info in cls.model_fields.items()
+                 if unwrap(info.annotation) is int and bounds(info)[0] is not None and bounds(info)[1] is None]
+    assert unbounded == []
+
+
+HUGE = "99999999999999999999999"
+
+
+@pytest.mark.parametrize("flag", ["--epochs", "--batch-size", "--width", "--train-size", "--hard-length",
+                                  "--iterations", "--test-iterations", "--monitor-samples", "--warmup-epochs"])
+def test_a_training_count_past_its_maximum_is_one_line_naming_the_flag_before_any_work(flag, tmp_path):
+    import time
+
+    from tests.conftest import run_cli
+
+    t0 = time.perf_counter()
+    proc = run_cli("train", flag, HUGE, "--out", tmp_path / "x.pt", check=False, timeout=60)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1 and f"{flag} {HUGE}: at most" in err[0], proc.stderr
+    assert time.perf_counter() - t0 < 10 and os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("section,key", [("train", "epochs"), ("train", "batch_size"), ("task", "train_size"),
+                                         ("task", "train_length"), ("model", "width")])
+def test_a_grid_with_a_count_past_its_maximum_fails_its_dry_run(section, key, tmp_path):
+    from tests.conftest import run_cli
+
+    grid = tmp_path / "g.toml"
+    grid.write_text(f'name = "huge"\n[fixed.{section}]\n{key} = {HUGE}\n')
+    proc = run_cli("sweep", grid, "--dry-run", "--results", tmp_path / "r", check=False, timeout=60)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1 and f"{key}: {HUGE} is outside [" in err[0], proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("flag", ["--samples", "--geometry-directions", "--repelling-budget", "--workers"])
+def test_an_analysis_count_past_its_maximum_is_one_line_naming_the_flag(flag, tmp_path):
+    from tests.conftest import run_cli
+
+    proc = run_cli("analyze", tmp_path / "no.pt", flag, HUGE, "--json", tmp_path / "a.json", check=False)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1 and f"{flag} {HUGE}: at most" in err[0], proc.stderr
+
+
+@pytest.mark.parametrize("flag", ["--workers", "--gpus", "--analyze-samples", "--analyze-max-iter"])
+def test_a_sweep_count_past_its_maximum_is_one_line_naming_the_flag_before_any_work(flag, tmp_path):
+    from tests.conftest import ROOT, run_cli
+
+    proc = run_cli("sweep", ROOT / "experiments" / "smoke.toml", flag, HUGE, "--results", tmp_path / "r",
+                   check=False, timeout=60)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1 and f"{flag} {HUGE}: at most" in err[0], proc.stderr
+    assert os.listdir(tmp_path) == []

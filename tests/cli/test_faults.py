@@ -472,3 +472,37 @@ def test_the_readme_is_a_newcomers_page_whose_links_resolve():
     prose = re.sub(r"```.*?```|<!-- stability claims \S+: begin.*?<!-- stability claims: end -->", "", text,
                    flags=re.S)
     assert len(prose.split()) < 1500, len(prose.split())  # read top to bottom in five minutes
+
+
+def test_a_full_disk_during_analyze_json_plots_says_the_json_was_written_and_the_plots_not(run, tmp_path,
+                                                                                           monkeypatch):
+    """--json and --plots: the JSON is written whole, then the disk fills during the plots; the one line says
+    that the JSON was written completely and the plots were not (and no plot folder is left)."""
+    import matplotlib.figure
+
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", full)
+    js, plots = tmp_path / "a.json", tmp_path / "plots"
+    proc = run_cli("analyze", run["ckpt"], *ANALYZE, "--json", js, "--plots", plots, check=False)
+    line = _one_line_error(proc, f"cannot write {plots}")
+    assert "the disk is full" in line
+    assert f"the JSON {js} was written completely, the plots in {plots} were not" in line
+    assert json.loads(js.read_text())["splits"] and sorted(os.listdir(tmp_path)) == ["a.json"]
+
+
+def test_a_full_disk_at_the_json_of_analyze_json_plots_says_nothing_was_written(run, tmp_path, monkeypatch):
+    from stability import atomic
+
+    def full(path):
+        raise atomic.OutputError(f"cannot write {path}: the disk is full")
+
+    from stability.analysis.results import Analysis
+
+    monkeypatch.setattr(Analysis, "write_json", lambda self, path: full(path))
+    js, plots = tmp_path / "a.json", tmp_path / "plots"
+    proc = run_cli("analyze", run["ckpt"], *ANALYZE, "--json", js, "--plots", plots, check=False)
+    line = _one_line_error(proc, f"cannot write {js}: the disk is full")
+    assert f"nothing was written: neither the JSON {js} nor the plots in {plots}" in line
+    assert os.listdir(tmp_path) == []

@@ -12,6 +12,7 @@ Two kinds of reference:
 
 from __future__ import annotations
 
+import os
 import copy
 import itertools
 import math
@@ -216,7 +217,7 @@ def test_import_writes_a_toolkit_checkpoint_that_loads_to_the_same_function(tmp_
         out = tmp_path / f"{run}.pt"
         assert main(["import", str(RELEASE / run / "model_best.pth"), "--out", str(out)]) == 0
         assert str(out) in capsys.readouterr().out
-        assert main(["import", str(RELEASE / run / "model_best.pth"), "--out", str(out), "--quiet"]) == 0
+        assert main(["import", str(RELEASE / run / "model_best.pth"), "--out", str(out), "--quiet", "--force"]) == 0
         assert capsys.readouterr().out == f"checkpoint: {out}\n"  # --quiet: the path, no summary
         obj = ckpt.read(out)
         assert obj["source"]["kind"] == "release" and obj["source"]["epoch"] == 0 and obj["epoch"] == 1
@@ -533,3 +534,15 @@ def test_a_checkpoint_written_before_decay_exempt_resumes_with_the_legacy_rule()
     del obj["config"]["train"]["decay_exempt"]
     assert ckpt.run_config(obj).train.decay_exempt == "norms"
     assert RunConfig().train.decay_exempt == "release"
+
+
+def test_import_refuses_an_existing_out_in_one_line_unless_forced(tmp_path, capsys):
+    out = tmp_path / "ours.pt"
+    out.write_bytes(b"an earlier checkpoint")
+    src = str(RELEASE / RUNS[0] / "model_best.pth")
+    assert main(["import", src, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--out {out} exists; pass --force" in err[0], err
+    assert out.read_bytes() == b"an earlier checkpoint" and os.listdir(tmp_path) == ["ours.pt"]
+    assert main(["import", src, "--out", str(out), "--force", "--quiet"]) == 0
+    assert ckpt.read(out)["source"]["kind"] == "release"

@@ -508,3 +508,33 @@ def test_geometry_metrics_read_the_records_geometry_summary_as_the_sweep_writes_
     assert C.metric_value(r, "val.geometry.median_radius") == (val["geometry_median_radius"], None)
     assert C.metric_value(r, "val.geometry.anisotropy_log_range") == (val["geometry_log_range"], None)
     assert val["geometry_median_radius"] > 0 and val["geometry_log_range"] > 0
+
+
+def test_claims_output_says_the_direction_its_test_took_and_on_which_side_the_effect_lies(tmp_path):
+    """Each line names its one-sided test (A > B, A − B > null, A < null) and whether the effect lies in that
+    direction: a "contradicted" next to an effect of the other sign is read as what it is. The verdicts, numbers
+    and JSON are unchanged (the JSON is checked against the committed claims.json elsewhere)."""
+    res = run_cli("claims", SECOND, "--claims", CLAIMS, "--json", tmp_path / "v.json")
+    spec, _ = C.load_claims(CLAIMS)
+    by_id = {c.id: c for c in spec.claim}
+    verdicts = {c["id"]: c for c in json.loads((tmp_path / "v.json").read_text())["claims"]}
+    lines = [line for line in res.stdout.splitlines() if line.split(" ", 1)[0] in by_id]
+    assert len(lines) == len(by_id)
+    for line in lines:
+        claim, v = by_id[line.split(" ", 1)[0]], verdicts[line.split(" ", 1)[0]]
+        sym = ">" if claim.direction == "greater" else "<"
+        assert f"test: one-sided {claim.test}, {C.hypothesis(claim)}" in line, line
+        assert f" {sym} " in C.hypothesis(claim), line
+        assert C.hypothesis(claim).startswith("A − B" if claim.b is not None and claim.null else "A"), line
+        if v["effect"] is None:
+            continue
+        gap = (v["effect"] - claim.null) * (1 if claim.direction == "greater" else -1)
+        side = "in that direction" if gap > 0 else "against it" if gap < 0 else "at"
+        assert f"; effect {v['effect']:+.3g} {v['unit']} (" in line and f"), {side}" in line, line
+        disagree = (v["verdict"] == "contradicted" and gap >= 0) or (v["verdict"] == "supported" and gap <= 0)
+        assert ("yet the test went the other way: it weighs" in line) == disagree, line
+    # the hostile tester's case: "contradicted" beside an effect of +1.7 points (a mean; the sign test weighs signs)
+    fixed = next(line for line in lines if line.startswith("recall-beats-fixed-depth-val "))
+    assert "contradicted" in fixed and "test: one-sided sign, A > B (A recall, B fixed depth)" in fixed
+    assert "effect +1.7 points (the mean of A − B), in that direction, yet the test went the other way: it " \
+           "weighs the signs of A − B against the null, not the effect's mean" in fixed

@@ -88,3 +88,17 @@ def test_figure2_marks_the_stable_manifold_only_in_the_saddle_case():
         xy = np.c_[ln.get_xdata(), ln.get_ydata()]
         if len(xy) > 2:
             assert np.hypot(*xy[-1]) < np.hypot(*xy[0])
+
+
+def test_figures_without_out_writes_into_an_untracked_folder_not_the_committed_figures(tmp_path):
+    """The default --out is runs/figures, which .gitignore leaves out; the tracked figures/ is untouched."""
+    proc = run_cli("figures", "--only", "fig2", cwd=tmp_path, check=False, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in (tmp_path / "runs" / "figures").iterdir()) == \
+        ["fig2_phase_portraits.pdf", "fig2_phase_portraits.png"]
+    assert not (tmp_path / "figures").exists()
+    default = figures_command.DEFAULT_OUT
+    ignored = subprocess.run(["git", "check-ignore", "-q", f"{default}/fig2_phase_portraits.png"], cwd=REPO)
+    assert ignored.returncode == 0, f"{default} is not ignored by git"
+    tracked = subprocess.run(["git", "ls-files", default], cwd=REPO, capture_output=True, text=True).stdout
+    assert tracked == ""

@@ -88,7 +88,7 @@ BAD_TRAIN_OPTIONS = [
      r"TrainConfig\.supervision_interval: T_sup = 4 must be at least bptt_steps k = 5"),
     (dict(method={"name": "implicit", "solver_tol": 0.0}), r"TrainConfig\.solver_tol: a tolerance must be positive"),
     (dict(method={"name": "implicit", "anderson_memory": 0}),
-     r"TrainConfig\.anderson_memory: 0 is outside \[1, inf\]"),
+     r"TrainConfig\.anderson_memory: 0 is outside \[1, 1024\]"),
     (dict(method={"name": "implicit"}, compile=True), r"TrainConfig\.compile: not with method implicit"),
 ]
 #: a bad model option, and the field and reason its one-line error must name

@@ -485,3 +485,56 @@ def test_train_accuracy_each_epoch_is_the_whole_answer_accuracy_at_the_training_
     b = stability.load(tmp_path / "b.pt").model
     for (n, p), q in zip(loaded.model.state_dict().items(), b.state_dict().values()):
         assert torch.equal(p, q), n    # logging the fit does not change the training
+
+
+def test_schedule_peak_is_the_epoch_by_epoch_peak_without_a_list_as_long_as_the_epochs():
+    """schedule_peak bisects instead of listing every epoch's factor: the same (peak, epoch) as the list, and at
+    the largest epoch count it answers at once."""
+    import itertools
+    import time
+
+    from stability.config import MAX_EPOCHS
+    from stability.train.loop import lr_factor
+
+    for epochs, warmup, at, factor in itertools.product([1, 2, 5, 6, 10, 37], [0, 1, 2, 9, 40], [0.0, 0.3, 0.6, 1.0],
+                                                        [0.0, 0.1, 1.0]):
+        cfg = TrainConfig(epochs=epochs, warmup_epochs=warmup, cooldown_at=at, cooldown_factor=factor)
+        factors = [lr_factor(e, cfg) for e in range(epochs)]
+        assert schedule_peak(cfg) == (max(factors), factors.index(max(factors))), cfg
+    t0 = time.perf_counter()
+    schedule_peak(TrainConfig(epochs=MAX_EPOCHS, warmup_epochs=MAX_EPOCHS))
+    calls = []
+    import stability.train.loop as loop
+    real = loop.lr_factor
+    try:
+        loop.lr_factor = lambda e, c: calls.append(e) or real(e, c)
+        schedule_peak(TrainConfig(epochs=MAX_EPOCHS, warmup_epochs=MAX_EPOCHS // 2))
+    finally:
+        loop.lr_factor = real
+    assert len(calls) < 100 and time.perf_counter() - t0 < 1
+
+
+def test_a_run_ended_by_sigterm_releases_its_lock_and_keeps_its_checkpoint_for_resume(tmp_path, cli):
+    """A real process killed by SIGTERM unwinds as Ctrl-C does: exit 143, one line, no lock file and no temporary
+    left, the last finished epoch's checkpoint kept; a resume is not refused and finishes the run."""
+    from stability.train.loop import lock_path
+
+    args = SMALL + ["--epochs", "30", "--train-size", "400", "--train-length", "10"]
+    out = tmp_path / "t.pt"
+    proc = subprocess.Popen([sys.executable, "-m", "stability", "train", *args, "--out", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline, metrics = time.time() + 300, metrics_path(out)
+    while time.time() < deadline:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be terminated"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and err.strip().splitlines() == ["stability train: terminated"], err
+    assert not lock_path(out).exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.metrics.csv", "t.metrics.jsonl", "t.pt"]
+    assert 2 <= torch.load(out, weights_only=True)["epoch"] < 30
+    resumed = cli("train", "--out", out, "--resume", "--quiet", check=False)
+    assert resumed.returncode == 0, resumed.stderr
+    assert torch.load(out, weights_only=True)["epoch"] == 30 and not lock_path(out).exists()
