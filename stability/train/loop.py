@@ -47,6 +47,7 @@ from stability.protocols import is_looped
 from stability.tasks import Task, make_task
 from stability import checkpoint as ckpt
 from stability.train.deep_supervision import deep_supervision_batch
+from stability.train.forecast import duration
 from stability.train.implicit import implicit_batch
 
 EpochCallback = Callable[[torch.nn.Module, Task, dict], None]
@@ -225,14 +226,6 @@ def estimate_eval_seconds(model, task: Task, split: str, iterations: int, *, bat
     finally:
         model.train(was_training)
     return per_step * iterations * N / b
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 @torch.no_grad()
@@ -580,6 +573,12 @@ def _train(config: RunConfig, out: Path, *, resume: bool, progress: bool, callba
                                                   device=device))
 
     per_epoch = -(-N // cfg.batch_size)
+    if progress and (start_epoch < cfg.epochs or final is None):
+        _announce_run(BatchContext(model=step_model, params=model, task=task, cfg=cfg, gen=gen, optimizer=optimizer,
+                                   autocast=lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16,
+                                                                   enabled=use_bf16),
+                                   where=lambda what: _diverged(what, start_epoch, step, out)),
+                      inputs, targets, start_epoch=start_epoch, final=final is None, device=device, bf16=use_bf16)
     bar = _bar(progress, cfg.epochs * per_epoch, "train", "batch", initial=start_epoch * per_epoch, leave=True)
     try:
         for epoch in range(start_epoch, cfg.epochs):
@@ -641,6 +640,18 @@ def _train(config: RunConfig, out: Path, *, resume: bool, progress: bool, callba
     return TrainResult(path=out, epochs=cfg.epochs, history=history, final=final)
 
 
+def _announce_run(ctx: BatchContext, inputs, targets, **kw) -> None:
+    """Before the first batch: the run's forecast, training and final evaluation (:mod:`stability.train.forecast`),
+    and how to shrink it when long on a CPU."""
+    from stability.train.forecast import forecast
+
+    f = forecast(ctx, inputs, targets, **kw)
+    print(f.line(), file=sys.stderr, flush=True)
+    hint = f.hint()
+    if hint:
+        print(hint, file=sys.stderr, flush=True)
+
+
 #: a final evaluation expected to take longer than this is announced with its estimate
 LONG_EVALUATION_S = 30.0
 
@@ -653,8 +664,8 @@ def _announce_final_evaluation(model, task: Task, cfg: TrainConfig, device: torc
     if total < LONG_EVALUATION_S:
         return
     sizes = " + ".join(f"{task.dataset(s)[0].shape[0]} {s}" for s in ("val", "hard"))
-    print(f"final evaluation: {sizes} samples × {cfg.test_iterations} iterations, about {_duration(total)} on "
-          f"{device.type} (val {_duration(seconds['val'])}, hard {_duration(seconds['hard'])}); to shorten it, "
+    print(f"final evaluation: {sizes} samples × {cfg.test_iterations} iterations, about {duration(total)} on "
+          f"{device.type} (val {duration(seconds['val'])}, hard {duration(seconds['hard'])}); to shorten it, "
           "lower --test-iterations or the split sizes (--val-size, --hard-size; prefix sums: --hard-length), "
           "e.g. --test-iterations 100 --hard-size 1000", file=sys.stderr, flush=True)
 
