@@ -1,7 +1,8 @@
 """The forecast ``stability train`` prints before it starts: how long the whole run will take, training and the
 final evaluation, and, when that is long on a CPU, how to shrink it.
 
-The training part is measured: one batch of the run's method, timed on copies of the model and its optimizer (the
+The arithmetic lives here; the measuring, in :mod:`stability.train.loop` (``time_batch``, ``forecast_run``). The
+training part is measured: one batch of the run's method, timed on copies of the model and its optimizer (the
 run's own model, optimizer and random streams are untouched, so the forecast changes no number of the run). The
 progressive loss draws its depth n + k per batch; the timed batch takes the expected draw (n = (T − 1)/2 without
 gradient, k = (T + 3)/4 with), so one batch stands for the epoch's average. A batch larger than
@@ -13,12 +14,8 @@ and for the periodic ones (``eval_every``). Not counted: the training-accuracy a
 
 from __future__ import annotations
 
-import copy
-import time
 from dataclasses import dataclass, field
 from typing import Optional
-
-import torch
 
 #: a whole run forecast longer than this on a CPU comes with how to shrink it
 LONG_RUN_S = 15 * 60.0
@@ -101,56 +98,3 @@ class Forecast:
 def expected_depth(T: int) -> tuple[int, int]:
     """The progressive loss's expected (n, k) at depth T, rounded: n uniform on 0..T−1, k uniform on 1..T−n."""
     return round((T - 1) / 2), max(1, round((T + 3) / 4))
-
-
-def time_batch(ctx, inputs: torch.Tensor, targets: torch.Tensor) -> float:
-    """Seconds one batch of ``ctx``'s method takes, timed on copies of its model and optimizer under a forked
-    random state (the run is untouched): a warm-up batch, then the timed one, scaled to ``ctx.cfg.batch_size``
-    samples; the progressive loss at :func:`expected_depth`."""
-    from stability.protocols import is_looped
-    from stability.train.loop import BatchContext, make_optimizer, progressive_loss, train_batch
-
-    cfg, device = ctx.cfg, inputs.device
-    b = min(cfg.batch_size, TIMED_SAMPLES, inputs.shape[0])
-    xb, yb = inputs[:b], targets[:b]
-    params = copy.deepcopy(ctx.params)  # uncompiled: --compile's compilation is not counted
-    c = BatchContext(model=params, params=params, task=ctx.task, cfg=cfg,
-                     gen=torch.Generator().set_state(ctx.gen.get_state()), optimizer=make_optimizer(params, cfg),
-                     autocast=ctx.autocast, where=ctx.where)
-
-    def one(n: Optional[int] = None, k: Optional[int] = None) -> float:
-        t0 = time.perf_counter()
-        if cfg.method.name == "progressive" and n is not None and is_looped(params):
-            with c.autocast():
-                loss = progressive_loss(c.model, c.task, xb, yb, n, k, cfg.method.alpha, cfg.iterations)
-            c.optimize(loss)
-        else:
-            train_batch(c, xb, yb)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return time.perf_counter() - t0
-
-    one(0, 1)  # warm-up: first-call allocations, lazy initialisation
-    return one(*expected_depth(cfg.iterations)) * cfg.batch_size / b
-
-
-def forecast(ctx, inputs: torch.Tensor, targets: torch.Tensor, *, start_epoch: int, final: bool,
-             device: torch.device, bf16: bool) -> Forecast:
-    """The run's :class:`Forecast` from epoch ``start_epoch`` on (``final``: the final evaluation is still to run),
-    measured under a forked random state: the run draws the same numbers as without it."""
-
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # the run's streams untouched
-        return _forecast(ctx, inputs, targets, start_epoch=start_epoch, final=final, device=device, bf16=bf16)
-
-
-def _forecast(ctx, inputs, targets, *, start_epoch: int, final: bool, device: torch.device, bf16: bool) -> Forecast:
-    from stability.train.loop import estimate_eval_seconds
-
-    cfg, task = ctx.cfg, ctx.task
-    splits = ("val", "hard")
-    return Forecast.of(cfg, train_samples=int(inputs.shape[0]), start_epoch=start_epoch, final=final,
-                       batch_s=time_batch(ctx, inputs, targets) if start_epoch < cfg.epochs else 0.0,
-                       eval_sizes={s: int(task.dataset(s)[0].shape[0]) for s in splits},
-                       eval_step_s={s: estimate_eval_seconds(ctx.params, task, s, 1, batch_size=cfg.eval_batch_size,
-                                                             device=device, bf16=bf16) for s in splits},
-                       device=device.type)

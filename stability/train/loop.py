@@ -24,6 +24,7 @@ nested values flattened to ``eval.val.accuracy_last`` etc.) and, after the final
 
 from __future__ import annotations
 
+import copy
 import csv
 import io
 import math
@@ -47,7 +48,7 @@ from stability.protocols import is_looped
 from stability.tasks import Task, make_task
 from stability import checkpoint as ckpt
 from stability.train.deep_supervision import deep_supervision_batch
-from stability.train.forecast import duration
+from stability.train.forecast import TIMED_SAMPLES, Forecast, duration, expected_depth
 from stability.train.implicit import implicit_batch
 
 EpochCallback = Callable[[torch.nn.Module, Task, dict], None]
@@ -643,13 +644,55 @@ def _train(config: RunConfig, out: Path, *, resume: bool, progress: bool, callba
 def _announce_run(ctx: BatchContext, inputs, targets, **kw) -> None:
     """Before the first batch: the run's forecast, training and final evaluation (:mod:`stability.train.forecast`),
     and how to shrink it when long on a CPU."""
-    from stability.train.forecast import forecast
-
-    f = forecast(ctx, inputs, targets, **kw)
+    f = forecast_run(ctx, inputs, targets, **kw)
     print(f.line(), file=sys.stderr, flush=True)
     hint = f.hint()
     if hint:
         print(hint, file=sys.stderr, flush=True)
+
+
+# ---- the forecast (stability.train.forecast) ---------------------------------------------------------------
+def time_batch(ctx, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+    """Seconds one batch of ``ctx``'s method takes, timed on copies of its model and optimizer under a forked
+    random state (the run is untouched): a warm-up batch, then the timed one, scaled to ``ctx.cfg.batch_size``
+    samples; the progressive loss at :func:`expected_depth`."""
+    cfg, device = ctx.cfg, inputs.device
+    b = min(cfg.batch_size, TIMED_SAMPLES, inputs.shape[0])
+    xb, yb = inputs[:b], targets[:b]
+    params = copy.deepcopy(ctx.params)  # uncompiled: --compile's compilation is not counted
+    c = BatchContext(model=params, params=params, task=ctx.task, cfg=cfg,
+                     gen=torch.Generator().set_state(ctx.gen.get_state()), optimizer=make_optimizer(params, cfg),
+                     autocast=ctx.autocast, where=ctx.where)
+
+    def one(n: Optional[int] = None, k: Optional[int] = None) -> float:
+        t0 = time.perf_counter()
+        if cfg.method.name == "progressive" and n is not None and is_looped(params):
+            with c.autocast():
+                loss = progressive_loss(c.model, c.task, xb, yb, n, k, cfg.method.alpha, cfg.iterations)
+            c.optimize(loss)
+        else:
+            train_batch(c, xb, yb)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - t0
+
+    one(0, 1)  # warm-up: first-call allocations, lazy initialisation
+    return one(*expected_depth(cfg.iterations)) * cfg.batch_size / b
+
+
+def forecast_run(ctx, inputs: torch.Tensor, targets: torch.Tensor, *, start_epoch: int, final: bool,
+                 device: torch.device, bf16: bool) -> Forecast:
+    """The run's :class:`~stability.train.forecast.Forecast` from epoch ``start_epoch`` on (``final``: the final
+    evaluation is still to run), measured under a forked random state: the run draws the same numbers as without
+    it."""
+    cfg, task, splits = ctx.cfg, ctx.task, ("val", "hard")
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # the run's streams untouched
+        return Forecast.of(cfg, train_samples=int(inputs.shape[0]), start_epoch=start_epoch, final=final,
+                           batch_s=time_batch(ctx, inputs, targets) if start_epoch < cfg.epochs else 0.0,
+                           eval_sizes={s: int(task.dataset(s)[0].shape[0]) for s in splits},
+                           eval_step_s={s: estimate_eval_seconds(ctx.params, task, s, 1, device=device, bf16=bf16,
+                                                                 batch_size=cfg.eval_batch_size) for s in splits},
+                           device=device.type)
 
 
 #: a final evaluation expected to take longer than this is announced with its estimate
