@@ -447,6 +447,32 @@ class RunConfig(_Config):
         return self
 
 
+#: named starting points of a run (``stability train --preset NAME``): options applied over the defaults, under a
+#: ``--config`` file and the flags, which override them (docs/training.md, "Presets"). ``cpu``: the demo's size
+#: (stability/demo.py), so that a run finishes in minutes on a laptop's CPU: width 32 with 4 heads, 45 epochs of
+#: 1,000 samples in batches of 50 at LR 3e-3 (no warm-up, cooldown at 80 %), 8 training iterations, val and hard
+#: of 200 samples, the final evaluation to 60 iterations, on the CPU; for prefix sums 11-bit train/val strings and
+#: 16-bit hard ones (the paper's 32 / 512). Recall and norm, the experiment's axes, are left to the flags.
+PRESETS: dict[str, dict[str, dict]] = {
+    "cpu": {"model": {"width": 32, "heads": 4},
+            "task": {"train_size": 1000, "val_size": 200, "hard_size": 200, "train_length": 11, "hard_length": 16},
+            "train": {"lr": 3e-3, "epochs": 45, "warmup_epochs": 0, "cooldown_at": 0.8, "batch_size": 50,
+                      "iterations": 8, "test_iterations": 60, "device": "cpu"}},
+}
+#: the preset options only one task reads (prefix sums' bit lengths): left out for the other tasks
+_PRESET_TASK_ONLY = {"train_length": "prefix-sums", "hard_length": "prefix-sums"}
+
+
+def preset(name: str, task: str = "prefix-sums") -> dict[str, dict]:
+    """The options of preset ``name`` for ``task`` as ``{section: {option: value}}`` (a task's own options only for
+    that task); an unknown name is one :class:`ConfigError` line naming the presets."""
+    if name not in PRESETS:
+        raise ConfigError(f"--preset {name!r}: unknown; allowed: {', '.join(PRESETS)}")
+    out = {section: dict(options) for section, options in PRESETS[name].items()}
+    out["task"] = {k: v for k, v in out["task"].items() if _PRESET_TASK_ONLY.get(k, task) == task}
+    return out
+
+
 class SweepSummary(_Config):
     """How a sweep summarises each cell after training (a grid file's ``[summary]`` table; ``stability sweep``'s
     flags of the same names override it): ``summary`` analyze (the analysis pipeline on the first

@@ -9,14 +9,12 @@ def demo_config():
     """The demo's run: external recall, pre-norm, width 32, 45 epochs of 1,000 11-bit strings at LR 3e-3 (no
     warm-up, cooldown at 80 %), val 200 other 11-bit strings (1,200 distinct strings need 11 bits: val never holds
     a training string), hard split of 16-bit strings, final evaluation to 60 iterations, on the CPU."""
-    from stability.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
+    from stability.config import RunConfig, preset
 
-    return RunConfig(
-        model=ModelConfig(recall="external", norm="pre", width=32, heads=4),
-        task=TaskConfig(name="prefix-sums", train_size=1000, val_size=200, hard_size=200, train_length=11,
-                        hard_length=16),
-        train=TrainConfig(lr=3e-3, epochs=45, warmup_epochs=0, cooldown_at=0.8, batch_size=50, iterations=8,
-                          test_iterations=60, device="cpu"))
+    sections = preset("cpu", "prefix-sums")  # the demo's size is the cpu preset (stability train --preset cpu)
+    sections["model"].update(recall="external", norm="pre")
+    sections["task"].update(name="prefix-sums")
+    return RunConfig(**sections)
 
 
 #: samples per split the demo analyses

@@ -32,11 +32,14 @@ identity when absent), ``variant_options`` (a dict; its ``"damping"`` η makes s
 * internal: z = φ1(R1(c(x), h1(g(pre1 c(x), x0)))); x' = φ2(R2(z, h2(g(pre2 z, x0))))
 * none:     as external with g(x, x0) = x
 
-:func:`check_model` validates a model against the contract before any long computation.
+:func:`check_model` validates a model against the contract before any long computation, including that ``step``
+can be differentiated the three ways the analysis differentiates it (forward mode, reverse mode, and the reverse of
+reverse mode), under :func:`differentiable_attention`, the attention kernels the analysis runs every model with.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from typing import TYPE_CHECKING, Optional, Protocol, runtime_checkable
 
@@ -161,6 +164,97 @@ def check_contract(model) -> None:
         raise StabilityError(f"{name}.initial_state must accept generator=None (initial_state(x0, generator=None))")
 
 
+@contextlib.contextmanager
+def differentiable_attention():
+    """The attention kernels the analysis runs a model with: ``F.scaled_dot_product_attention`` on its math backend
+    (torch's fused flash / memory-efficient kernels have no forward-mode and no double-backward derivative:
+    ``derivative for aten::_scaled_dot_product_flash_attention_for_cpu_backward is not implemented``) and
+    ``nn.MultiheadAttention`` without its fused inference fast path (so the solve and the Jacobians evaluate the
+    same function). A model that calls neither (this toolkit's own, whose analysis path is explicit einsums) is
+    unaffected. Both settings are restored on exit."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    fast = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with sdpa_kernel([SDPBackend.MATH]):
+            yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fast)
+
+
+#: the transforms of step the analysis needs, as :func:`check_differentiable` names them
+TRANSFORMS = {"jvp": "forward mode, torch.func.jvp (ρ(J*), Prop. 5, the initial-iterate stage)",
+              "vjp": "reverse mode, torch.func.vjp (Jᵀ products)",
+              "double-backward": "the vjp of the vjp (J products, Prop. 5's K = ∂f/∂x0)"}
+
+
+def check_differentiable(model, x, x0) -> None:
+    """``step`` at (x, x0) can be differentiated by forward mode, reverse mode and the reverse of reverse mode, in
+    x and x0, under :func:`differentiable_attention`, giving finite numbers; otherwise one
+    :class:`~stability.errors.StabilityError` line naming the transform that failed and why."""
+    import torch
+
+    g = torch.Generator(device="cpu").manual_seed(1)
+    v, u = (torch.randn(x.shape, generator=g, dtype=x.dtype).to(x) for _ in range(2))
+    # in x and x0 where x0 is a float tensor (Prop. 5 differentiates in x0), else in x alone
+    args = (x, x0) if x0.is_floating_point() else (x,)
+
+    def f(*a):
+        return model.step(a[0], a[1] if len(a) > 1 else x0)
+
+    def jvp():
+        return torch.func.jvp(f, args, (v, *(torch.zeros_like(a) for a in args[1:])))[1]
+
+    def vjp():
+        return torch.func.vjp(f, *args)[1](u)
+
+    def double_backward():
+        pull = torch.func.vjp(f, *args)[1]
+        return torch.func.vjp(pull, torch.zeros_like(u))[1]((v, *(torch.zeros_like(a) for a in args[1:])))
+
+    with differentiable_attention():
+        for what, fn in (("jvp", jvp), ("vjp", vjp), ("double-backward", double_backward)):
+            try:
+                out = fn()
+            except Exception as exc:  # noqa: BLE001 - a user's model: report its failure as one line
+                raise StabilityError(f"{_name(model)}.step cannot be differentiated by {what} ({TRANSFORMS[what]}), "
+                                     f"which the analysis needs: {type(exc).__name__}: {first_line(exc)}") from None
+            outs = out if isinstance(out, tuple) else (out,)
+            if not all(bool(torch.isfinite(t).all()) for t in outs if isinstance(t, torch.Tensor)):
+                raise StabilityError(f"{_name(model)}.step: its {what} ({TRANSFORMS[what]}) is not finite at the "
+                                     "first iterate")
+
+
+def _check_step(model, e, x0, rtol: float):
+    """``step`` at (e, x0), two samples: shape kept, finite, pure, batch-independent; returns step(e, x0)."""
+    import torch
+
+    name = _name(model)
+    e_copy, x0_copy = e.clone(), x0.clone()
+    out = _call(model, "step(x, x0)", model.step, e, x0)
+    if out.shape != e.shape:
+        raise StabilityError(f"{name}.step must return a state shaped like its input: x {_shape(e)} gave "
+                             f"{_shape(out)} (a carry of several tensors must be packed into one)")
+    if not bool(torch.isfinite(out).all()):
+        raise StabilityError(f"{name}.step returned non-finite values on the first iterate")
+    if not (torch.equal(e, e_copy) and torch.equal(x0, x0_copy)):
+        raise StabilityError(f"{name}.step modified its arguments in place: step(x, x0) must be pure")
+    again = _call(model, "step(x, x0)", model.step, e, x0)
+    scale = float(out.abs().max()) + 1e-12
+    if float((again - out).abs().max()) > rtol * scale:
+        raise StabilityError(f"{name}.step is not pure: two calls on the same (x, x0) differ "
+                             f"(hidden state, dropout or randomness inside step?)")
+    alone = torch.cat([_call(model, "step(x, x0)", model.step, e[b:b + 1], x0[b:b + 1]) for b in range(2)])
+    diff = float((alone - out).abs().max())
+    if diff > rtol * scale:
+        raise StabilityError(f"{name}.step is not batch-independent: two samples stepped together differ from "
+                             f"each stepped alone by {diff:.3g} (relative {diff / scale:.3g}); samples must not "
+                             f"interact (no batch statistics, no mixing over the batch axis)")
+    return out
+
+
 def check_model(model, inputs: torch.Tensor, targets: Optional[torch.Tensor] = None, *, rtol: float = 1e-5) -> None:
     """Validate a model against :class:`LoopedModel` on (up to) two samples of ``inputs``; raise
     :class:`~stability.errors.StabilityError` with one line naming the problem.
@@ -168,7 +262,9 @@ def check_model(model, inputs: torch.Tensor, targets: Optional[torch.Tensor] = N
     Checks: the four members exist; ``inputs`` is a batch (B ≥ 1, ...); ``embed``, ``initial_state``, ``step`` and
     ``readout`` run and return batch-first tensors; ``step`` keeps the state's shape, is finite, does not modify its
     arguments, gives the same output twice, and is batch-independent (two samples stepped together equal each
-    stepped alone, to ``rtol`` relative); with ``targets``: one target per position of the readout.
+    stepped alone, to ``rtol`` relative), and can be differentiated by jvp, vjp and double backward
+    (:func:`check_differentiable`); with ``targets``: one target per position of the readout. All of it runs under
+    :func:`differentiable_attention`, as the analysis does.
     """
     import torch
 
@@ -188,7 +284,7 @@ def check_model(model, inputs: torch.Tensor, targets: Optional[torch.Tensor] = N
     if param is not None:
         inputs = inputs.to(param.device)
     xin = inputs[:2]
-    with torch.no_grad():
+    with differentiable_attention(), torch.no_grad():
         x0 = _call(model, "embed(inputs)", model.embed, xin)
         if x0.dim() < 1 or x0.shape[0] != xin.shape[0]:
             raise StabilityError(f"{name}.embed must keep the batch axis first: inputs {_shape(xin)} gave x0 "
@@ -201,26 +297,7 @@ def check_model(model, inputs: torch.Tensor, targets: Optional[torch.Tensor] = N
             g = torch.Generator(device="cpu").manual_seed(0)
             x0 = torch.cat([x0, x0 + 0.1 * torch.randn(x0.shape, generator=g, dtype=x0.dtype).to(x0)])
             e = torch.cat([e, e + 0.1 * torch.randn(e.shape, generator=g, dtype=e.dtype).to(e)])
-        e_copy, x0_copy = e.clone(), x0.clone()
-        out = _call(model, "step(x, x0)", model.step, e, x0)
-        if out.shape != e.shape:
-            raise StabilityError(f"{name}.step must return a state shaped like its input: x {_shape(e)} gave "
-                                 f"{_shape(out)} (a carry of several tensors must be packed into one)")
-        if not bool(torch.isfinite(out).all()):
-            raise StabilityError(f"{name}.step returned non-finite values on the first iterate")
-        if not (torch.equal(e, e_copy) and torch.equal(x0, x0_copy)):
-            raise StabilityError(f"{name}.step modified its arguments in place: step(x, x0) must be pure")
-        again = _call(model, "step(x, x0)", model.step, e, x0)
-        scale = float(out.abs().max()) + 1e-12
-        if float((again - out).abs().max()) > rtol * scale:
-            raise StabilityError(f"{name}.step is not pure: two calls on the same (x, x0) differ "
-                                 f"(hidden state, dropout or randomness inside step?)")
-        alone = torch.cat([_call(model, "step(x, x0)", model.step, e[b:b + 1], x0[b:b + 1]) for b in range(2)])
-        diff = float((alone - out).abs().max())
-        if diff > rtol * scale:
-            raise StabilityError(f"{name}.step is not batch-independent: two samples stepped together differ from "
-                                 f"each stepped alone by {diff:.3g} (relative {diff / scale:.3g}); samples must not "
-                                 f"interact (no batch statistics, no mixing over the batch axis)")
+        out = _check_step(model, e, x0, rtol)
         logits = _call(model, "readout(x)", model.readout, out)
         if logits.shape[:1] != out.shape[:1]:
             raise StabilityError(f"{name}.readout must keep the batch axis first: x {_shape(out)} gave "
@@ -228,3 +305,4 @@ def check_model(model, inputs: torch.Tensor, targets: Optional[torch.Tensor] = N
     if targets is not None and tuple(logits.shape[1:-1]) != tuple(targets.shape[1:]):
         raise StabilityError(f"targets {_shape(targets)} do not match the readout {_shape(logits)}: expected one "
                              f"class index per position, targets of shape (B, {', '.join(map(str, logits.shape[1:-1]))})")
+    check_differentiable(model, e, x0)

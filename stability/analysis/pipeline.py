@@ -34,7 +34,17 @@ def run_stages(model, inputs: torch.Tensor, targets: Optional[torch.Tensor], opt
     """Run ``options.stages``, in order, on one batch of inputs at its fixed point (:class:`AtFixedPoint`: x0 =
     embed(inputs), e = initial_state(x0) seeded by ``options.seed``). ``model`` is the analysis copy
     (:func:`~stability.analysis.fixed_point.analysis_model`); ``score(logits, targets) -> (correct,
-    position_accuracy)`` defaults to :func:`~stability.analysis.accuracy.argmax_score`."""
+    position_accuracy)`` defaults to :func:`~stability.analysis.accuracy.argmax_score`. Every model call runs under
+    :func:`~stability.protocols.differentiable_attention` (SDPA's math backend, no nn.MultiheadAttention fast path),
+    so that a model built on torch's attention can be differentiated by jvp and double backward."""
+    from stability.protocols import differentiable_attention
+
+    with differentiable_attention():
+        return _run_stages(model, inputs, targets, options, score=score, split=split, log=log)
+
+
+def _run_stages(model, inputs: torch.Tensor, targets: Optional[torch.Tensor], options: AnalysisOptions, *,
+                score: Optional[Callable], split: str, log) -> SplitResult:
     say = log or (lambda msg: None)
     param = next(iter(model.parameters()), None)
     dtype = param.dtype if param is not None else torch.float64

@@ -75,6 +75,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="RUN.TOML",
                    help="options from a TOML file with tables [model], [task], [train] and [train.method] (docs/"
                         "configuration.md); flags given here override it")
+    from stability.config import PRESETS
+
+    p.add_argument("--preset", choices=list(PRESETS),
+                   help="start from a named set of options, under --config and the flags (cpu: the demo's size, "
+                        "minutes on a laptop's CPU; docs/training.md, \"Presets\")")
     groups = {key: p.add_argument_group(title) for key, title in _GROUPS.items()}
     for f in flags():
         args, kw = _argument(f)
@@ -121,11 +126,11 @@ def _given(args: argparse.Namespace) -> list[tuple[Flag, typing.Any]]:
 
 
 def config_from_args(args: argparse.Namespace, base=None):
-    """RunConfig from, in this order, ``base`` (a stored config) or the defaults, the ``--config`` file, and the
-    flags that were given. A layer that changes the method starts its method table afresh; a flag of another
+    """RunConfig from, in this order, ``base`` (a stored config) or the defaults, the ``--preset``
+    (:data:`stability.config.PRESETS`), the ``--config`` file, and the flags that were given. A layer that changes the method starts its method table afresh; a flag of another
     method than the run's is refused naming its method, and so is a ``--method`` that would drop options the file
     set for its own method."""
-    from stability.config import OPTION_METHOD, RunConfig, read_toml, to_dict
+    from stability.config import OPTION_METHOD, RunConfig, preset, read_toml, to_dict
     from stability.errors import ConfigError
 
     sections: dict[str, dict] = {"model": {}, "task": {}, "train": {"method": {"name": "progressive"}}}
@@ -144,6 +149,10 @@ def config_from_args(args: argparse.Namespace, base=None):
         else:
             flag_layer[f.section][f.name] = value
     layers.append(("flags", flag_layer))
+    if getattr(args, "preset", None):  # under the file and the flags; its task options for the run's task
+        task = next((layer["task"]["name"] for _, layer in reversed(layers) if "name" in layer.get("task", {})),
+                    sections["task"].get("name", "prefix-sums"))
+        layers.insert(0, (f"--preset {args.preset}", preset(args.preset, task)))
     from_file: list[str] = []  # the method options the file set
     for label, layer in layers:
         block = dict(layer.get("train", {}).get("method", {}))

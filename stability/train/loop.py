@@ -24,6 +24,7 @@ nested values flattened to ``eval.val.accuracy_last`` etc.) and, after the final
 
 from __future__ import annotations
 
+import copy
 import csv
 import io
 import math
@@ -47,6 +48,7 @@ from stability.protocols import is_looped
 from stability.tasks import Task, make_task
 from stability import checkpoint as ckpt
 from stability.train.deep_supervision import deep_supervision_batch
+from stability.train.forecast import TIMED_SAMPLES, Forecast, duration, expected_depth
 from stability.train.implicit import implicit_batch
 
 EpochCallback = Callable[[torch.nn.Module, Task, dict], None]
@@ -240,14 +242,6 @@ def estimate_eval_seconds(model, task: Task, split: str, iterations: int, *, bat
     finally:
         model.train(was_training)
     return per_step * iterations * N / b
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 @torch.no_grad()
@@ -622,6 +616,12 @@ def _train(config: RunConfig, out: Path, *, resume: bool, progress: bool, callba
                                                   device=device))
 
     per_epoch = -(-N // cfg.batch_size)
+    if progress and (start_epoch < cfg.epochs or final is None):
+        _announce_run(BatchContext(model=step_model, params=model, task=task, cfg=cfg, gen=gen, optimizer=optimizer,
+                                   autocast=lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16,
+                                                                   enabled=use_bf16),
+                                   where=lambda what: _diverged(what, start_epoch, step, out)),
+                      inputs, targets, start_epoch=start_epoch, final=final is None, device=device, bf16=use_bf16)
     bar = _bar(progress, cfg.epochs * per_epoch, "train", "batch", initial=start_epoch * per_epoch, leave=True)
     try:
         for epoch in range(start_epoch, cfg.epochs):
@@ -683,6 +683,61 @@ def _train(config: RunConfig, out: Path, *, resume: bool, progress: bool, callba
     return TrainResult(path=out, epochs=cfg.epochs, history=history, final=final)
 
 
+def _announce_run(ctx: BatchContext, inputs, targets, **kw) -> None:
+    """Before the first batch: the run's forecast, training and final evaluation (:mod:`stability.train.forecast`),
+    and how to shrink it when long on a CPU."""
+    f = forecast_run(ctx, inputs, targets, **kw)
+    print(f.line(), file=sys.stderr, flush=True)
+    hint = f.hint()
+    if hint:
+        print(hint, file=sys.stderr, flush=True)
+
+
+# ---- the forecast (stability.train.forecast) ---------------------------------------------------------------
+def time_batch(ctx, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+    """Seconds one batch of ``ctx``'s method takes, timed on copies of its model and optimizer under a forked
+    random state (the run is untouched): a warm-up batch, then the timed one, scaled to ``ctx.cfg.batch_size``
+    samples; the progressive loss at :func:`expected_depth`."""
+    cfg, device = ctx.cfg, inputs.device
+    b = min(cfg.batch_size, TIMED_SAMPLES, inputs.shape[0])
+    xb, yb = inputs[:b], targets[:b]
+    params = copy.deepcopy(ctx.params)  # uncompiled: --compile's compilation is not counted
+    c = BatchContext(model=params, params=params, task=ctx.task, cfg=cfg,
+                     gen=torch.Generator().set_state(ctx.gen.get_state()), optimizer=make_optimizer(params, cfg),
+                     autocast=ctx.autocast, where=ctx.where)
+
+    def one(n: Optional[int] = None, k: Optional[int] = None) -> float:
+        t0 = time.perf_counter()
+        with suppress(DivergenceError):  # the copy's divergence is the run's to report, when it happens there
+            if cfg.method.name == "progressive" and n is not None and is_looped(params):
+                with c.autocast():
+                    loss = progressive_loss(c.model, c.task, xb, yb, n, k, cfg.method.alpha, cfg.iterations)
+                c.optimize(loss)
+            else:
+                train_batch(c, xb, yb)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - t0
+
+    one(0, 1)  # warm-up: first-call allocations, lazy initialisation
+    return one(*expected_depth(cfg.iterations)) * cfg.batch_size / b
+
+
+def forecast_run(ctx, inputs: torch.Tensor, targets: torch.Tensor, *, start_epoch: int, final: bool,
+                 device: torch.device, bf16: bool) -> Forecast:
+    """The run's :class:`~stability.train.forecast.Forecast` from epoch ``start_epoch`` on (``final``: the final
+    evaluation is still to run), measured under a forked random state: the run draws the same numbers as without
+    it."""
+    cfg, task, splits = ctx.cfg, ctx.task, ("val", "hard")
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # the run's streams untouched
+        return Forecast.of(cfg, train_samples=int(inputs.shape[0]), start_epoch=start_epoch, final=final,
+                           batch_s=time_batch(ctx, inputs, targets) if start_epoch < cfg.epochs else 0.0,
+                           eval_sizes={s: int(task.dataset(s)[0].shape[0]) for s in splits},
+                           eval_step_s={s: estimate_eval_seconds(ctx.params, task, s, 1, device=device, bf16=bf16,
+                                                                 batch_size=cfg.eval_batch_size) for s in splits},
+                           device=device.type)
+
+
 #: a final evaluation expected to take longer than this is announced with its estimate
 LONG_EVALUATION_S = 30.0
 
@@ -695,8 +750,8 @@ def _announce_final_evaluation(model, task: Task, cfg: TrainConfig, device: torc
     if total < LONG_EVALUATION_S:
         return
     sizes = " + ".join(f"{task.dataset(s)[0].shape[0]} {s}" for s in ("val", "hard"))
-    print(f"final evaluation: {sizes} samples × {cfg.test_iterations} iterations, about {_duration(total)} on "
-          f"{device.type} (val {_duration(seconds['val'])}, hard {_duration(seconds['hard'])}); to shorten it, "
+    print(f"final evaluation: {sizes} samples × {cfg.test_iterations} iterations, about {duration(total)} on "
+          f"{device.type} (val {duration(seconds['val'])}, hard {duration(seconds['hard'])}); to shorten it, "
           "lower --test-iterations or the split sizes (--val-size, --hard-size; prefix sums: --hard-length), "
           "e.g. --test-iterations 100 --hard-size 1000", file=sys.stderr, flush=True)
 
