@@ -32,7 +32,7 @@ from typing import Optional
 
 import torch
 
-from stability.analysis.continuation import continuation, picard_rows
+from stability.analysis.continuation import continuation, solve_rows
 from stability.analysis.perturbation import Family
 
 #: first t tried (relative perturbation) and the factor between bracket steps
@@ -134,7 +134,7 @@ def search_radii(fam: Family, x_star: torch.Tensor, *, tol: float, max_iter: int
         """(x per row, converged flags, ρ per row (None where the solve failed)) at t = ts."""
         idx = torch.tensor(rows, dtype=torch.long, device=dev)
         fam.set_t(idx, torch.tensor(ts, dtype=torch.float64))
-        xr, st = picard_rows(fam, x_init, idx, tol, max_iter)
+        xr, st = solve_rows(fam, x_init, idx, tol, max_iter)
         conv = [v == "converged" for v in st]
         rho: list = [None] * len(rows)
         ok = [i for i, c in enumerate(conv) if c]
