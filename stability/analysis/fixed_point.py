@@ -11,7 +11,7 @@ member                         set by                                 read by
 =============================  =====================================  ===========================================
 ``accuracy_curve``             ``reachability`` (Picard from e)       ``accuracy`` (else it iterates on its own)
 ``dense_jacobians``            ``rho`` (its dense route)              ``prop4`` (else its matrix-free route)
-``jacobian_spectra``           ``rho``                                ``prop4`` (its matrix-free route, where
+``jacobian_spectra``           ``rho``                                ``prop4`` (J's spectrum, taken where
                                                                       M = J), ``geometry`` (which samples
                                                                       attract; else ρ on its own samples),
                                                                       ``repelling`` (ρ at a root that is x*)
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from stability.analysis.cost import Progress
     from stability.analysis.initial_iterate import InitialIterateBatched
     from stability.analysis.options import AnalysisOptions
-    from stability.analysis.recall import DenseSpectra
     from stability.analysis.results import JacobianSpectra
     from stability.solvers import SolveResult
 
@@ -53,12 +52,11 @@ def analysis_model(model: torch.nn.Module, dtype: torch.dtype = torch.float64, d
 
 @dataclass
 class DenseJacobians:
-    """Every sample's dense J* = ∂f/∂x at x* (B, n, n) and their spectra, as stage ``rho`` computed them: stage
-    ``prop4`` checks the assembled matrix of Prop. 4 against these J and takes their spectra where M = J* entry by
-    entry (:func:`stability.analysis.recall.prop4_dense`)."""
+    """Every sample's dense J* = ∂f/∂x at x* (B, n, n), as stage ``rho`` built them: stage ``prop4`` checks the
+    assembled matrix of Prop. 4 against these J and takes their spectra (stage rho's ``jacobian_spectra``) where
+    M = J* entry by entry (:func:`stability.analysis.recall.prop4_dense`)."""
 
     J: torch.Tensor
-    spectra: DenseSpectra
 
 
 @dataclass(eq=False)

@@ -20,10 +20,13 @@ def test_median_is_the_mean_of_the_two_middle_values_for_an_even_count():
 def _block(rho_J, rho_M, status):
     """One split of an analyze report, built by the analysis' own result classes where they exist."""
     from stability.analysis.results import JacobianSpectra
+    from stability.numerics import Spectrum
 
     n = len(status)
-    jac = JacobianSpectra(method="dense", spectral_radius=rho_J, sigma_max=[r * 1.5 for r in rho_J],
-                          eigenvalues=[[] for _ in range(n)], eigen_converged=[True] * n,
+    spectrum = Spectrum(rho=torch.tensor(rho_J, dtype=torch.float64), eigenvalues=torch.zeros(n, 0, dtype=torch.cdouble),
+                        ritz_residual=torch.zeros(n, dtype=torch.float64), matvecs=0)
+    jac = JacobianSpectra(method="dense", spectrum=spectrum, sigma=torch.tensor(rho_J, dtype=torch.float64) * 1.5,
+                          eigen_flags=torch.ones(n, dtype=torch.bool),
                           converged=[s == "converged" for s in status]).to_dict()
     fp = {"status": status, "status_counts": {s: status.count(s) for s in set(status)},
           "converged_fraction": status.count("converged") / n, "solver": "picard", "tol": 1e-5, "max_iter": 10,
