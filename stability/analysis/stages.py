@@ -39,7 +39,7 @@ from stability.analysis.results import (InitialIterate, InputDependence, Jacobia
 def stage_reachability(at: AtFixedPoint):
     """x* per sample by the solver from e (Def. 3.3), and the reachability summary (Section 3.2)."""
     from stability.analysis.reachability import reachability
-    from stability.solvers import solve
+    from stability.solvers import Solve
 
     o = at.options
     curve = None
@@ -48,8 +48,8 @@ def stage_reachability(at: AtFixedPoint):
         from stability.analysis.accuracy import CurveRecorder
 
         curve = CurveRecorder(at.model, at.score, o.iterations, at.targets)
-    at.solution = solve(at.f, at.e, at.x0, method=o.solver, tol=o.tol, max_iter=o.max_iter,
-                        observe=curve.observe if curve else None, observe_steps=o.iterations if curve else 0)
+    at.solve(Solve(method=o.solver, tol=o.tol, max_iter=o.max_iter, name="analysis"),
+             observe=curve.observe if curve else None, observe_steps=o.iterations if curve else 0)
     if curve is not None:
         at.accuracy_curve = curve.curve()
     reach = reachability(at.solution, solver=o.solver, max_iter=o.max_iter)
@@ -177,7 +177,7 @@ def stage_prop5(at: AtFixedPoint) -> Prop5Stage:
     (I − J)⁻¹ ∂f/∂x0 u (GMRES), by the batched routes of :mod:`stability.analysis.prop5`."""
     from stability.analysis.initial_iterate import prop5_and_initial_iterate_batched
     from stability.analysis.prop5 import KrylovError
-    from stability.solvers import solve
+    from stability.solvers import POLISH, solve
 
     o, first = at.options, at.first_converged
     if first is None:
@@ -185,7 +185,7 @@ def stage_prop5(at: AtFixedPoint) -> Prop5Stage:
     # polish x* of that sample by further Picard steps, so that the error floor is set by GMRES and the
     # unrolled T, not by the solver's τ
     sl = slice(first, first + 1)
-    polish = solve(at.f, at.x_star[sl], at.x0[sl], tol=1e-13, max_iter=o.max_iter, max_period=0)
+    polish = solve(at.f, at.x_star[sl], at.x0[sl], POLISH.replace(max_iter=o.max_iter))
     # one unroll from e carries both tangents: dx_T/dx0·u here and A.8's dx_T/de·u (kept for stage a8)
     p5, at.initial_iterate_tangent = prop5_and_initial_iterate_batched(at.f, polish.x_best, at.x0[sl], at.e[sl],
                                                                        at.T_grid, tol=o.gmres_tol, seed=o.seed)
@@ -220,7 +220,7 @@ def stage_a8(at: AtFixedPoint) -> InitialIterate:
     from stability.analysis.initial_iterate import (fixed_point_distance, global_dependence,
                                                     initial_iterate_sensitivity_batched, local_dependence)
     from stability.analysis.verdict import THRESHOLDS
-    from stability.solvers import solve
+    from stability.solvers import Solve, solve
 
     # the first K samples (all, but on large states a few: AnalysisOptions.few_samples)
     o, K = at.options, at.few
@@ -234,8 +234,8 @@ def stage_a8(at: AtFixedPoint) -> InitialIterate:
     # independent, so this is the same per-sample iteration at a fraction of the per-iteration overhead)
     new = [k for k, v in starts.items() if not torch.equal(v, e)]
     B = e.shape[0]
-    both = (solve(at.f, torch.cat([starts[k] for k in new]), torch.cat([x0] * len(new)), method=o.solver, tol=o.tol,
-                  max_iter=o.max_iter) if new else None)
+    both = (solve(at.f, torch.cat([starts[k] for k in new]), torch.cat([x0] * len(new)),
+                  Solve(method=o.solver, tol=o.tol, max_iter=o.max_iter, name="a8 starts")) if new else None)
     x_best, conv = {}, {}
     for k in starts:
         if k in new:
