@@ -184,7 +184,7 @@ def krylov_schur(apply: Callable[[torch.Tensor], torch.Tensor], shape: tuple, *,
     """ρ of B independent operators A_b at once by the Krylov–Schur method (Stewart 2002) in torch.
 
     ``apply(V)`` maps (B, *S) to (B, *S), sample b by its own operator (a batched vjp or jvp of ``step``).
-    Every sample extends its own orthonormal Krylov basis V_b (Arnoldi, classical Gram–Schmidt twice) to
+    Every sample extends its own orthonormal Krylov basis V_b (classical Gram–Schmidt applied twice) to
     ``krylov`` vectors, with A V = V H + v bᵀ; its Ritz values are the eigenvalues of H. Its restart keeps the
     ``keep`` leading Schur vectors of H (scipy's ordered real Schur form: complex pairs stay together, the kept
     space is invariant for H, so the decomposition stays a Krylov one) and continues from v. A sample stops
