@@ -86,7 +86,7 @@ class FixedPoint:
     solution: Optional[SolveResult] = None
 
     @classmethod
-    def of(cls, model, inputs: torch.Tensor, *, generator: Optional[torch.Generator] = None, **fields):
+    def of(cls, model, inputs: torch.Tensor, /, *, generator: Optional[torch.Generator] = None, **fields):
         """x0 = ``model.embed(inputs)`` and e = :func:`first_iterate` (``generator``: e's noise); ``fields``: the
         other fields of ``cls``."""
         x0 = model.embed(inputs)

@@ -149,3 +149,26 @@ def test_distinct_clusters_is_single_linkage_in_the_max_norm_independent_of_orde
         assert count == len(set(ref)) and _same_partition(labels, ref)
     # relative tolerance: 1000 and 1000.5 are one point at rtol 1e-3, 1 and 1.5 are not; NaN rows stand alone
     assert stats.distinct_clusters(np.array([[1000.0], [1000.5], [1.0], [1.5], [np.nan]]), rtol=1e-3)[0] == 4
+
+
+def test_stage_rho_prop4_and_rho_W_x_keep_their_spectra_in_the_one_spectrum_type():
+    """One spectrum type (issue 34): stage rho's ρ(J*), Prop. 4's ρ(M) (J's own rows where M = J) and ρ(W_x) are
+    each a numerics Spectrum, which says the route that computed it; the JSON lists are its values."""
+    from stability.analysis.options import AnalysisOptions
+    from stability.analysis.pipeline import analyze_model
+    from stability.analysis.recall import rho_W_x
+    from stability.config import ModelConfig
+    from stability.model.looped import LoopedTransformer
+    from stability.numerics import Spectrum
+
+    torch.manual_seed(0)
+    model = LoopedTransformer(ModelConfig(width=8, heads=2, norm="pre", in_channels=1, out_channels=2))
+    inputs = torch.randint(0, 2, (3, 5, 1)).float()
+    split = analyze_model(model, inputs, options=AnalysisOptions(samples=3, stages=("rho", "prop4", "rho_wx"))).splits[
+        "inputs"]
+    rho, prop4 = split.spectra, split.prop4
+    assert isinstance(rho.spectrum, Spectrum) and rho.spectrum.route == ("dense", 3)
+    assert isinstance(prop4.spectra, Spectrum) and prop4.spectra_of_J == 3  # M = J entry by entry: J's spectra
+    assert prop4.rho_M == rho.rhos and prop4.to_dict()["eigenvalues"] == rho.to_dict()["eigenvalues"]
+    w = rho_W_x(model)
+    assert isinstance(w, Spectrum) and len(w) == 1 and split.recall.rho_Wx == float(w.rho[0])
