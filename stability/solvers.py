@@ -32,7 +32,8 @@ Shapes (torchdeq-style; B = batch, S = the state's trailing shape, e.g. (L, d) o
 ``x_best``         (B, *S)        the iterate with the lowest residual: for a converged sample the certified x*,
                                   the very point whose r(x) < τ was measured
 ``x_last``         (B, *S)        f of the last evaluated iterate; for a sample that diverged or turned non-finite,
-                                  the last image before that (the iterate its last evaluation started from)
+                                  the last image that was neither (Picard: the iterate its last evaluation started
+                                  from)
 ``residuals``      (B, N)         r at every solver evaluation; NaN after the sample stopped
 ``best_residual``  (B,)           the lowest residual, r(x_best)
 ``nfe``            (B,)           every evaluation of f spent on the sample, the cycle check's included
@@ -48,6 +49,14 @@ start; *non-finite* f returned NaN/Inf; *stalled* the best residual did not impr
 ``stall_patience`` evaluations, or a period-k orbit was detected (``period`` k ≥ 2); otherwise *max-iterations*
 (still improving when the budget ran out). Stalled samples are not frozen early: a residual can plateau for a
 while (information crossing a long prefix-sum string) and then collapse.
+
+Options: every knob is a field of one frozen value, :class:`Solve` (``solve(f, e, x0, Solve(method="broyden"))``, or
+the same fields as keywords), with a preset for each caller that is not the analysis' own solve from e
+(:data:`POLISH`, :data:`MONITOR`, :data:`HALTING`, :data:`IMPLICIT`, :data:`CONTINUED`). A row-wise option
+(``rows=``, a :class:`Rows`) adds early stop rules and rows that start and end at their own times, each with a
+budget of its own (the geometry stage's continued solves, :mod:`stability.analysis.continuation`). One solve is
+its state (:class:`Run`), its passes (:func:`_iterate`: :meth:`Run.evaluate`, the rows' stop rules,
+:meth:`Run.advance`) and its finish (:meth:`Run.finish`).
 """
 
 from __future__ import annotations
