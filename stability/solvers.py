@@ -844,8 +844,8 @@ def solve(f: Callable, x_init: torch.Tensor, x0: Optional[torch.Tensor] = None, 
         f: the loop map, ``f(x, x0) -> x'`` batch-first with independent samples (``model.step``).
         x_init: (B, *S) the first iterate e (Def. 3.1). x0: (B, *S') or None, passed through to f (restricted to
             the running samples' rows, so an index tensor works: the geometry stage's rows).
-        how: the options (:class:`Solve`; default ``Solve()``: Picard, τ = 1e-4, 500 evaluations); ``knobs``: fields of :class:`Solve` that
-            replace its values (``solve(f, e, x0, method="broyden", tol=1e-6)``).
+        how: the options (:class:`Solve`; default ``Solve()``: Picard, τ = 1e-4, 500 evaluations); ``knobs``:
+            fields of :class:`Solve` that replace its values (``solve(f, e, x0, method="broyden", tol=1e-6)``).
         rows: a row-wise option (:class:`Rows`): early stop rules, and rows that start and finish at their own
             times (the continued solves of :mod:`stability.analysis.continuation`).
         observe / observe_steps (plain Picard only): every sample is iterated from x_init for observe_steps steps

@@ -36,15 +36,15 @@ STALL, MAX_PERIOD, STALL_FAR = 50, 8, 1e-2
 SLOW = 2.0
 
 
-def _too_slow(it: int, best: float, before: float, tol: float, max_iter: int) -> bool:
+def _too_slow(it: int, best: float, before: float, tol: float, max_iter: int, slow: float = SLOW) -> bool:
     """Whether a solve at evaluation ``it`` (best residual ``best``, ``before`` STALL evaluations ago) is on course
-    to miss τ by the budget: the geometric rate of the last STALL evaluations extrapolated."""
+    to miss τ by ``slow`` × the budget: the geometric rate of the last STALL evaluations extrapolated."""
     if it < 2 * STALL or not (math.isfinite(best) and math.isfinite(before)) or best <= tol:
         return False
     if best >= before:
         return False  # no progress at all: the plateau check decides
     rate = math.log(best / before) / STALL  # < 0
-    return it + math.log(tol / best) / rate > SLOW * max_iter
+    return it + math.log(tol / best) / rate > slow * max_iter
 
 
 class Plateau(Rows):
@@ -107,7 +107,7 @@ class Plateau(Rows):
         rows = run.act[due]
         tol, max_iter = run.how.tol, run.how.max_iter
         ages, best, before = run.age[rows].tolist(), run.best_r[rows].tolist(), self.mark[rows].tolist()
-        slow = torch.tensor([_too_slow(a, b, m, tol, max_iter) for a, b, m in zip(ages, best, before)],
+        slow = torch.tensor([_too_slow(a, b, m, tol, max_iter, self.slow) for a, b, m in zip(ages, best, before)],
                             device=due.device)
         self.mark[rows] = run.best_r[rows]
         if bool(slow.any()):

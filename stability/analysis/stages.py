@@ -151,7 +151,8 @@ def stage_prop4(at: AtFixedPoint):
     mixed = o.eig_precision == "mixed" and at.x_star.dtype == torch.float64
     N, K = at.x_star.shape[0], at.few  # the first K samples (all, but on large states a few)
     out = prop4(at.model, at.x_star[:K], at.x0[:K], probes=o.prop4_probes, k=o.eig_k, tol=o.eig_tol,
-                J=None if dense is None else dense.J, J_spectra=None if spec is None else spec.spectrum.rows(slice(0, K)),
+                J=None if dense is None else dense.J,
+                J_spectra=None if spec is None else spec.spectrum.rows(slice(0, K)),
                 fast_model=copy.deepcopy(at.model).float() if mixed else None,
                 chunk=o.eig_batch or (K if at.x_star.device.type == "cuda" else 1), seed=o.seed, tick=at.tick)
     if out is not None and K < N:

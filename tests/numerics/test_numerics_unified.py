@@ -23,7 +23,8 @@ def _block(rho_J, rho_M, status):
     from stability.numerics import Spectrum
 
     n = len(status)
-    spectrum = Spectrum(rho=torch.tensor(rho_J, dtype=torch.float64), eigenvalues=torch.zeros(n, 0, dtype=torch.cdouble),
+    spectrum = Spectrum(rho=torch.tensor(rho_J, dtype=torch.float64),
+                        eigenvalues=torch.zeros(n, 0, dtype=torch.cdouble),
                         ritz_residual=torch.zeros(n, dtype=torch.float64), matvecs=0)
     jac = JacobianSpectra(method="dense", spectrum=spectrum, sigma=torch.tensor(rho_J, dtype=torch.float64) * 1.5,
                           eigen_flags=torch.ones(n, dtype=torch.bool),
