@@ -501,8 +501,9 @@ STAGES = ("reachability", "rho", "prop4", "rho_wx", "prop5", "input", "a8", "rep
 #: the stages of ``AnalysisOptions()`` (the library's and the sweep's default): all but geometry, which a grid or
 #: a caller asks for (``stability analyze`` runs :data:`STAGES`)
 DEFAULT_STAGES = tuple(s for s in STAGES if s != "geometry")
-#: the one route of the ρ(J*) eigensolver; ``AnalysisOptions.to_dict`` still writes it as ``eig_route`` (the key
-#: of every analysis written when it was an option), and that key is read back when it holds this value
+#: the one route of the ρ(J*) eigensolver (the Krylov–Schur method), under the name it had when it was an option:
+#: ``AnalysisOptions.to_dict`` still writes it as ``eig_route`` (the key of every analysis written then), and that
+#: key is read back when it holds this value; the value is a file format's word, not the method's name
 EIG_ROUTE = "arnoldi"
 
 
@@ -568,7 +569,7 @@ class AnalysisOptions(_Config):
     prop4_probes: int = _f(4, "Prop. 4 on states too large for dense matrices: Gaussian probes of M against J",
                            ge=1, le=MAX_PROBES)
     seed: int = _f(0, "seed of every random start, probe and direction of the analysis")
-    eig_batch: Optional[int] = _f(None, "samples per Arnoldi batch (none: 1 on the CPU, all on CUDA)", ge=1,
+    eig_batch: Optional[int] = _f(None, "samples per Krylov–Schur batch (none: 1 on the CPU, all on CUDA)", ge=1,
                                    le=MAX_SAMPLES)
     eig_precision: Literal["mixed", "float64"] = _f(
         "mixed", "products of the ρ(J*) eigensolver: mixed (float32, every result certified by a float64 residual "

@@ -31,7 +31,9 @@ Shapes (torchdeq-style; B = batch, S = the state's trailing shape, e.g. (L, d) o
 =================  =============  ==================================================================================
 ``x_best``         (B, *S)        the iterate with the lowest residual: for a converged sample the certified x*,
                                   the very point whose r(x) < τ was measured
-``x_last``         (B, *S)        f of the last evaluated iterate (the last finite image for a non-finite sample)
+``x_last``         (B, *S)        f of the last evaluated iterate; for a sample that diverged or turned non-finite,
+                                  the last image that was neither (Picard: the iterate its last evaluation started
+                                  from)
 ``residuals``      (B, N)         r at every solver evaluation; NaN after the sample stopped
 ``best_residual``  (B,)           the lowest residual, r(x_best)
 ``nfe``            (B,)           every evaluation of f spent on the sample, the cycle check's included
@@ -47,13 +49,21 @@ start; *non-finite* f returned NaN/Inf; *stalled* the best residual did not impr
 ``stall_patience`` evaluations, or a period-k orbit was detected (``period`` k ≥ 2); otherwise *max-iterations*
 (still improving when the budget ran out). Stalled samples are not frozen early: a residual can plateau for a
 while (information crossing a long prefix-sum string) and then collapse.
+
+Options: every knob is a field of one frozen value, :class:`Solve` (``solve(f, e, x0, Solve(method="broyden"))``, or
+the same fields as keywords), with a preset for each caller that is not the analysis' own solve from e
+(:data:`POLISH`, :data:`MONITOR`, :data:`HALTING`, :data:`IMPLICIT`, :data:`CONTINUED`). A row-wise option
+(``rows=``, a :class:`Rows`) adds early stop rules and rows that start and end at their own times, each with a
+budget of its own (the geometry stage's continued solves, :mod:`stability.analysis.continuation`). One solve is
+its state (:class:`Run`), its passes (:func:`_iterate`: :meth:`Run.evaluate`, the rows' stop rules,
+:meth:`Run.advance`) and its finish (:meth:`Run.finish`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Callable, Optional
+from dataclasses import dataclass, field, replace
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
@@ -397,23 +407,153 @@ class _Broyden:
                 "basis": self.cap, "storage": str(self.B.dtype).replace("torch.", "")}
 
 
-SOLVERS: dict[str, type] = {"picard": _Picard, "damped": _Picard, "anderson": _Anderson, "broyden": _Broyden}
+# ---- the registry ---------------------------------------------------------------------------------------------
+#: method name -> the class of its proposals (torchdeq-style: one signature, a registry)
+SOLVERS: dict[str, type] = {}
+#: method name -> its defaults when the options leave them None (damping, memory, restart_factor)
+_DEFAULTS: dict[str, dict] = {}
+#: the methods that are root-finders: their ρ(J*) is certified by default and their restarts are reported
+ROOT_FINDERS: tuple = ()
+METHODS: tuple = ("auto",)
 #: what ``method="auto"`` runs (chosen by benchmarks/solver_benchmarks.py; benchmarks/RESULTS.md states the measurement)
 AUTO = "broyden"
-METHODS = (*SOLVERS, "auto")
-ROOT_FINDERS = ("anderson", "broyden")
-_DEFAULT_DAMPING = {"picard": 1.0, "damped": 0.5, "anderson": 1.0, "broyden": 1.0}
-_DEFAULT_MEMORY = {"anderson": 20, "broyden": 40}  # measured: benchmarks/RESULTS.md, "Fixed-point solvers"
-_DEFAULT_RESTART = {"broyden": 1e4}  # measured: benchmarks/RESULTS.md, "Fixed-point solvers" (others: 1e2)
 
 
-def register_solver(name: str, cls: type) -> None:
-    """Add a method to :data:`SOLVERS` (a class with ``__init__(B, n, dtype, device, **options)``, ``propose``,
-    ``forget`` and ``info`` as the built-in ones)."""
-    global METHODS
+def register_solver(name: str, cls: type, *, damping: float = 1.0, memory: int = 5, restart_factor: float = 1e2,
+                    root_finder: bool = False) -> None:
+    """Add a method to :data:`SOLVERS`, as the built-in ones are: ``cls`` has ``__init__(B, n, dtype, device,
+    **options)``, ``propose``, ``keep``, ``forget`` and ``info`` (the per-method proposals above); ``damping``,
+    ``memory`` and ``restart_factor`` are its defaults where the options leave them None; a ``root_finder`` has its
+    converged samples' ρ(J*) certified by default and its restarts reported."""
+    global METHODS, ROOT_FINDERS
     SOLVERS[name] = cls
-    _DEFAULT_DAMPING.setdefault(name, 1.0)
+    _DEFAULTS[name] = {"damping": damping, "memory": memory, "restart_factor": restart_factor}
+    ROOT_FINDERS = tuple(m for m in ROOT_FINDERS if m != name) + ((name,) if root_finder else ())
     METHODS = (*SOLVERS, "auto")
+
+
+register_solver("picard", _Picard)
+register_solver("damped", _Picard, damping=0.5)
+# memory and restart factors measured: benchmarks/RESULTS.md, "Fixed-point solvers"
+register_solver("anderson", _Anderson, memory=20, root_finder=True)
+register_solver("broyden", _Broyden, memory=40, restart_factor=1e4, root_finder=True)
+
+
+# ---- the options --------------------------------------------------------------------------------------------
+#: how the divergence bound is scaled: by max(1, ‖x_init‖∞, ‖f(x_init)‖∞) ("start-and-image", the default), or by
+#: max(1, ‖x_init‖∞) alone ("start": the continued solves of the geometry stage, whose start is a fixed point of a
+#: nearby map)
+SCALES = ("start-and-image", "start")
+#: a stall patience no solve reaches: a sample still running at the budget is max-iterations, never stalled
+NEVER = 2 ** 62
+
+
+@dataclass(frozen=True)
+class Solve:
+    """How :func:`solve` iterates: every knob, one frozen value (the presets below; ``replace`` for a variant).
+
+    method: one of :data:`METHODS` (module docstring); ``auto`` runs :data:`AUTO`. tol: τ of the relative L∞
+    residual. max_iter: the evaluations of f per sample (the cycle check's aside). damping: η (default 1, 0.5 for
+    damped; Anderson's mixing, Broyden's step length; plain Picard is always η = 1). memory: Anderson's m past
+    iterates (20) or Broyden's m (40: 2m stored vectors). reg: Anderson's Tikhonov λ, relative to the largest
+    diagonal entry of the Gram matrix. eps: the residual's ε. stall_patience: evaluations without a 1 %
+    improvement of the best residual after which a sample still running at the budget is reported stalled.
+    diverge_ratio: ‖f(x)‖∞ or ‖x‖∞ above this times the start's scale (:data:`SCALES`) means diverged.
+    restart_factor: root-finder safeguard: when a step's residual exceeds this times the best so far, or the
+    proposal is not finite, the sample's history is cleared and it restarts with a Picard step from its best
+    iterate (default 1e2 for Anderson, 1e4 for Broyden, whose residual can rise by 10²–10³ on its way down:
+    measured in benchmarks/RESULTS.md). max_period / cycle_tol: unconverged finite samples are checked for
+    period-k orbits, k ≤ max_period, at tolerance cycle_tol (default 10·tol); 0 disables the check (its
+    2·max_period evaluations per checked sample count in ``nfe``). certify_rho: compute ρ(J*) of the converged
+    samples and mark ρ > 1 ``repelling`` (:func:`classify`, to Ritz residual ``rho_tol``); default: for the
+    root-finders, not for picard/damped. name: what the preset is for (a label; it changes nothing)."""
+
+    method: str = "picard"
+    tol: float = 1e-4
+    max_iter: int = 500
+    damping: Optional[float] = None
+    memory: Optional[int] = None
+    reg: float = 1e-8
+    eps: float = 1e-8
+    stall_patience: int = 50
+    diverge_ratio: float = 1e6
+    scale: str = "start-and-image"
+    restart_factor: Optional[float] = None
+    max_period: int = 8
+    cycle_tol: Optional[float] = None
+    certify_rho: Optional[bool] = None
+    rho_tol: float = 1e-6
+    name: str = "solve"
+
+    def replace(self, **changes) -> "Solve":
+        """This preset with ``changes`` (field name → value); an unknown name is a TypeError."""
+        return replace(self, **changes)
+
+    def plan(self) -> "_Plan":
+        """The options resolved and checked: the method ``auto`` stands for, η, m, the restart factor, the cycle
+        check's τ and whether ρ(J*) is certified (a :class:`~stability.errors.ConfigError` for a bad one)."""
+        method = AUTO if self.method == "auto" else self.method
+        if method not in SOLVERS:
+            raise ConfigError(f"unknown solver method {self.method!r}; allowed: {', '.join(METHODS)}")
+        if self.max_iter < 1:
+            raise ConfigError("max_iter must be at least 1")
+        if self.scale not in SCALES:
+            raise ConfigError(f"unknown scale {self.scale!r}; allowed: {', '.join(SCALES)}")
+        defaults = _DEFAULTS[method]
+        eta = defaults["damping"] if self.damping is None else float(self.damping)
+        if not 0.0 < eta <= 1.0:
+            raise ConfigError(f"damping must be in (0, 1], got {eta}")
+        if method == "picard":
+            eta = 1.0
+        mem = defaults["memory"] if self.memory is None else int(self.memory)
+        if mem < 1:
+            raise ConfigError("memory must be at least 1")
+        return _Plan(method=method, eta=eta, memory=mem,
+                     restart_factor=defaults["restart_factor"] if self.restart_factor is None else self.restart_factor,
+                     cycle_tol=10 * self.tol if self.cycle_tol is None else self.cycle_tol,
+                     certify=method in ROOT_FINDERS if self.certify_rho is None else bool(self.certify_rho))
+
+
+@dataclass(frozen=True)
+class _Plan:
+    method: str
+    eta: float
+    memory: int
+    restart_factor: float
+    cycle_tol: float
+    certify: bool
+
+
+#: stage prop5's polish of one x* by further Picard steps, so that its error floor is GMRES's and not τ's
+POLISH = Solve(tol=1e-13, max_period=0, name="polish")
+#: residual halting at inference (:mod:`stability.analysis.halting`): Picard, each sample frozen at r < τ, no
+#: divergence or cycle checks (a sample runs until it halts or the budget is spent)
+HALTING = Solve(diverge_ratio=math.inf, max_period=0, certify_rho=False, name="halting")
+#: implicit training's forward solve (:mod:`stability.train.implicit`): Anderson, no cycle check, no ρ
+IMPLICIT = Solve(method="anderson", max_period=0, certify_rho=False, name="implicit")
+#: the training monitor's cheap solve (:mod:`stability.analysis.monitor`): Picard to τ = 1e-4 within 200
+MONITOR = Solve(tol=1e-4, max_iter=200, name="monitor")
+#: the continued solves of the geometry stage (:mod:`stability.analysis.continuation`, which adds its early stop
+#: rules): Picard, the divergence bound scaled by the start alone, no stall status and no cycle check at the budget
+CONTINUED = Solve(scale="start", stall_patience=NEVER, max_period=0, certify_rho=False, name="continued")
+
+
+# ---- orbits ---------------------------------------------------------------------------------------------------
+
+def orbit_period(ys: torch.Tensor, max_period: int, tol: float, eps: float = 1e-8) -> torch.Tensor:
+    """Smallest period k ∈ [1, max_period] of the orbits ``ys`` (B, L, *S), L ≥ 2·max_period + 1 consecutive
+    iterates y_0 … y_{L−1} per sample: the smallest k with ‖y_{s+k} − y_s‖∞ / (‖y_{s+k}‖∞ + ε) < tol for every
+    s ∈ [0, max_period] (k = 1: a fixed point); 0 where none. The one orbit criterion of the package
+    (:func:`detect_period`, and the continued solves' plateaus on their stored iterates)."""
+    Y = ys.flatten(2)
+    M = max_period
+    period = torch.zeros(Y.shape[0], dtype=torch.long, device=Y.device)
+    for k in range(M, 0, -1):  # descending so the smallest k wins
+        a = Y[:, k:k + M + 1]
+        r = (a - Y[:, :M + 1]).abs().amax(2) / (a.abs().amax(2) + eps)
+        ok = (torch.nan_to_num(r, nan=math.inf) < tol).all(1)
+        period = torch.where(ok, torch.full_like(period, k), period)
+    return period
 
 
 def detect_period(f: Callable, x: torch.Tensor, x0: Optional[torch.Tensor], *, max_period: int = 8,
@@ -421,22 +561,13 @@ def detect_period(f: Callable, x: torch.Tensor, x0: Optional[torch.Tensor], *, m
     """Smallest period k ∈ [1, max_period] of an orbit through ``x`` (B, *S); 0 where none is found.
 
     Iterates y_{j+1} = f(y_j) for 2·max_period steps from y_0 = x (2·max_period evaluations of f per sample)
-    and returns, per sample, the smallest k with ‖y_{s+k} − y_s‖∞ / (‖y_{s+k}‖∞ + ε) < tol for every
-    s ∈ [0, max_period] (k = 1: a fixed point).
+    and returns :func:`orbit_period` of y_0 … y_{2·max_period} (k = 1: a fixed point).
     """
     with torch.no_grad():
         ys = [x]
         for _ in range(2 * max_period):
             ys.append(f(ys[-1], x0))
-        B = x.shape[0]
-        period = torch.zeros(B, dtype=torch.long, device=x.device)
-        for k in range(max_period, 0, -1):  # descending so the smallest k wins
-            ok = torch.ones(B, dtype=torch.bool, device=x.device)
-            for s in range(0, max_period + 1):
-                r = residual(ys[s + k], ys[s], eps)
-                ok &= torch.nan_to_num(r, nan=math.inf) < tol
-            period = torch.where(ok, torch.full_like(period, k), period)
-    return period
+        return orbit_period(torch.stack(ys, 1), max_period, tol, eps)
 
 
 def classify(result: SolveResult, f: Callable, x0: Optional[torch.Tensor], *, tol: float = 1e-6,
@@ -467,31 +598,256 @@ def classify(result: SolveResult, f: Callable, x0: Optional[torch.Tensor], *, to
     return result
 
 
-def solve(f: Callable, x_init: torch.Tensor, x0: Optional[torch.Tensor] = None, *, method: str = "picard",
-          tol: float = 1e-4, max_iter: int = 500, damping: Optional[float] = None, memory: Optional[int] = None,
-          reg: float = 1e-8, eps: float = 1e-8, stall_patience: int = 50, diverge_ratio: float = 1e6,
-          restart_factor: Optional[float] = None, max_period: int = 8, cycle_tol: Optional[float] = None,
-          certify_rho: Optional[bool] = None, rho_tol: float = 1e-6,
-          observe: Optional[Callable[[int, torch.Tensor], None]] = None, observe_steps: int = 0) -> SolveResult:
+# ---- one solve: its state, a pass, the finish -----------------------------------------------------------------
+
+class Rows:
+    """A hook on the rows (samples) of a solve, :func:`solve`'s row-wise option; this base does nothing.
+
+    ``stop(run)`` is called after every evaluation, on the rows still running (``run.act``; their iterates,
+    images and residuals ``run.cur``, None when none is): it may end some by ``run.stop`` (an early stop rule).
+    ``after(run)`` is called at the end of every pass (``run.ended``: the rows that pass ended, those its
+    evaluation ended first, then those of each ``run.stop``). With
+    ``rowwise`` set, every row starts idle and is (re)started by ``run.restart`` from ``before(run)`` or
+    ``after(run)``, at any pass, with a budget of ``max_iter`` evaluations of its own, and the solve ends when no
+    row is running after ``before``: rows that start and finish independently (the continued solves of the
+    geometry stage, each at its own parameters). Row-wise solves are plain Picard (the root-finders' histories
+    do not restart)."""
+
+    rowwise = False
+
+    def before(self, run: "Run") -> None:
+        """Before each pass."""
+
+    def stop(self, run: "Run") -> None:
+        """After each evaluation, on the rows still running."""
+
+    def after(self, run: "Run") -> None:
+        """At the end of each pass."""
+
+
+class _Pass(NamedTuple):
+    x: torch.Tensor  # (A, *S) the running rows' iterates
+    fx: torch.Tensor  # their images
+    r: torch.Tensor  # (A,) float64 their residuals
+
+
+class Run:
+    """The state of one solve: every sample's iterate and bookkeeping, all (B, ...) in the batch's order, the
+    running samples' rows in ``act`` (ascending). ``age``: evaluations since the sample (re)started; ``best_r``
+    the lowest residual and ``x_best`` its pre-image; ``ref_r`` / ``last_improve``: the last 1 % improvement of
+    the residual and the age it was reached at; ``code``: −1 running, else an index into :data:`STATUSES`."""
+
+    def __init__(self, f: Callable, x_init: torch.Tensor, x0, how: Solve, plan: _Plan, rowwise: bool = False):
+        x = x_init.detach().clone()
+        B, dev = x.shape[0], x.device
+        self.f, self.x0, self.how, self.plan, self.rowwise = f, x0, how, plan, rowwise
+        self.S = x.shape[1:]
+        self.solver = SOLVERS[plan.method](B, x[0].numel(), x.dtype, dev, memory=plan.memory, damping=plan.eta,
+                                           reg=how.reg, restart_factor=plan.restart_factor)
+        self.x, self.x_last, self.x_best = x, x.clone(), x.clone()
+        self.fx_best = x.clone()  # the image of x_best: a restart's Picard step
+        self.best_r = torch.full((B,), math.inf, dtype=torch.float64, device=dev)
+        self.ref_r = torch.full((B,), math.inf, dtype=torch.float64, device=dev)  # for stall detection
+        self.last_improve = torch.zeros(B, dtype=torch.long, device=dev)
+        self.age = torch.zeros(B, dtype=torch.long, device=dev)
+        self.nfe = torch.zeros(B, dtype=torch.long, device=dev)
+        # -1 running, else an index into STATUSES (a row-wise row not started yet: max-iterations, 0 evaluations)
+        self.code = torch.full((B,), _MAXIT if rowwise else -1, dtype=torch.long, device=dev)
+        self.period = torch.zeros(B, dtype=torch.long, device=dev)
+        self.trace = torch.full((B, how.max_iter), math.nan, dtype=torch.float64, device=dev)
+        self.start_norm = x.flatten(1).abs().amax(1).double()
+        self.scale = torch.ones(B, dtype=torch.float64, device=dev)
+        self.fresh = torch.ones(B, dtype=torch.bool, device=dev)  # scale set from the next image
+        self.any_fresh = how.scale == "start-and-image" and not rowwise
+        if how.scale == "start":
+            self.scale = torch.maximum(self.start_norm, torch.ones_like(self.start_norm))
+        self.restarts = torch.zeros(B, dtype=torch.long, device=dev)
+        self.iters = 0
+        self.act = torch.arange(B, device=dev)[:0 if rowwise else B]
+        self.cur: Optional[_Pass] = None
+        self.ended: list = []
+
+    def evaluate(self, images: Optional[torch.Tensor] = None) -> None:
+        """One evaluation of f on the running rows (``images``: the whole batch's images, already evaluated),
+        their bookkeeping, and the rows it ends (converged, diverged, non-finite; row-wise: out of budget)."""
+        act, how = self.act, self.how
+        xa = self.x[act]
+        fa = images[act] if images is not None else self.f(xa, _take(self.x0, act))
+        self.nfe[act] += 1
+        self.age[act] += 1
+        finite = _finite(fa)
+        r = residual(fa, xa, how.eps).double()
+        r = torch.where(finite, r, torch.full_like(r, math.nan))
+        self.trace[act, self.age[act] - 1] = r
+        norm_f = fa.flatten(1).abs().amax(1).double()
+        norm_x = xa.flatten(1).abs().amax(1).double()
+        if self.any_fresh:  # the scale of a (re)started row: its start and its first image
+            new = torch.maximum(torch.maximum(self.start_norm[act], norm_f.nan_to_num(0.0)), torch.ones_like(norm_f))
+            self.scale[act] = torch.where(self.fresh[act], new, self.scale[act])
+            self.fresh[act] = False
+            self.any_fresh = False
+        conv = finite & (r < how.tol)
+        diverged = finite & (torch.maximum(norm_f, norm_x) > how.diverge_ratio * self.scale[act]) & ~conv
+        self._progress(act, xa, fa, r, finite)
+        # x_last: the last image that neither diverged nor turned non-finite
+        kept = finite & ~diverged
+        self.x_last[act[kept]] = fa[kept]
+        new_code = torch.full_like(act, -1)
+        new_code[diverged] = _DIV
+        new_code[conv] = _CONV
+        new_code[~finite] = _NONFIN
+        if self.rowwise:
+            new_code[(new_code < 0) & (self.age[act] >= how.max_iter)] = _MAXIT
+        self.code[act] = new_code
+        run = new_code < 0
+        self.ended, self.cur = [act[:0]], _Pass(xa, fa, r)
+        if not bool(run.all()):
+            self.ended[0] = act[~run]
+            if not bool(run.any()):
+                self.act, self.cur = act[:0], None
+                return
+            self._drop(run)
+
+    def _progress(self, act, xa, fa, r, finite) -> None:
+        """The best iterate (the pre-image whose residual was measured) and the last 1 % improvement."""
+        better = finite & (r < self.best_r[act])
+        if bool(better.any()):
+            idx = act[better]
+            self.best_r[idx] = r[better]
+            self.x_best[idx] = xa[better]
+            self.fx_best[idx] = fa[better]
+        improved = finite & (r < 0.99 * self.ref_r[act])
+        if bool(improved.any()):
+            idx = act[improved]
+            self.ref_r[idx] = r[improved]
+            self.last_improve[idx] = self.age[idx]
+
+    def _drop(self, keep: torch.Tensor) -> None:
+        """Keep the running rows where ``keep`` (a mask over ``act``)."""
+        self.solver.keep(keep)
+        self.act = self.act[keep]
+        self.cur = _Pass(*(t[keep] for t in self.cur))
+
+    def stop(self, mask: torch.Tensor, status: str, period: Optional[torch.Tensor] = None) -> None:
+        """End the running rows where ``mask`` (over ``act``) with ``status`` (of :data:`STATUSES`; and
+        ``period``)."""
+        rows = self.act[mask]
+        self.code[rows] = STATUSES.index(status)
+        if period is not None:
+            self.period[rows] = period
+        self.ended.append(rows)
+        if bool(mask.all()):
+            self.act, self.cur = self.act[:0], None
+        else:
+            self._drop(~mask)
+
+    def status(self, rows: torch.Tensor) -> list:
+        """The status of the rows ``rows`` now (``running`` for a row still running)."""
+        return [STATUSES[c] if c >= 0 else "running" for c in self.code[rows].tolist()]
+
+    def advance(self) -> None:
+        """The next iterate of every running row (the method's proposal; a refused one restarts the row's history
+        with a Picard step from its best iterate, never worse than plain iteration from there)."""
+        if self.cur is None:
+            return
+        act, (xa, fa, r) = self.act, self.cur
+        nxt, reset = self.solver.propose(xa.flatten(1), fa.flatten(1), r, self.best_r[act])
+        nxt = nxt.view(-1, *self.S)
+        if reset is not None and bool(reset.any()):
+            nxt = torch.where(reset.view(-1, *[1] * len(self.S)), self.fx_best[act], nxt)
+            self.solver.forget(reset)
+            self.restarts[act[reset]] += 1
+        self.x[act] = nxt
+
+    def restart(self, rows: torch.Tensor, x_init: torch.Tensor) -> None:
+        """(Row-wise) start the rows ``rows`` afresh from ``x_init`` (len(rows), *S) with a budget of their own."""
+        self.x[rows] = x_init
+        for t in (self.x_last, self.x_best, self.fx_best):
+            t[rows] = x_init
+        for t, v in ((self.best_r, math.inf), (self.ref_r, math.inf), (self.trace, math.nan)):
+            t[rows] = v
+        for t in (self.last_improve, self.age, self.period):
+            t[rows] = 0
+        self.code[rows] = -1
+        self.start_norm[rows] = x_init.flatten(1).abs().amax(1).double()
+        if self.how.scale == "start":
+            self.scale[rows] = torch.maximum(self.start_norm[rows], torch.ones_like(self.start_norm[rows]))
+        else:
+            self.fresh[rows] = True
+            self.any_fresh = True
+        self.act = torch.sort(torch.cat([self.act, rows])).values
+
+    def finish(self) -> SolveResult:
+        """Statuses of the rows still running (stalled, or out of budget), the cycle check, the result."""
+        how, plan = self.how, self.plan
+        code, period, nfe = self.code, self.period, self.nfe
+        running = code < 0
+        stalled = running & (self.age - self.last_improve >= how.stall_patience)
+        code[stalled] = _STALL
+        code[running & ~stalled] = _MAXIT
+        period[code == _CONV] = 1
+        check = ((code == _STALL) | (code == _MAXIT)).nonzero().flatten()
+        if how.max_period > 0 and check.numel():
+            p = detect_period(self.f, self.x_last[check], _take(self.x0, check), max_period=how.max_period,
+                              tol=plan.cycle_tol, eps=how.eps)
+            nfe[check] += 2 * how.max_period
+            cyc = p >= 2
+            period[check] = torch.where(cyc, p, torch.zeros_like(p))
+            code[check[cyc]] = _STALL
+        root = plan.method in ROOT_FINDERS
+        info = {"damping": plan.eta, "memory": plan.memory if root else None, "iterations": self.iters,
+                "restarts": self.restarts.cpu().tolist() if root else None, "requested": how.method,
+                **{k: v for k, v in self.solver.info().items() if k not in ("damping", "memory")}}
+        return SolveResult(
+            x_last=self.x_last, x_best=self.x_best, residuals=self.trace[:, :self.iters].cpu(),
+            best_residual=self.best_r.cpu(), nfe=nfe.cpu(), status=[STATUSES[int(c)] for c in code.cpu()],
+            period=period.cpu(), method=plan.method, tol=how.tol, info=info)
+
+
+def _iterate(run: Run, rows: Optional[Rows], observe: Optional[Callable], observe_steps: int) -> None:
+    """The passes of a solve: one evaluation of f on the running rows each, their bookkeeping and the next
+    iterates, until no row is running or the budget is spent (``observe``: :func:`solve`)."""
+    max_iter = run.how.max_iter
+    watching = observe is not None and observe_steps > 0
+    bound = max(max_iter, observe_steps) if watching else max_iter
+    plain = run.x.clone() if watching else None  # the whole batch's plain iterate, for observe
+    it = 0
+    while run.rowwise or it < bound:
+        if rows is not None:
+            rows.before(run)
+        observing = watching and it < observe_steps  # past observe_steps: the running samples only, as without
+        if observing:
+            plain = run.f(plain, run.x0)
+            observe(it + 1, plain)
+            if run.act.numel() == 0 or it >= max_iter:
+                it += 1
+                continue
+        elif run.act.numel() == 0:
+            break
+        run.iters = it + 1
+        # a running sample's iterate is its row of the plain iterate (Picard with η = 1: x_{t+1} = f(x_t))
+        run.evaluate(plain if observing else None)
+        if rows is not None:
+            rows.stop(run)
+        run.advance()
+        if rows is not None:
+            rows.after(run)
+        it += 1
+
+
+def solve(f: Callable, x_init: torch.Tensor, x0: Optional[torch.Tensor] = None, how: Optional[Solve] = None, *,
+          rows: Optional[Rows] = None, observe: Optional[Callable[[int, torch.Tensor], None]] = None,
+          observe_steps: int = 0, **knobs) -> SolveResult:
     """Find x* = f(x*, x0) per sample by Picard, damped, Anderson or limited-memory Broyden iteration.
 
     Args:
         f: the loop map, ``f(x, x0) -> x'`` batch-first with independent samples (``model.step``).
-        x_init: (B, *S) the first iterate e (Def. 3.1). x0: (B, *S') or None, passed through to f.
-        method: one of :data:`METHODS` (module docstring); ``auto`` runs :data:`AUTO`.
-        tol: τ of the relative L∞ residual. damping: η (default 1, 0.5 for damped; Anderson's mixing, Broyden's
-            step length). memory: Anderson's m past iterates (20) or Broyden's m (40: 2m stored vectors).
-        reg: Anderson's Tikhonov λ, relative to the largest diagonal entry of the Gram matrix.
-        stall_patience: evaluations without a 1 % improvement of the best residual after which an unconverged
-            sample is reported stalled. diverge_ratio: ‖f(x)‖∞ or ‖x‖∞ above this times
-            max(1, ‖x_init‖∞, ‖f(x_init)‖∞) means diverged. restart_factor: root-finder safeguard: when a step's
-            residual exceeds this times the best so far, or the proposal is not finite, the sample's history is
-            cleared and it restarts with a Picard step from its best iterate (default 1e2 for Anderson, 1e4 for
-            Broyden, whose residual can rise by 10²–10³ on its way down: measured in benchmarks/RESULTS.md). max_period / cycle_tol: unconverged
-            finite samples are checked for period-k orbits, k ≤ max_period, at tolerance cycle_tol (default
-            10·tol); 0 disables the check (its 2·max_period evaluations per checked sample count in ``nfe``).
-        certify_rho: compute ρ(J*) of the converged samples and mark ρ > 1 ``repelling`` (:func:`classify`, to
-            Ritz residual ``rho_tol``); default: for the root-finders (anderson, broyden), not for picard/damped.
+        x_init: (B, *S) the first iterate e (Def. 3.1). x0: (B, *S') or None, passed through to f (restricted to
+            the running samples' rows, so an index tensor works: the geometry stage's rows).
+        how: the options (:class:`Solve`; default ``Solve()``: Picard, τ = 1e-4, 500 evaluations); ``knobs``:
+            fields of :class:`Solve` that replace its values (``solve(f, e, x0, method="broyden", tol=1e-6)``).
+        rows: a row-wise option (:class:`Rows`): early stop rules, and rows that start and finish at their own
+            times (the continued solves of :mod:`stability.analysis.continuation`).
         observe / observe_steps (plain Picard only): every sample is iterated from x_init for observe_steps steps
             whatever its status, one evaluation of the whole batch a step, and ``observe(t, x_t)`` sees each
             x_t = f(x_{t−1}, x0), t = 1..observe_steps: the accuracy against iteration from the solve's own
@@ -502,136 +858,20 @@ def solve(f: Callable, x_init: torch.Tensor, x0: Optional[torch.Tensor] = None, 
 
     Returns: :class:`SolveResult` (shapes in the module docstring). No autograd graph is built.
     """
-    requested = method
-    if method == "auto":
-        method = AUTO
-    if method not in SOLVERS:
-        raise ConfigError(f"unknown solver method {requested!r}; allowed: {', '.join(METHODS)}")
-    if max_iter < 1:
-        raise ConfigError("max_iter must be at least 1")
-    eta = _DEFAULT_DAMPING[method] if damping is None else float(damping)
-    if not 0.0 < eta <= 1.0:
-        raise ConfigError(f"damping must be in (0, 1], got {eta}")
-    if method == "picard":
-        eta = 1.0
-    mem = _DEFAULT_MEMORY.get(method, 5) if memory is None else int(memory)
-    if mem < 1:
-        raise ConfigError("memory must be at least 1")
-    cycle_tol = 10 * tol if cycle_tol is None else cycle_tol
-    if restart_factor is None:
-        restart_factor = _DEFAULT_RESTART.get(method, 1e2)
-    watching = observe is not None and observe_steps > 0
-    if watching and (method != "picard" or eta != 1.0):
-        raise ConfigError("observe needs plain Picard iteration (method picard), whose iterates are f's images")
-
+    how = Solve() if how is None else how
+    if knobs:
+        how = how.replace(**knobs)
+    plan = how.plan()
+    rowwise = rows is not None and rows.rowwise
+    if (observe is not None and observe_steps > 0 or rowwise) and (plan.method != "picard" or plan.eta != 1.0):
+        raise ConfigError(f"{'observe' if not rowwise else 'a row-wise solve'} needs plain Picard iteration "
+                          f"(method picard), whose iterates are f's images")
+    if rowwise and observe is not None:
+        raise ConfigError("observe and a row-wise solve do not go together")
     with torch.no_grad():
-        x = x_init.detach().clone()
-        B, dev = x.shape[0], x.device
-        S = x.shape[1:]
-        n = x[0].numel()
-        solver = SOLVERS[method](B, n, x.dtype, dev, memory=mem, damping=eta, reg=reg,
-                                 restart_factor=restart_factor)
-        x_last = x.clone()
-        x_best = x.clone()
-        fx_best = x.clone()  # the image of x_best: a restart's Picard step
-        best_r = torch.full((B,), math.inf, dtype=torch.float64, device=dev)
-        ref_r = torch.full((B,), math.inf, dtype=torch.float64, device=dev)  # for stall detection
-        last_improve = torch.zeros(B, dtype=torch.long, device=dev)
-        nfe = torch.zeros(B, dtype=torch.long, device=dev)
-        code = torch.full((B,), -1, dtype=torch.long, device=dev)  # -1 running, else index into STATUSES
-        trace = torch.full((B, max_iter), math.nan, dtype=torch.float64, device=dev)
-        scale = torch.ones(B, dtype=torch.float64, device=dev)
-        start_norm = x.flatten(1).abs().amax(1).double()
-        restarts = torch.zeros(B, dtype=torch.long, device=dev)
-        iters = 0
-        act = torch.arange(B, device=dev)
-        plain = x.clone() if watching else None  # the whole batch's plain iterate, for observe
-
-        for it in range(max(max_iter, observe_steps) if watching else max_iter):
-            observing = watching and it < observe_steps  # past observe_steps: the running samples only, as without
-            if observing:
-                plain = f(plain, x0)
-                observe(it + 1, plain)
-                if act.numel() == 0 or it >= max_iter:
-                    continue
-            elif act.numel() == 0:
-                break
-            iters = it + 1
-            xa = x[act]
-            # a running sample's iterate is its row of the plain iterate (Picard with η = 1: x_{t+1} = f(x_t))
-            fa = plain[act] if observing else f(xa, _take(x0, act))
-            nfe[act] += 1
-            finite = _finite(fa)
-            r = residual(fa, xa, eps).double()
-            r = torch.where(finite, r, torch.full_like(r, math.nan))
-            trace[act, it] = r
-            norm_f = fa.flatten(1).abs().amax(1).double()
-            norm_x = xa.flatten(1).abs().amax(1).double()
-            if it == 0:
-                scale[act] = torch.maximum(torch.maximum(start_norm[act], norm_f.nan_to_num(0.0)),
-                                           torch.ones_like(norm_f))
-            diverged = finite & (torch.maximum(norm_f, norm_x) > diverge_ratio * scale[act])
-            # bookkeeping of the best iterate (the pre-image whose residual was measured) and of progress
-            better = finite & (r < best_r[act])
-            if bool(better.any()):
-                idx = act[better]
-                best_r[idx] = r[better]
-                x_best[idx] = xa[better]
-                fx_best[idx] = fa[better]
-            improved = finite & (r < 0.99 * ref_r[act])
-            if bool(improved.any()):
-                idx = act[improved]
-                ref_r[idx] = r[improved]
-                last_improve[idx] = it
-            x_last[act[finite]] = fa[finite]
-            conv = finite & (r < tol)
-            new_code = torch.full_like(act, -1)
-            new_code[diverged & ~conv] = _DIV
-            new_code[conv] = _CONV
-            new_code[~finite] = _NONFIN
-            code[act] = new_code
-
-            # next iterate for the samples still running
-            run = new_code < 0
-            if not bool(run.all()):
-                if not bool(run.any()):
-                    act = act[:0]
-                    continue
-                solver.keep(run)
-                act, xa, fa, r = act[run], xa[run], fa[run], r[run]
-            nxt, reset = solver.propose(xa.flatten(1), fa.flatten(1), r, best_r[act])
-            nxt = nxt.view(-1, *S)
-            if reset is not None and bool(reset.any()):
-                # safeguard: forget the history and restart with a Picard step from the best iterate, never
-                # worse than plain iteration from there
-                nxt = torch.where(reset.view(-1, *[1] * len(S)), fx_best[act], nxt)
-                solver.forget(reset)
-                restarts[act[reset]] += 1
-            x[act] = nxt
-
-        # samples still running: stalled or out of budget
-        running = code < 0
-        stalled = running & (iters - 1 - last_improve >= stall_patience)
-        code[stalled] = _STALL
-        code[running & ~stalled] = _MAXIT
-        period = torch.zeros(B, dtype=torch.long, device=dev)
-        period[code == _CONV] = 1
-        check = ((code == _STALL) | (code == _MAXIT)).nonzero().flatten()
-        if max_period > 0 and check.numel():
-            p = detect_period(f, x_last[check], _take(x0, check), max_period=max_period, tol=cycle_tol, eps=eps)
-            nfe[check] += 2 * max_period
-            cyc = p >= 2
-            period[check] = torch.where(cyc, p, torch.zeros_like(p))
-            code[check[cyc]] = _STALL
-
-    info = {"damping": eta, "memory": mem if method in ROOT_FINDERS else None, "iterations": iters,
-            "restarts": restarts.cpu().tolist() if method in ROOT_FINDERS else None, "requested": requested,
-            **{k: v for k, v in solver.info().items() if k not in ("damping", "memory")}}
-    result = SolveResult(
-        x_last=x_last, x_best=x_best, residuals=trace[:, :iters].cpu(), best_residual=best_r.cpu(), nfe=nfe.cpu(),
-        status=[STATUSES[int(c)] for c in code.cpu()], period=period.cpu(), method=method, tol=tol, info=info)
-    if certify_rho is None:
-        certify_rho = method in ROOT_FINDERS
-    if certify_rho:
-        classify(result, f, x0, tol=rho_tol)
+        run = Run(f, x_init, x0, how, plan, rowwise)
+        _iterate(run, rows, observe, observe_steps)
+        result = run.finish()
+    if plan.certify:
+        classify(result, f, x0, tol=how.rho_tol)
     return result

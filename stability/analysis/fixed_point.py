@@ -1,5 +1,11 @@
 """The fixed point x* = f(x*, x0) of one batch of inputs (Def. 3.3), and everything the analysis knows there.
 
+:class:`FixedPoint` is the one way the package goes from inputs to x*: x0 = embed(inputs), the first iterate e
+(:func:`first_iterate`) and the solve from e (:func:`stability.solvers.solve`, with a preset that says whose solve
+it is). The analysis' :class:`AtFixedPoint` is one; so are the training monitor's (its cheap preset,
+:mod:`stability.analysis.monitor`), residual halting's (:mod:`stability.analysis.halting`) and implicit training's
+(:mod:`stability.train.implicit`), and the trainer's evaluation iterates from its e.
+
 :class:`AtFixedPoint` is what every stage of :mod:`stability.analysis.stages` reads and the one place where a stage
 leaves a quantity for a later one: the analysis copy of the model (:func:`analysis_model`), the options, the inputs
 with their x0 = embed(inputs) and initial iterate e, the targets and their scoring, and the solve from e (set by
@@ -11,7 +17,7 @@ member                         set by                                 read by
 =============================  =====================================  ===========================================
 ``accuracy_curve``             ``reachability`` (Picard from e)       ``accuracy`` (else it iterates on its own)
 ``dense_jacobians``            ``rho`` (its dense route)              ``prop4`` (else its matrix-free route)
-``jacobian_spectra``           ``rho``                                ``prop4`` (its matrix-free route, where
+``jacobian_spectra``           ``rho``                                ``prop4`` (J's spectrum, taken where
                                                                       M = J), ``geometry`` (which samples
                                                                       attract; else ρ on its own samples),
                                                                       ``repelling`` (ρ at a root that is x*)
@@ -35,7 +41,6 @@ if TYPE_CHECKING:
     from stability.analysis.cost import Progress
     from stability.analysis.initial_iterate import InitialIterateBatched
     from stability.analysis.options import AnalysisOptions
-    from stability.analysis.recall import DenseSpectra
     from stability.analysis.results import JacobianSpectra
     from stability.solvers import SolveResult
 
@@ -53,39 +58,47 @@ def analysis_model(model: torch.nn.Module, dtype: torch.dtype = torch.float64, d
 
 @dataclass
 class DenseJacobians:
-    """Every sample's dense J* = ∂f/∂x at x* (B, n, n) and their spectra, as stage ``rho`` computed them: stage
-    ``prop4`` checks the assembled matrix of Prop. 4 against these J and takes their spectra where M = J* entry by
-    entry (:func:`stability.analysis.recall.prop4_dense`)."""
+    """Every sample's dense J* = ∂f/∂x at x* (B, n, n), as stage ``rho`` built them: stage ``prop4`` checks the
+    assembled matrix of Prop. 4 against these J and takes their spectra (stage rho's ``jacobian_spectra``) where
+    M = J* entry by entry (:func:`stability.analysis.recall.prop4_dense`)."""
 
     J: torch.Tensor
-    spectra: DenseSpectra
 
 
-@dataclass(eq=False)
-class AtFixedPoint:
-    """One batch of inputs at its fixed point (module docstring). ``model``: the analysis copy; ``inputs``,
-    ``x0``, ``e``: (B, ...) on the model's device; ``score(logits, targets) -> (correct, position_accuracy)``
-    (None: argmax); ``log``: one line of progress; ``split``: the name the log lines carry."""
+def first_iterate(model, x0: torch.Tensor, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """The first iterate e (Def. 3.1) for x0: the model's ``initial_state`` (its noise drawn from ``generator``;
+    None: torch's global generator, as training draws it), or x0 itself for a model without one (the paper's
+    release)."""
+    if not hasattr(model, "initial_state"):
+        return x0
+    return model.initial_state(x0) if generator is None else model.initial_state(x0, generator=generator)
+
+
+@dataclass(eq=False, kw_only=True)
+class FixedPoint:
+    """One batch of inputs on its way to x* (module docstring): ``model`` (its ``step`` is f), ``x0`` =
+    embed(inputs) and the first iterate ``e``, (B, ...) on the model's device, and ``solution``, the solve from e
+    (:meth:`solve`)."""
 
     model: Any
-    options: AnalysisOptions
-    inputs: torch.Tensor
     x0: torch.Tensor
     e: torch.Tensor
-    targets: Optional[torch.Tensor]
-    score: Optional[Callable]
-    log: Callable
-    split: str
-    solution: Optional[SolveResult] = None  # the solve from e (stage reachability)
-    accuracy_curve: Optional[AccuracyCurve] = None  # Fig. 3's curve, scored during that solve
-    dense_jacobians: Optional[DenseJacobians] = None
-    jacobian_spectra: Optional[JacobianSpectra] = None  # ρ(J*), σ_max, eigenvalues per sample (Props. 3–4)
-    progress: Optional[Progress] = None  # stage-by-stage progress with the time left (stability.analysis.cost)
+    solution: Optional[SolveResult] = None
 
-    def tick(self, done: int, total: int, what: str = "samples") -> None:
-        """Inside a long stage: ``done`` of ``total`` units finished (a progress line now and then)."""
-        if self.progress is not None:
-            self.progress.tick(done, total, what)
+    @classmethod
+    def of(cls, model, inputs: torch.Tensor, /, *, generator: Optional[torch.Generator] = None, **fields):
+        """x0 = ``model.embed(inputs)`` and e = :func:`first_iterate` (``generator``: e's noise); ``fields``: the
+        other fields of ``cls``."""
+        x0 = model.embed(inputs)
+        return cls(model=model, x0=x0, e=first_iterate(model, x0, generator), **fields)
+
+    def solve(self, how, **kwargs) -> SolveResult:
+        """x* from e by :func:`stability.solvers.solve` with the options ``how`` (a :class:`~stability.solvers.Solve`
+        preset; ``kwargs``: solve's other arguments); kept as :attr:`solution`."""
+        from stability.solvers import solve
+
+        self.solution = solve(self.f, self.e, self.x0, how, **kwargs)
+        return self.solution
 
     @property
     def f(self) -> Callable:
@@ -101,6 +114,30 @@ class AtFixedPoint:
     def converged(self) -> torch.Tensor:
         """(B,) bool: the solve reached τ."""
         return self.solution.converged
+
+
+@dataclass(eq=False, kw_only=True)
+class AtFixedPoint(FixedPoint):
+    """One batch of inputs at its fixed point, as the analysis' stages read it (module docstring). ``model``: the
+    analysis copy; ``inputs``: (B, ...) on the model's device; ``score(logits, targets) -> (correct,
+    position_accuracy)`` (None: argmax); ``log``: one line of progress; ``split``: the name the log lines carry.
+    Its ``solution`` is set by stage reachability."""
+
+    options: AnalysisOptions
+    inputs: torch.Tensor
+    targets: Optional[torch.Tensor]
+    score: Optional[Callable]
+    log: Callable
+    split: str
+    accuracy_curve: Optional[AccuracyCurve] = None  # Fig. 3's curve, scored during that solve
+    dense_jacobians: Optional[DenseJacobians] = None
+    jacobian_spectra: Optional[JacobianSpectra] = None  # ρ(J*), σ_max, eigenvalues per sample (Props. 3–4)
+    progress: Optional[Progress] = None  # stage-by-stage progress with the time left (stability.analysis.cost)
+
+    def tick(self, done: int, total: int, what: str = "samples") -> None:
+        """Inside a long stage: ``done`` of ``total`` units finished (a progress line now and then)."""
+        if self.progress is not None:
+            self.progress.tick(done, total, what)
 
     @property
     def few(self) -> int:

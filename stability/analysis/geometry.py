@@ -33,7 +33,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from stability.analysis.continuation import picard_rows
+from stability.analysis.continuation import solve_rows
 from stability.analysis.perturbation import Family, loop_parameters, parameter_groups, random_directions
 from stability.analysis.radii import (ESTIMATE_TOL, GROWTH, KRYLOV, RESTARTS, T_MAX, T_MIN, T_START, rho_estimate,
                                       search_radii)
@@ -212,7 +212,7 @@ def plane_picture(model, base: dict, full: dict, inputs, x_star, x0, radii, *, n
 
     def run(batch, starts):
         idx = torch.tensor([i * n + j for i, j in batch], device=dev)
-        xr, st = picard_rows(fam, X[torch.tensor(starts, device=dev)], idx, tol, max_iter)
+        xr, st = solve_rows(fam, X[torch.tensor(starts, device=dev)], idx, tol, max_iter)
         ok = [q for q, v in enumerate(st) if v == "converged"]
         vals = {}
         if ok:

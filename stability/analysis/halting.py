@@ -9,14 +9,14 @@ falls below τ (the FPRM criterion, ``stability.solvers.residual``); the others 
 stopped sample costs no further evaluations of f, so the compute used is Σ_b t_b against N·T for the fixed
 budget. The answer is read out at the iterate where the sample stopped. :func:`halting_report` sets accuracy
 against compute for several τ beside the fixed budget (App. E: accuracy stops improving where the residual
-plateaus). With damping η < 1 the iterates are those of the damped map, as in training. The iteration is
-:func:`stability.solvers.solve` (Picard, each sample frozen once r < τ), with no divergence or cycle checks: a
-sample runs until it halts or the budget is spent.
+plateaus). With damping η < 1 the iterates are those of the damped map, as in training. The iteration is the
+analysis' :class:`~stability.analysis.fixed_point.FixedPoint` solved by :func:`stability.solvers.solve` with the
+preset :data:`~stability.solvers.HALTING` (Picard, each sample frozen once r < τ, no divergence or cycle checks: a
+sample runs until it halts or the budget is spent).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
@@ -55,17 +55,17 @@ def halt(model, inputs: torch.Tensor, *, tol: float = 0.1, max_iter: int = 100, 
 def _halt(model, inputs, tol, max_iter, eps) -> HaltResult:
     import torch
 
-    from stability.solvers import solve
+    from stability.analysis.fixed_point import FixedPoint
+    from stability.solvers import HALTING
 
-    x0 = model.embed(inputs)
-    e = model.initial_state(x0)
-    # Picard iteration, each sample frozen at r < τ; no divergence or cycle checks (halting only)
-    res = solve(model.step, e, x0, method="picard", tol=tol, max_iter=max_iter, eps=eps, diverge_ratio=math.inf,
-                max_period=0, certify_rho=False)
+    # x0, e (as training draws it) and the solve, as the analysis builds them: Picard iteration, each sample frozen
+    # at r < τ; no divergence or cycle checks (halting only)
+    fp = FixedPoint.of(model, inputs)
+    res = fp.solve(HALTING.replace(tol=tol, max_iter=max_iter, eps=eps))
     iterations = res.nfe
     halted = torch.tensor([s == "converged" for s in res.status], dtype=torch.bool)
     last = (iterations - 1).clamp(min=0).unsqueeze(1)
-    last_r = res.residuals.gather(1, last).squeeze(1).to(e.dtype)
+    last_r = res.residuals.gather(1, last).squeeze(1).to(fp.e.dtype)
     x = res.x_last  # the iterate each sample stopped at: x_t with r_t = ‖x_t − x_(t−1)‖∞ / ‖x_t‖∞ < τ
     return HaltResult(x=x, logits=model.readout(x), iterations=iterations, halted=halted, residual=last_r, tol=tol,
                       max_iter=max_iter)

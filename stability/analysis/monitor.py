@@ -9,12 +9,14 @@ computed on a fixed probe (the first ``samples`` validation samples):
 
 * ``rho_Wx`` — ρ(W_x), the recall matrix's spectral radius (App. B.3; None without recall);
 * ``converged_fraction`` — the share of the probe whose Picard iteration from e reaches a fixed point
-  (reachability, Def. 3.3), by :func:`stability.solvers.solve`;
+  (reachability, Def. 3.3): the analysis' :class:`~stability.analysis.fixed_point.FixedPoint` (x0, e seeded by
+  ``seed``, the solve) with the monitor's cheap solve (:data:`SOLVE`, :data:`stability.solvers.MONITOR`: Picard to
+  τ = 1e-4 within 200 evaluations; the analysis' own: τ = 1e-5 within 500);
 * ``rho_J_median`` — the median over the converged probe samples of ρ(J*), J* = ∂f/∂x at (x*, x0): x* attracts
   iff ρ(J*) < 1 (Props. 3–4), by the analysis' :func:`stability.numerics.spectra.spectral_radius` with the
-  monitor's preset (:data:`RHO_PRESET`: at x_last, the Picard solve's last image, route ``krylov`` on forward-mode
-  products J v, a basis of ``krylov`` vectors, ``restarts`` restarts, Ritz residual 1e-4; the analysis takes x_best
-  and the transposed products to 1e-6);
+  monitor's preset (:data:`RHO_PRESET`: at :data:`POINT` x_last, the Picard solve's last image, route ``krylov``
+  on forward-mode products J v, a basis of ``krylov`` vectors, ``restarts`` restarts, Ritz residual 1e-4; the
+  analysis takes x_best and the transposed products to 1e-6);
 * ``input_grad_norm_median`` — the median of ‖dx*/dx0‖_F (Prop. 5, the input-dependence axis), by Hutchinson's
   estimator E‖(dx*/dx0) u‖² = ‖dx*/dx0‖_F² over ``probes`` Gaussian directions u. Each w = (dx*/dx0) u solves
   (I − J*) w = (∂f/∂x0) u; the monitor solves it for the whole probe at once by the Neumann series of
@@ -38,10 +40,15 @@ import torch
 
 from stability.errors import ConfigError
 from stability.numerics import exact
+from stability.solvers import MONITOR
 from stability.stats import median
 
 MONITOR_KEYS = ("rho_Wx", "rho_J_median", "converged_fraction", "input_grad_norm_median")
-#: how the monitor calls :func:`stability.numerics.spectra.spectral_radius` (besides its ``krylov``, ``restarts`` and
+#: the monitor's cheap preset, beside the analysis': its solve (τ and budget set by :func:`measure`'s arguments) ...
+SOLVE = MONITOR
+#: ... the point ρ(J*) and ‖dx*/dx0‖_F are measured at (the analysis: ``x_best``) ...
+POINT = "x_last"
+#: ... and how it calls :func:`stability.numerics.spectra.spectral_radius` (besides its ``krylov``, ``restarts`` and
 #: ``seed``): forward-mode products under ``torch.no_grad``, finished samples riding along as zero vectors
 RHO_PRESET = {"route": "krylov", "product": "forward", "shrink": False, "tol": 1e-4}
 
@@ -52,7 +59,7 @@ def measure(model, inputs: torch.Tensor, *, max_iter: int = 200, tol: float = 1e
 
     ``model`` needs only ``embed(inputs) -> x0`` and ``step(x, x0)`` (``initial_state`` and a recall weight ``W_x``
     are used when present). ``max_iter`` / ``tol``: the Picard solve for x* (Def. 3.3's reachability, FPRM's
-    residual criterion). ``krylov`` / ``restarts``: the batched Arnoldi iteration for ρ(J*). ``probes``: Hutchinson
+    residual criterion). ``krylov`` / ``restarts``: the batched Krylov–Schur iteration for ρ(J*). ``probes``: Hutchinson
     directions for ‖dx*/dx0‖_F. The model's mode and attention path are restored afterwards.
     """
     from stability.protocols import is_looped
@@ -99,23 +106,18 @@ def input_gradient_norms(f, x_star: torch.Tensor, x0: torch.Tensor, *, probes: i
 
 
 def _measure(model, inputs: torch.Tensor, *, max_iter, tol, krylov, restarts, probes, seed) -> dict:
+    from stability.analysis.fixed_point import FixedPoint
     from stability.analysis.recall import rho_W_x
     from stability.numerics import Linearisation, spectral_radius
-    from stability.solvers import solve
 
     spec = rho_W_x(model) if getattr(model, "W_x", None) is not None else None
-    x0 = model.embed(inputs)
-    kind = getattr(getattr(model, "config", None), "initial_state", "x0")
-    if not hasattr(model, "initial_state"):
-        e = x0  # a model of one's own without initial_state: e = x0, as the paper's release
-    elif kind == "noise":
-        e = model.initial_state(x0, generator=torch.Generator(device="cpu").manual_seed(seed))
-    else:
-        e = model.initial_state(x0)
-    result = solve(model.step, e, x0, method="picard", tol=tol, max_iter=max_iter)
+    # x0, e (its noise from a CPU generator seeded by ``seed``) and the solve, as the analysis builds them
+    fp = FixedPoint.of(model, inputs, generator=torch.Generator(device="cpu").manual_seed(seed))
+    result = fp.solve(SOLVE.replace(tol=tol, max_iter=max_iter))
+    x0 = fp.x0
     conv = result.converged.to(x0.device)
     out = {
-        "rho_Wx": None if spec is None else float(spec.rho),
+        "rho_Wx": None if spec is None else float(spec.rho[0]),
         "rho_J_median": None,
         "converged_fraction": float(conv.float().mean()),
         "input_grad_norm_median": None,
@@ -126,7 +128,7 @@ def _measure(model, inputs: torch.Tensor, *, max_iter, tol, krylov, restarts, pr
     }
     if not bool(conv.any()):
         return out
-    xs, X0 = result.x_last[conv].detach(), x0[conv].detach()
+    xs, X0 = getattr(result, POINT)[conv].detach(), x0[conv].detach()
     rho = spectral_radius(Linearisation(model.step, xs, X0), krylov=krylov, restarts=restarts, seed=seed,
                           **RHO_PRESET).rho
     out["rho_J_median"] = median(rho.tolist())

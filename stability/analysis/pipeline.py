@@ -53,15 +53,14 @@ def _run_stages(model, inputs: torch.Tensor, targets: Optional[torch.Tensor], op
     if targets is not None:
         targets = targets.to(dev)
     with torch.no_grad():
-        x0 = model.embed(inputs)
-        e = model.initial_state(x0, generator=torch.Generator(device=dev).manual_seed(options.seed))
-    n, N = int(e[0].numel()), int(x0.shape[0])
+        at = AtFixedPoint.of(model, inputs, generator=torch.Generator(device=dev).manual_seed(options.seed),
+                             options=options, inputs=inputs, targets=targets, score=score, log=say, split=split)
+    n, N = int(at.e[0].numel()), int(at.x0.shape[0])
     K = options.measured(n, N)  # the samples the per-sample stages measure (AtFixedPoint.few says the same)
-    progress = Progress(split, predict(n, N, options.stages, geometry_samples=options.geometry_count(n, N),
-                                       threads=torch.get_num_threads(), few=K), say)
-    at = AtFixedPoint(model=model, options=options, inputs=inputs, x0=x0, e=e, targets=targets, score=score, log=say,
-                      split=split, progress=progress)
-    out = SplitResult(split=split, samples=N, state_shape=list(e.shape[1:]), stages=options.stages,
+    at.progress = progress = Progress(split, predict(n, N, options.stages,
+                                                     geometry_samples=options.geometry_count(n, N),
+                                                     threads=torch.get_num_threads(), few=K), say)
+    out = SplitResult(split=split, samples=N, state_shape=list(at.e.shape[1:]), stages=options.stages,
                         options=options, model=type(model).__name__)
     for name in options.stages:
         t = time.perf_counter()
@@ -74,7 +73,7 @@ def _run_stages(model, inputs: torch.Tensor, targets: Optional[torch.Tensor], op
         out.measured_samples = {"stages": few, "samples": K, "of": N, "n": n, "above": options.few_samples_above,
                                 "why": f"n = {n:,} > {options.few_samples_above:,}: the stages whose cost is per "
                                        f"sample measure the first {K} (--few-samples 0: all)"}
-    out.x0, out.x_star = x0, at.x_star
+    out.x0, out.x_star = at.x0, at.x_star
     return out
 
 

@@ -28,7 +28,7 @@ multiplies J[c](x*) on the right; damping η (``variant_options["damping"]``) ma
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 
@@ -163,58 +163,51 @@ class RecallMatrixOperator:
 
 
 def rho_W_x(model) -> Optional[Spectrum]:
-    """ρ(W_x) and the leading eigenvalues of the recall weight (bias ignored; Figs. 6–7); None without one."""
+    """ρ(W_x) and the leading eigenvalues of the recall weight (bias ignored; Figs. 6–7), a spectrum of one matrix
+    (LAPACK); None without one."""
     W = getattr(model, "W_x", None)
     if W is None:
         return None
-    spec = spectral_radius(W.detach().double(), route="dense", k=6)
-    return Spectrum(rho=float(spec.rho[0]), eigenvalues=[complex(z) for z in spec.eigenvalues[0].tolist()])
+    return spectral_radius(W.detach().double(), route="dense", k=6)
 
 
 @dataclass
 class Prop4Result:
-    """Per sample ρ(M) (M_ext / M_int, or the A.7 form) and the agreement of the assembled M with autograd."""
+    """Per sample ρ(M) (M_ext / M_int, or the A.7 form) and the agreement of the assembled M with autograd;
+    ``spectra``: M's spectra, one :class:`~stability.numerics.spectra.Spectrum` in sample order (the rows of
+    ``spectra_of_J`` samples are stage rho's spectra of J, taken where M = J)."""
 
     form: str
     rho_M: list
     max_abs_diff_vs_autograd: float
     columns_checked: int
-    spectra: list = field(default_factory=list)
+    spectra: Optional[Spectrum] = None
     spectra_of_J: int = 0  # samples whose M equalled J entry by entry, so their spectra are J's (stage rho's)
     probes_checked: int = 0  # the matrix-free route: Gaussian probe products per sample (columns_checked 0)
 
     def to_dict(self) -> dict:
         out = {"form": self.form, "rho_M": self.rho_M, "max_abs_diff_vs_autograd": self.max_abs_diff_vs_autograd,
                "columns_checked": self.columns_checked, "spectra_of_J": self.spectra_of_J,
-               "eigenvalues": [s.to_dict()["eigenvalues"] for s in self.spectra]}
+               "eigenvalues": [] if self.spectra is None else self.spectra.eigenvalue_lists()}
         if self.probes_checked:
             out["probes_checked"] = self.probes_checked
         return out
 
 
-class DenseSpectra(NamedTuple):
-    """Stage rho's spectra of the dense J_b of a batch, for :func:`prop4_dense` to reuse where M_b = J_b entry by
-    entry: eigenvalues (B, k) complex (descending modulus), ritz_residual (B,), products (B,), and the route that
-    computed them, ("dense", k) for LAPACK or ("krylov", k, tol, seed) for ARPACK."""
-
-    eigenvalues: torch.Tensor
-    ritz_residual: torch.Tensor
-    products: torch.Tensor
-    route: tuple
-
-    @staticmethod
-    def route_for(k: int, krylov_tol: Optional[float] = None, seed: int = 0) -> tuple:
-        """The ``route`` of spectra computed by LAPACK (``krylov_tol`` None) or by ARPACK to ``krylov_tol``."""
-        return ("dense", k) if krylov_tol is None else ("krylov", k, krylov_tol, seed)
-
-    def rows(self, start: int, stop: int) -> "DenseSpectra":
-        return DenseSpectra(self.eigenvalues[start:stop], self.ritz_residual[start:stop],
-                            self.products[start:stop], self.route)
+def _rows_of(parts: list, route: tuple, rho: Optional[list] = None) -> Spectrum:
+    """One spectrum from (eigenvalues, ritz_residual, products) row blocks in sample order; ρ of each row
+    |λ_1| unless given."""
+    eig = torch.cat([p[0] for p in parts]) if parts else torch.zeros(0, 0, dtype=torch.complex128)
+    res = torch.cat([p[1] for p in parts]) if parts else torch.zeros(0, dtype=torch.float64)
+    prod = torch.cat([p[2] for p in parts]) if parts else torch.zeros(0, dtype=torch.long)
+    rho = [float(row[0].abs()) for row in eig] if rho is None else rho
+    return Spectrum(rho=torch.tensor(rho, dtype=torch.float64), eigenvalues=eig, ritz_residual=res,
+                    matvecs=int(prod.sum()), products=prod, route=route)
 
 
 def prop4_dense(model, x_star: torch.Tensor, x0: torch.Tensor, *, k: int = 3, J: Optional[torch.Tensor] = None,
                 sample_chunk: Optional[int] = None, krylov_tol: Optional[float] = None,
-                J_spectra: Optional[DenseSpectra] = None) -> Prop4Result:
+                J_spectra: Optional[Spectrum] = None) -> Prop4Result:
     """Prop. 4 / App. A.7 on small states, every sample at once: M_b assembled densely from the named parts
     (:meth:`RecallMatrixOperator.linear_map`), ρ(M_b) and its leading eigenvalues by LAPACK (exact to rounding),
     and max |M_b − J_b| over ALL n columns against the dense autograd Jacobian of ``step``: ``J`` (B, n, n) when
@@ -222,25 +215,25 @@ def prop4_dense(model, x_star: torch.Tensor, x0: torch.Tensor, *, k: int = 3, J:
     Samples go in groups of ``sample_chunk`` (default: dense matrices of at most 64 MiB per group). With
     ``krylov_tol`` (mid-size states) ρ(M_b) is taken by the ``dense-krylov`` route of
     :func:`~stability.numerics.spectra.spectral_radius` (leading Ritz residual below ``krylov_tol``) instead of
-    LAPACK's full ``eigvals``. ``J_spectra``: the spectra stage rho computed
-    on ``J`` (:class:`DenseSpectra`); a group whose M equals its J entry by entry (as it does for this toolkit's
-    models, whose M is built from the same forward-mode products) takes them instead of computing the same
-    eigenvalues of the same matrices again, when they were computed by the same route."""
+    LAPACK's full ``eigvals``. ``J_spectra``: the spectrum stage rho computed on ``J``; a group whose M equals its
+    J entry by entry (as it does for this toolkit's models, whose M is built from the same forward-mode products)
+    takes it instead of computing the same eigenvalues of the same matrices again, when it was computed by the
+    same route (its ``route``)."""
     from stability.numerics.jacobian import DENSE_BUDGET
 
     B = x_star.shape[0]
     n = int(torch.tensor(x_star.shape[1:]).prod())
     g = sample_chunk or max(1, (DENSE_BUDGET // 4) // (8 * n * n))
-    rhos, spectra, diff, reused = [], [], 0.0, 0
+    route = ("dense", k) if krylov_tol is None else ("dense-krylov", k, krylov_tol, 0)
+    parts, diff, reused = [], 0.0, 0
     for i in range(0, B, g):
         xs, xb = x_star[i:i + g], x0[i:i + g]
         M = RecallMatrixOperator(model, xs, xb).linear_map().dense()
         Jg = J[i:i + g].to(M) if J is not None else Linearisation(model.step, xs, xb).dense()
         diff = max(diff, float((M - Jg).abs().max()))
-        route = DenseSpectra.route_for(k, krylov_tol)
         same = torch.zeros(M.shape[0], dtype=torch.bool)
-        given = J_spectra.rows(i, i + M.shape[0]) if (J_spectra is not None and J_spectra.route == route
-                                                      and J is not None) else None
+        given = J_spectra.rows(slice(i, i + M.shape[0])) if (J_spectra is not None and J_spectra.route == route
+                                                             and J is not None) else None
         if given is not None:
             same = torch.tensor([bool(torch.equal(Mb, Jb)) for Mb, Jb in zip(M, Jg)])
         reused += int(same.sum())
@@ -250,11 +243,7 @@ def prop4_dense(model, x_star: torch.Tensor, x0: torch.Tensor, *, k: int = 3, J:
             if own.numel():
                 mine = spectral_radius(M[own.to(M.device)], route="dense-krylov", k=k, tol=krylov_tol)
                 ks = _merge(ks, own, mine)
-            for row, res, p in zip(ks.eigenvalues.cpu(), ks.ritz_residual.cpu(), ks.products.tolist()):
-                spectra.append(Spectrum(rho=float(row[0].abs()), eigenvalues=[complex(z) for z in row.tolist()],
-                                        method="dense M, Krylov–Schur", converged=bool(res < krylov_tol),
-                                        matvecs=int(p)))
-                rhos.append(spectra[-1].rho)
+            parts.append((ks.eigenvalues.cpu(), ks.ritz_residual.cpu(), ks.products.cpu()))
             continue
         vals = torch.zeros(M.shape[0], n, dtype=torch.complex128)
         if bool(same.any()):
@@ -262,22 +251,21 @@ def prop4_dense(model, x_star: torch.Tensor, x0: torch.Tensor, *, k: int = 3, J:
             vals[same, :taken.shape[1]] = taken[same]
         if own.numel():
             vals[own] = spectral_radius(M[own.to(M.device)], route="dense", k=n).eigenvalues.cpu()
-        for row in vals:
-            spectra.append(Spectrum(rho=float(row[0].abs()), eigenvalues=[complex(z) for z in row[:k].tolist()],
-                                    method="dense", matvecs=n))
-            rhos.append(spectra[-1].rho)
-    return Prop4Result(form=recall_form(model), rho_M=rhos, max_abs_diff_vs_autograd=diff, columns_checked=n,
-                       spectra=spectra, spectra_of_J=reused)
+        parts.append((vals[:, :k], torch.zeros(M.shape[0], dtype=torch.float64),
+                      torch.full((M.shape[0],), n, dtype=torch.long)))
+    spectra = _rows_of(parts, route)
+    return Prop4Result(form=recall_form(model), rho_M=spectra.rho.tolist(), max_abs_diff_vs_autograd=diff,
+                       columns_checked=n, spectra=spectra, spectra_of_J=reused)
 
 
-def _merge(given: Optional[DenseSpectra], own: torch.Tensor, mine) -> DenseSpectra:
-    """Rows ``own`` of a group's spectra from ``mine`` (a BatchedSpectrum of those rows), the others ``given``."""
+def _merge(given: Optional[Spectrum], own: torch.Tensor, mine: Spectrum) -> Spectrum:
+    """Rows ``own`` of a group's spectra from ``mine`` (a spectrum of those rows), the others ``given``."""
     if given is None:
-        return DenseSpectra(mine.eigenvalues.cpu(), mine.ritz_residual.cpu(), mine.products.cpu(), ())
-    eig, res, prod = given.eigenvalues.cpu().clone(), given.ritz_residual.cpu().clone(), given.products.cpu().clone()
-    eig[own], res[own], prod[own] = mine.eigenvalues.cpu()[:, :eig.shape[1]], mine.ritz_residual.cpu(), \
-        mine.products.cpu()
-    return DenseSpectra(eig, res, prod, given.route)
+        return mine.rows(slice(None))
+    out = given.rows(slice(None))
+    out.eigenvalues[own] = mine.eigenvalues.cpu()[:, :out.eigenvalues.shape[1]]
+    out.ritz_residual[own], out.products[own] = mine.ritz_residual.cpu(), mine.products.cpu()
+    return out
 
 
 SAME_TO = 1e-12  #: M = J where every probe agrees to this relative to max |J v| (rounding: measured ≤ 1.2e-15)
@@ -304,54 +292,51 @@ def probe_check(model, x_star: torch.Tensor, x0: torch.Tensor, *, probes: int = 
 
 def prop4_matrix_free(model, x_star: torch.Tensor, x0: torch.Tensor, *, probes: int = 4, k: int = 3,
                       tol: float = 1e-6, seed: int = 0, fast_model=None, chunk: int = 1,
-                      J_spectra: Optional[tuple] = None, tick=None) -> Prop4Result:
+                      J_spectra: Optional[Spectrum] = None, tick=None) -> Prop4Result:
     """Prop. 4 / App. A.7 on states too large for dense matrices, every sample matrix-free: M checked against J by
-    :func:`probe_check`; where M = J on every probe and ``J_spectra`` (stage rho's (ρ, eigenvalues) per sample, at
-    the same x*) is given, M's spectra are J's; elsewhere ρ(M) by the Krylov–Schur method stage rho runs on Jᵀ,
-    here on Mᵀ (route ``krylov`` of :func:`~stability.numerics.spectra.spectral_radius` on
+    :func:`probe_check`; where M = J on every probe and ``J_spectra`` (stage rho's spectrum of J per sample, at the
+    same x*) is given, M's spectra are J's; elsewhere ρ(M) by the Krylov–Schur method stage rho runs on Jᵀ, here on
+    Mᵀ (route ``krylov`` of :func:`~stability.numerics.spectra.spectral_radius` on
     :meth:`RecallMatrixOperator.linear_map`: float32 products of ``fast_model``'s M, each leading Ritz pair
     certified by float64 products; float64 alone without it), ``chunk`` samples a batch."""
     B = x_star.shape[0]
     diff, equal = probe_check(model, x_star, x0, probes=probes, seed=seed)
     reuse = equal.clone() if J_spectra is not None else torch.zeros(B, dtype=torch.bool)
-    spectra: list = [None] * B
-    for b in torch.nonzero(reuse).flatten().tolist():
-        rho, eigs = J_spectra[0][b], J_spectra[1][b]
-        spectra[b] = Spectrum(rho=float(rho), eigenvalues=[complex(re, im) for re, im in eigs],
-                              method="M = J on every probe (to rounding): stage rho's spectra", converged=True,
-                              matvecs=0)
+    rho, eig, res, prod = [None] * B, [None] * B, torch.zeros(B, dtype=torch.float64), torch.zeros(B, dtype=torch.long)
+    taken = J_spectra.rows(slice(0, B)) if J_spectra is not None else None
+    for b in torch.nonzero(reuse).flatten().tolist():  # stage rho's spectra, 0 products of M's own
+        rho[b], eig[b], res[b] = float(taken.rho[b]), taken.eigenvalues[b], taken.ritz_residual[b]
     own = torch.nonzero(~reuse).flatten().tolist()
     for i in range(0, len(own), chunk):
         idx = torch.tensor(own[i:i + chunk], device=x_star.device)
         xs, xb = x_star[idx], x0[idx]
         exact = RecallMatrixOperator(model, xs, xb).linear_map()
         fast = None if fast_model is None else RecallMatrixOperator(fast_model, xs.float(), xb.float()).linear_map()
-        res = spectral_radius(exact, route="krylov", fast=fast, tol=tol, k=k, seed=seed)
-        how = ("Krylov–Schur on Mᵀ (float32 products, certified by float64 products)" if fast is not None else
-               "Krylov–Schur on Mᵀ (float64 products)")
+        got = spectral_radius(exact, route="krylov", fast=fast, tol=tol, k=k, seed=seed)
         if tick is not None:
             tick(min(i + chunk, len(own)), len(own), "samples of M's own spectra")
         for j, b in enumerate(idx.tolist()):
-            row = res.eigenvalues[j].cpu()
-            spectra[b] = Spectrum(rho=float(res.rho[j]), eigenvalues=[complex(z) for z in row[:k].tolist()],
-                                  method=how, converged=bool(res.ritz_residual[j] < tol),
-                                  matvecs=int(res.products[j]))
-    return Prop4Result(form=recall_form(model), rho_M=[s.rho for s in spectra],
+            rho[b], eig[b] = float(got.rho[j]), got.eigenvalues[j].cpu()[:k]
+            res[b], prod[b] = got.ritz_residual[j].cpu(), got.products[j]
+    eigenvalues = torch.stack(eig) if B else torch.zeros(0, k, dtype=torch.complex128)
+    spectra = Spectrum(rho=torch.tensor(rho, dtype=torch.float64), eigenvalues=eigenvalues, ritz_residual=res,
+                       matvecs=int(prod.sum()), products=prod, route=("krylov", k, tol, seed))
+    return Prop4Result(form=recall_form(model), rho_M=rho,
                        max_abs_diff_vs_autograd=float(diff.max()) if B else 0.0, columns_checked=0,
                        spectra=spectra, spectra_of_J=int(reuse.sum()), probes_checked=probes)
 
 
 def prop4(model, x_star: torch.Tensor, x0: torch.Tensor, *, probes: int = 4, k: int = 3,
           tol: float = 1e-10, J: Optional[torch.Tensor] = None, dense_max: Optional[int] = None,
-          J_spectra: Optional[DenseSpectra] = None, J_rho: Optional[tuple] = None, fast_model=None,
-          chunk: int = 1, seed: int = 0, tick=None) -> Optional[Prop4Result]:
+          J_spectra: Optional[Spectrum] = None, fast_model=None, chunk: int = 1, seed: int = 0,
+          tick=None) -> Optional[Prop4Result]:
     """Prop. 4 / App. A.7 on a batch of fixed points x_star (B, *S): ρ(M) per sample, and the largest difference
     between M and the autograd Jacobian of ``step``. States of n ≤ ``dense_max`` (default
     :data:`~stability.numerics.spectra.DENSE_MAX`): :func:`prop4_dense` (dense M, LAPACK, all n columns checked;
-    ``J`` the dense Jacobians when already built, ``J_spectra`` their spectra); mid-size states with ``J`` at
-    hand likewise, ρ by Krylov–Schur on the dense M. Larger states: :func:`prop4_matrix_free` (``probes`` Gaussian
-    probe products per sample; ``J_rho`` = stage rho's (ρ, eigenvalues) per sample, taken where M = J). None
-    without recall."""
+    ``J`` the dense Jacobians when already built); mid-size states with ``J`` at hand likewise, ρ by Krylov–Schur
+    on the dense M. Larger states: :func:`prop4_matrix_free` (``probes`` Gaussian probe products per sample).
+    ``J_spectra``: stage rho's spectrum of J at these x*, taken where M = J (and, on the dense routes, where it was
+    computed by the same route). None without recall."""
     from stability.numerics.spectra import DENSE_KRYLOV_MAX, DENSE_MAX
 
     if model.recall not in ("external", "internal"):
@@ -362,4 +347,4 @@ def prop4(model, x_star: torch.Tensor, x0: torch.Tensor, *, probes: int = 4, k: 
     if J is not None and n <= DENSE_KRYLOV_MAX:  # mid-size: the dense J is at hand (stage rho's), so is dense M
         return prop4_dense(model, x_star, x0, k=k, J=J, krylov_tol=max(tol, 1e-10), J_spectra=J_spectra)
     return prop4_matrix_free(model, x_star, x0, probes=probes, k=k, tol=tol, seed=seed, fast_model=fast_model,
-                             chunk=chunk, J_spectra=J_rho, tick=tick)
+                             chunk=chunk, J_spectra=J_spectra, tick=tick)

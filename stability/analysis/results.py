@@ -7,13 +7,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
 from stability.analysis.options import FORMAT, SCHEMA_VERSION, STAGE_KEYS, STAGES, AnalysisOptions
 from stability.analysis.verdict import verdict
 from stability.stats import median
+
+if TYPE_CHECKING:
+    from stability.numerics import Spectrum
 
 #: the :class:`SplitResult` field that holds each stage's result
 STAGE_FIELDS = {"reachability": "reachability", "rho": "spectra", "prop4": "prop4", "rho_wx": "recall",
@@ -39,25 +42,48 @@ class NotApplicable:
 
 @dataclass
 class JacobianSpectra:
-    """ρ(J*), σ_max(J*) and the leading eigenvalues per sample (Props. 3–4, App. A.4), at x_best."""
+    """Stage rho's result (Props. 3–4, App. A.4) at x_best: ``spectrum``, the spectrum of J* = ∂f/∂x of the first
+    ``len(spectrum)`` samples (all, or a few on large states) in the numerics' one type, σ_max(J*) of the same
+    samples (``sigma``), which reached the Ritz tolerance (``eigen_flags``), and the solver's converged mask of
+    every sample (for the medians). The JSON lists have None for the samples not measured."""
 
     method: str
-    spectral_radius: list
-    sigma_max: list
-    eigenvalues: list
-    eigen_converged: list
-    converged: list  # the solver's converged mask, for the medians
+    spectrum: Spectrum
+    sigma: torch.Tensor
+    eigen_flags: torch.Tensor
+    converged: list
+
+    def _padded(self, values: list) -> list:
+        return list(values) + [None] * (len(self.converged) - len(values))
+
+    @property
+    def rhos(self) -> list:
+        """ρ(J*) per sample (None where not measured)."""
+        return self._padded(self.spectrum.rho.cpu().tolist())
+
+    @property
+    def sigmas(self) -> list:
+        """σ_max(J*) per sample (None where not measured)."""
+        return self._padded(self.sigma.cpu().tolist())
+
+    @property
+    def eigenvalues(self) -> list:
+        return self._padded(self.spectrum.eigenvalue_lists())
+
+    @property
+    def eigen_converged(self) -> list:
+        return self._padded(self.eigen_flags.cpu().tolist())
 
     def to_dict(self) -> dict:
-        c = self.converged
+        c, rho, sigma = self.converged, self.rhos, self.sigmas
         return {
             "evaluated_at": "x_best: the fixed point where status is converged, else the lowest-residual iterate",
             "method": self.method,
-            "spectral_radius": self.spectral_radius,
-            "spectral_radius_median": median([r for r, ok in zip(self.spectral_radius, c) if ok]),
-            "spectral_radius_median_all": median(self.spectral_radius),
-            "sigma_max": self.sigma_max,
-            "sigma_max_median": median([s for s, ok in zip(self.sigma_max, c) if ok]),
+            "spectral_radius": rho,
+            "spectral_radius_median": median([r for r, ok in zip(rho, c) if ok]),
+            "spectral_radius_median_all": median(rho),
+            "sigma_max": sigma,
+            "sigma_max_median": median([s for s, ok in zip(sigma, c) if ok]),
             "eigenvalues": self.eigenvalues,
             "eigen_converged": self.eigen_converged,
         }

@@ -39,7 +39,7 @@ from stability.analysis.results import (InitialIterate, InputDependence, Jacobia
 def stage_reachability(at: AtFixedPoint):
     """x* per sample by the solver from e (Def. 3.3), and the reachability summary (Section 3.2)."""
     from stability.analysis.reachability import reachability
-    from stability.solvers import solve
+    from stability.solvers import Solve
 
     o = at.options
     curve = None
@@ -48,8 +48,8 @@ def stage_reachability(at: AtFixedPoint):
         from stability.analysis.accuracy import CurveRecorder
 
         curve = CurveRecorder(at.model, at.score, o.iterations, at.targets)
-    at.solution = solve(at.f, at.e, at.x0, method=o.solver, tol=o.tol, max_iter=o.max_iter,
-                        observe=curve.observe if curve else None, observe_steps=o.iterations if curve else 0)
+    at.solve(Solve(method=o.solver, tol=o.tol, max_iter=o.max_iter, name="analysis"),
+             observe=curve.observe if curve else None, observe_steps=o.iterations if curve else 0)
     if curve is not None:
         at.accuracy_curve = curve.curve()
     reach = reachability(at.solution, solver=o.solver, max_iter=o.max_iter)
@@ -59,72 +59,81 @@ def stage_reachability(at: AtFixedPoint):
 
 def stage_rho(at: AtFixedPoint) -> JacobianSpectra:
     """ρ(J*), σ_max and the leading eigenvalues of J = ∂step/∂x at x_best (Props. 3–4), by
-    :func:`stability.numerics.spectra.spectral_radius` and :func:`~stability.numerics.spectra.sigma_max`: the dense
-    routes for small states, ``krylov`` on Jᵀ above."""
-    from stability.analysis.recall import DenseSpectra
-    from stability.numerics import Linearisation, sigma_max, spectral_radius
+    :func:`stability.numerics.spectra.spectral_radius` and :func:`~stability.numerics.spectra.sigma_max` on the
+    route :func:`~stability.numerics.spectra.route_for` gives: the dense routes for small states (the dense J kept
+    for stage prop4 where they fit), ``krylov`` on Jᵀ above."""
+    from stability.numerics.jacobian import DENSE_BUDGET
+    from stability.numerics.spectra import route_for
+
+    N, n = at.x_star.shape[0], int(np.prod(at.x_star.shape[1:]))
+    keep = N * n * n * 8 <= 4 * DENSE_BUDGET  # the dense J fit 4 × the chunk budget: kept for stage prop4
+    route = route_for(n, dense_kept=keep and "prop4" in at.options.stages)
+    spectrum, sigma, flags, method = (_rho_dense if route != "krylov" else _rho_matrix_free)(at, route, keep)
+    at.jacobian_spectra = JacobianSpectra(method=method, spectrum=spectrum, sigma=sigma, eigen_flags=flags,
+                                          converged=at.converged.tolist())
+    return at.jacobian_spectra
+
+
+def _rho_dense(at: AtFixedPoint, route: str, keep: bool) -> tuple:
+    """Stage rho on small states: every sample's dense J (forward-mode columns, compressed where positions reach
+    only their neighbours, chunked by memory) and LAPACK, exact to rounding (route ``dense``); mid-size states
+    (``dense-krylov``): the same J, ρ by ARPACK on each, for stage prop4 to reuse. The dense J go to stage prop4
+    (its check against autograd) where ``keep``."""
+    from stability.numerics import Linearisation, Spectrum, sigma_max, spectral_radius
     from stability.numerics.jacobian import DENSE_BUDGET
     from stability.numerics.spectra import DENSE_KRYLOV_MAX, DENSE_MAX
 
     o, f, x_star, x0 = at.options, at.f, at.x_star, at.x0
-    N, dev = x_star.shape[0], x_star.device
-    n = int(np.prod(x_star.shape[1:]))
-    rhos, sigmas, eigs, flags = [], [], [], []
-    keep = N * n * n * 8 <= 4 * DENSE_BUDGET
-    mid = n > DENSE_MAX and n <= DENSE_KRYLOV_MAX and keep and "prop4" in o.stages
-    if n <= DENSE_MAX or mid:
-        # small states: every sample's dense J (forward-mode columns, compressed where positions reach only their
-        # neighbours, chunked by memory) and LAPACK, exact to rounding;
-        # the dense J go to stage prop4 (its check against autograd) when they fit 4 × the chunk budget. Mid-size
-        # states (``mid``): the same J, ρ by the dense-krylov route, for Prop. 4 to reuse
-        route = "dense-krylov" if mid else "dense"
-        group = max(1, (DENSE_BUDGET // 4) // (8 * n * n))
-        Js, specs = [], []
-        for i in range(0, N, group):
-            J = Linearisation(f, x_star[i:i + group], x0[i:i + group]).dense()
-            spec = spectral_radius(J, route=route, k=o.eig_k, tol=o.eig_tol, seed=o.seed)
-            sig = sigma_max(J, route=route)
-            specs.append(spec)
-            rhos += spec.rho.cpu().tolist()
-            sigmas += sig.cpu().tolist()
-            eigs += [[[float(z.real), float(z.imag)] for z in row] for row in spec.eigenvalues.cpu()]
-            flags += (spec.ritz_residual < o.eig_tol).cpu().tolist() if mid else [True] * J.shape[0]
-            if keep:
-                Js.append(J)
+    N, n = x_star.shape[0], int(np.prod(x_star.shape[1:]))
+    group = max(1, (DENSE_BUDGET // 4) // (8 * n * n))
+    Js, specs, sigmas = [], [], []
+    for i in range(0, N, group):
+        J = Linearisation(f, x_star[i:i + group], x0[i:i + group]).dense()
+        specs.append(spectral_radius(J, route=route, k=o.eig_k, tol=o.eig_tol, seed=o.seed))
+        sigmas.append(sigma_max(J, route=route).cpu())
         if keep:
-            route = DenseSpectra.route_for(o.eig_k, o.eig_tol if mid else None, o.seed)
-            at.dense_jacobians = DenseJacobians(torch.cat(Js), DenseSpectra(
-                torch.cat([sp.eigenvalues for sp in specs]), torch.cat([sp.ritz_residual for sp in specs]),
-                torch.cat([sp.products for sp in specs]), route))
+            Js.append(J)
+    spectrum = Spectrum.cat(specs)
+    if keep:
+        at.dense_jacobians = DenseJacobians(torch.cat(Js))
+    if route == "dense":
+        flags = torch.ones(N, dtype=torch.bool)  # exact to rounding
         method = (f"dense (n = {n} ≤ {DENSE_MAX}: every sample's Jacobian by batched forward-mode columns, "
-                  f"eigenvalues by LAPACK, σ_max by λ_max(JᵀJ); exact to rounding, ritz_residual 0)" if not mid else
-                  f"dense Jacobian (n = {n} ≤ {DENSE_KRYLOV_MAX}: every sample's J by batched forward-mode columns), "
-                  f"ρ by ARPACK on each dense J (leading Ritz residual < {o.eig_tol:g}), σ_max by λ_max(JᵀJ)")
+                  f"eigenvalues by LAPACK, σ_max by λ_max(JᵀJ); exact to rounding, ritz_residual 0)")
     else:
-        K = at.few  # the first K samples (all, but on large states a few: AnalysisOptions.few_samples)
-        chunk = o.eig_batch or (K if dev.type == "cuda" else 1)
-        mixed = o.eig_precision == "mixed" and x_star.dtype == torch.float64
-        fast_model = copy.deepcopy(at.model).float() if mixed else None
-        for i in range(0, K, chunk):
-            xs, xb = x_star[i:min(i + chunk, K)], x0[i:min(i + chunk, K)]
-            J = Linearisation(f, xs, xb)
-            fast = Linearisation(fast_model.step, xs.float(), xb.float()) if mixed else None
-            spec = spectral_radius(J, route="krylov", fast=fast, k=o.eig_k, tol=o.eig_tol, seed=o.seed)
-            sig = sigma_max(J, route="krylov", tol=o.eig_tol, seed=o.seed)
-            rhos += spec.rho.cpu().tolist()
-            sigmas += sig.cpu().tolist()
-            eigs += [[[float(z.real), float(z.imag)] for z in row] for row in spec.eigenvalues.cpu()]
-            flags += (spec.ritz_residual < o.eig_tol).cpu().tolist()
-            at.tick(min(i + chunk, K), K)
-        method = (f"Krylov–Schur on Jᵀ (torch, {chunk} sample(s) per batch; "
-                  + ("float32 products, each leading Ritz pair certified by float64 products)" if mixed
-                     else "float64 products)"))
-        if K < N:  # the rest are not measured (None), said in the method and the split's measured_samples
-            rhos, sigmas, eigs, flags = (v + [None] * (N - K) for v in (rhos, sigmas, eigs, flags))
-            method += f"; the first {K} of {N} samples (n = {n:,} > {o.few_samples_above:,})"
-    at.jacobian_spectra = JacobianSpectra(method=method, spectral_radius=rhos, sigma_max=sigmas, eigenvalues=eigs,
-                                          eigen_converged=flags, converged=at.converged.tolist())
-    return at.jacobian_spectra
+        flags = spectrum.ritz_residual < o.eig_tol
+        method = (f"dense Jacobian (n = {n} ≤ {DENSE_KRYLOV_MAX}: every sample's J by batched forward-mode columns), "
+                  f"ρ by ARPACK on each dense J (leading Ritz residual < {o.eig_tol:g}), σ_max by λ_max(JᵀJ)")
+    return spectrum, torch.cat(sigmas), flags, method
+
+
+def _rho_matrix_free(at: AtFixedPoint, route: str, keep: bool) -> tuple:
+    """Stage rho on large states: the Krylov–Schur method on Jᵀ (float32 products certified in float64 with
+    ``eig_precision`` mixed), ``eig_batch`` samples a batch, on the first ``at.few`` samples."""
+    from stability.numerics import Linearisation, Spectrum, sigma_max, spectral_radius
+
+    o, f, x_star, x0 = at.options, at.f, at.x_star, at.x0
+    N = x_star.shape[0]
+    K = at.few  # the first K samples (all, but on large states a few: AnalysisOptions.few_samples)
+    chunk = o.eig_batch or (K if x_star.device.type == "cuda" else 1)
+    mixed = o.eig_precision == "mixed" and x_star.dtype == torch.float64
+    fast_model = copy.deepcopy(at.model).float() if mixed else None
+    specs, sigmas = [], []
+    for i in range(0, K, chunk):
+        xs, xb = x_star[i:min(i + chunk, K)], x0[i:min(i + chunk, K)]
+        J = Linearisation(f, xs, xb)
+        fast = Linearisation(fast_model.step, xs.float(), xb.float()) if mixed else None
+        specs.append(spectral_radius(J, route=route, fast=fast, k=o.eig_k, tol=o.eig_tol, seed=o.seed))
+        sigmas.append(sigma_max(J, route=route, tol=o.eig_tol, seed=o.seed).cpu())
+        at.tick(min(i + chunk, K), K)
+    spectrum = Spectrum.cat(specs)
+    method = (f"Krylov–Schur on Jᵀ (torch, {chunk} sample(s) per batch; "
+              + ("float32 products, each leading Ritz pair certified by float64 products)" if mixed
+                 else "float64 products)"))
+    if K < N:  # the rest are not measured (None), said in the method and the split's measured_samples
+        method += f"; the first {K} of {N} samples (n = {int(np.prod(x_star.shape[1:])):,} > {o.few_samples_above:,})"
+    sigma = torch.cat(sigmas) if sigmas else torch.zeros(0, dtype=torch.float64)
+    return spectrum, sigma, spectrum.ritz_residual < o.eig_tol, method
 
 
 def stage_prop4(at: AtFixedPoint):
@@ -138,12 +147,12 @@ def stage_prop4(at: AtFixedPoint):
     if at.model.recall == "none":
         return NotApplicable("no recall (recall none): Prop. 4 concerns recall models")
     o, dense = at.options, at.dense_jacobians  # stage rho's dense Jacobians, when it took the dense route
-    spec = at.jacobian_spectra  # stage rho's spectra at this x*, for the matrix-free route to take where M = J
+    spec = at.jacobian_spectra  # stage rho's spectra at this x*, taken where M = J
     mixed = o.eig_precision == "mixed" and at.x_star.dtype == torch.float64
     N, K = at.x_star.shape[0], at.few  # the first K samples (all, but on large states a few)
     out = prop4(at.model, at.x_star[:K], at.x0[:K], probes=o.prop4_probes, k=o.eig_k, tol=o.eig_tol,
-                J=None if dense is None else dense.J, J_spectra=None if dense is None else dense.spectra,
-                J_rho=None if spec is None else (spec.spectral_radius[:K], spec.eigenvalues[:K]),
+                J=None if dense is None else dense.J,
+                J_spectra=None if spec is None else spec.spectrum.rows(slice(0, K)),
                 fast_model=copy.deepcopy(at.model).float() if mixed else None,
                 chunk=o.eig_batch or (K if at.x_star.device.type == "cuda" else 1), seed=o.seed, tick=at.tick)
     if out is not None and K < N:
@@ -161,7 +170,7 @@ def stage_rho_wx(at: AtFixedPoint):
     w = rho_W_x(at.model)
     if w is None:
         return NotApplicable("no recall weight (W_x is None)")
-    return RecallWeight(rho_Wx=w.rho, eigenvalues=w.to_dict()["eigenvalues"])
+    return RecallWeight(rho_Wx=float(w.rho[0]), eigenvalues=w.eigenvalue_lists()[0])
 
 
 def stage_prop5(at: AtFixedPoint) -> Prop5Stage:
@@ -169,7 +178,7 @@ def stage_prop5(at: AtFixedPoint) -> Prop5Stage:
     (I − J)⁻¹ ∂f/∂x0 u (GMRES), by the batched routes of :mod:`stability.analysis.prop5`."""
     from stability.analysis.initial_iterate import prop5_and_initial_iterate_batched
     from stability.analysis.prop5 import KrylovError
-    from stability.solvers import solve
+    from stability.solvers import POLISH, solve
 
     o, first = at.options, at.first_converged
     if first is None:
@@ -177,7 +186,7 @@ def stage_prop5(at: AtFixedPoint) -> Prop5Stage:
     # polish x* of that sample by further Picard steps, so that the error floor is set by GMRES and the
     # unrolled T, not by the solver's τ
     sl = slice(first, first + 1)
-    polish = solve(at.f, at.x_star[sl], at.x0[sl], tol=1e-13, max_iter=o.max_iter, max_period=0)
+    polish = solve(at.f, at.x_star[sl], at.x0[sl], POLISH.replace(max_iter=o.max_iter))
     # one unroll from e carries both tangents: dx_T/dx0·u here and A.8's dx_T/de·u (kept for stage a8)
     p5, at.initial_iterate_tangent = prop5_and_initial_iterate_batched(at.f, polish.x_best, at.x0[sl], at.e[sl],
                                                                        at.T_grid, tol=o.gmres_tol, seed=o.seed)
@@ -212,7 +221,7 @@ def stage_a8(at: AtFixedPoint) -> InitialIterate:
     from stability.analysis.initial_iterate import (fixed_point_distance, global_dependence,
                                                     initial_iterate_sensitivity_batched, local_dependence)
     from stability.analysis.verdict import THRESHOLDS
-    from stability.solvers import solve
+    from stability.solvers import Solve, solve
 
     # the first K samples (all, but on large states a few: AnalysisOptions.few_samples)
     o, K = at.options, at.few
@@ -226,8 +235,8 @@ def stage_a8(at: AtFixedPoint) -> InitialIterate:
     # independent, so this is the same per-sample iteration at a fraction of the per-iteration overhead)
     new = [k for k, v in starts.items() if not torch.equal(v, e)]
     B = e.shape[0]
-    both = (solve(at.f, torch.cat([starts[k] for k in new]), torch.cat([x0] * len(new)), method=o.solver, tol=o.tol,
-                  max_iter=o.max_iter) if new else None)
+    both = (solve(at.f, torch.cat([starts[k] for k in new]), torch.cat([x0] * len(new)),
+                  Solve(method=o.solver, tol=o.tol, max_iter=o.max_iter, name="a8 starts")) if new else None)
     x_best, conv = {}, {}
     for k in starts:
         if k in new:
@@ -274,7 +283,7 @@ def stage_repelling(at: AtFixedPoint):
     o, spec, K = at.options, at.jacobian_spectra, at.few  # the first K samples (a few on large states)
     return search(at.f, at.x_star[:K], at.x0[:K], starts=o.repelling_starts, scale=o.repelling_scale,
                   budget=o.repelling_budget, tol=o.tol, distinct_tol=max(THRESHOLDS["e_distance_max"], 100 * o.tol),
-                  seed=o.seed, rho_at_best=None if spec is None else spec.spectral_radius[:K], eig_tol=o.eig_tol,
+                  seed=o.seed, rho_at_best=None if spec is None else spec.rhos[:K], eig_tol=o.eig_tol,
                   eig_k=o.eig_k)
 
 
@@ -326,7 +335,7 @@ def stage_geometry(at: AtFixedPoint):
 
     o = at.options
     N = at.x_star.shape[0]
-    rho = [None] * N if at.jacobian_spectra is None else list(at.jacobian_spectra.spectral_radius)
+    rho = [None] * N if at.jacobian_spectra is None else list(at.jacobian_spectra.rhos)
 
     def fill(missing):  # ρ(J*) at θ* of samples stage rho did not measure, by its routine
         if not missing:

@@ -4,7 +4,7 @@
 what (paper)                           call                                                module
 =====================================  ==================================================  ================
 J = ∂f/∂x, K = ∂f/∂x0 at x* (batched)  ``Linearisation(f, x_star, x0)``: J·v, Jᵀ·v, dense  :mod:`.jacobian`
-ρ(J*) (Props. 3–4, App. A.4)           ``spectral_radius(J, route=...)``                   :mod:`.spectra`
+ρ(J*) (Props. 3–4, App. A.4)           ``spectral_radius(J, route=...)`` → ``Spectrum``    :mod:`.spectra`
 σ_max(J*) = ‖J*‖₂                      ``sigma_max(J, route=...)``                         :mod:`.spectra`
 (I − J)⁻¹ b, (I − J)⁻ᵀ b (Prop. 5)     ``solve_I_minus_J(J.J, b)`` (GMRES, Neumann)        :mod:`.gmres`
 the Krylov–Schur eigensolver           ``krylov_schur`` (what the Krylov routes run)       :mod:`.eigen`
@@ -20,6 +20,7 @@ GMRES on a matrix-free ``LinearOperator``) are the tests' independent references
 from stability.numerics import exact
 from stability.numerics.gmres import IJSolve, solve_I_minus_J
 from stability.numerics.jacobian import Linearisation
-from stability.numerics.spectra import sigma_max, spectral_radius
+from stability.numerics.spectra import Spectrum, route_for, sigma_max, spectral_radius
 
-__all__ = ["IJSolve", "Linearisation", "exact", "sigma_max", "solve_I_minus_J", "spectral_radius"]
+__all__ = ["IJSolve", "Linearisation", "Spectrum", "exact", "route_for", "sigma_max", "solve_I_minus_J",
+           "spectral_radius"]

@@ -17,13 +17,17 @@ import numpy as np
 import torch
 
 @dataclass
-class BatchedSpectrum:
-    """Per-sample ρ and leading eigenvalues of a batch of operators, all of length B in the batch's order (what
-    :func:`stability.numerics.spectra.spectral_radius` returns on every route).
+class Spectrum:
+    """ρ and the leading eigenvalues of a batch of operators A_b, per sample in the batch's order: what
+    :func:`stability.numerics.spectra.spectral_radius` returns on every route, and the one type the package keeps a
+    spectrum in (stage rho's ρ(J*), Prop. 4's ρ(M), ρ(W_x): a batch of one).
 
-    rho (B,); eigenvalues (B, k) complex, descending modulus; ritz_residual (B,): ‖A u − θ u‖ / |θ| of the
-    leading Ritz pair (u of unit norm), the accuracy indicator; products (B,) int: operator products each
-    sample used; matvecs: their total; vectors: the leading Ritz vector (B, n) complex, or None.
+    rho (B,) float64; eigenvalues (B, k) complex, descending modulus; ritz_residual (B,): ‖A u − θ u‖ / |θ| of the
+    leading Ritz pair (u of unit norm), the accuracy indicator (0 on the dense route: exact to rounding); products
+    (B,) int: operator products each sample used; matvecs: their total; vectors: the leading Ritz vector (B, n)
+    complex, or None; route: how it was computed, ``(route, k)`` for LAPACK's dense eigenvalues or ``(route, k,
+    tol, seed)`` to a Ritz tolerance (() when not said), so that a caller can tell whether it may take these
+    values for its own.
     """
 
     rho: torch.Tensor
@@ -32,6 +36,33 @@ class BatchedSpectrum:
     matvecs: int
     products: Optional[torch.Tensor] = None
     vectors: Optional[torch.Tensor] = None
+    route: tuple = ()
+
+    def __len__(self) -> int:
+        return int(self.rho.shape[0])
+
+    def rows(self, index) -> "Spectrum":
+        """The samples ``index`` (a slice or an index tensor), a copy on the CPU, in that order."""
+        take = (lambda t: None if t is None else t.cpu()[index].clone())
+        products = take(self.products)
+        return Spectrum(rho=take(self.rho), eigenvalues=take(self.eigenvalues), ritz_residual=take(self.ritz_residual),
+                        matvecs=int(products.sum()) if products is not None else 0, products=products,
+                        vectors=take(self.vectors), route=self.route)
+
+    @staticmethod
+    def cat(parts: list) -> "Spectrum":
+        """The spectra of ``parts`` (one route) as one batch, on the CPU, in order."""
+        def joined(name):
+            got = [getattr(p, name) for p in parts]
+            return None if any(t is None for t in got) else torch.cat([t.cpu() for t in got])
+
+        return Spectrum(rho=joined("rho"), eigenvalues=joined("eigenvalues"), ritz_residual=joined("ritz_residual"),
+                        matvecs=sum(p.matvecs for p in parts), products=joined("products"),
+                        vectors=joined("vectors"), route=parts[0].route if parts else ())
+
+    def eigenvalue_lists(self) -> list:
+        """Every sample's eigenvalues as the JSON writes them: [[re, im], ...] per sample."""
+        return [[[float(z.real), float(z.imag)] for z in row] for row in self.eigenvalues.cpu().tolist()]
 
 
 NEV = 3  # Ritz pairs that must converge before a sample stops (the leading one to tol, the others to 100 · tol)
@@ -85,16 +116,75 @@ def _map(fn, items):
         return list(pool.map(fn, items))
 
 
+def _extend(V: torch.Tensor, H: torch.Tensor, W: torch.Tensor, pos: torch.Tensor, pos_d: torch.Tensor,
+            arange_d: torch.Tensor) -> torch.Tensor:
+    """One Krylov step of every sample: the product W = A v_pos orthogonalised against the basis by classical
+    Gram–Schmidt applied twice (CGS2), its coefficients into H's column ``pos`` and the new unit vector into V
+    (in place). Returns (a,) bool on the CPU: the basis holds an invariant subspace (the new vector is zero)."""
+    device = V.device
+    scale = W.norm(dim=1)
+    top = int(pos.max()) + 1
+    Vt = V[:, :top]  # rows beyond each sample's position are zero, so they drop out
+    h = torch.bmm(Vt, W.unsqueeze(2)).squeeze(2)
+    W = W - torch.bmm(h.unsqueeze(1), Vt).squeeze(1)
+    h2 = torch.bmm(Vt, W.unsqueeze(2)).squeeze(2)  # the second pass (CGS2)
+    W = W - torch.bmm(h2.unsqueeze(1), Vt).squeeze(1)
+    h = h + h2
+    beta = W.norm(dim=1)
+    broke = (beta <= 1e-12 * scale.clamp_min(1e-300)).cpu()  # the basis holds an invariant subspace
+    H[arange_d[:, None], torch.arange(top, device=device)[None, :], pos_d[:, None]] = h
+    H[arange_d, pos_d + 1, pos_d] = torch.where(broke.to(device), torch.zeros_like(beta), beta)
+    V[arange_d, pos_d + 1] = torch.where(broke.to(device)[:, None], torch.zeros_like(W),
+                                         W / beta.clamp_min(1e-300)[:, None])
+    return broke
+
+
+def _restart(V: torch.Tensor, H: torch.Tensor, r: int, s_: int, T, Z, p: int, bvec) -> None:
+    """Row ``r``'s restart (in place): its basis of ``s_`` vectors replaced by the ``p`` leading Schur vectors
+    (T, Z of :func:`_schur_restart`) and the continuation vector, H by the leading block of T and its last row."""
+    device, dtype = V.device, V.dtype
+    Zp = torch.from_numpy(np.ascontiguousarray(Z[:, :p])).to(device=device, dtype=dtype)
+    cont = V[r, s_].clone()
+    V[r, :p] = Zp.T @ V[r, :s_]
+    V[r, p] = cont
+    V[r, p + 1:] = 0
+    H[r] = 0
+    H[r, :p, :p] = torch.from_numpy(np.ascontiguousarray(T[:p, :p])).to(device=device, dtype=dtype)
+    H[r, p, :p] = torch.from_numpy(bvec @ Z[:, :p]).to(device=device, dtype=dtype)
+
+
+class _Found:
+    """The results of the samples the Krylov–Schur method has finished, in the batch's order (on the CPU)."""
+
+    def __init__(self, B: int, kk: int, n: int, vectors: bool):
+        self.kk = kk
+        self.rho = torch.full((B,), float("nan"), dtype=torch.float64)
+        self.eigs = torch.full((B, kk), complex("nan"), dtype=torch.complex128)
+        self.resid = torch.full((B,), float("inf"), dtype=torch.float64)
+        self.vecs = torch.zeros(B, n, dtype=torch.complex128) if vectors else None
+
+    def record(self, b: int, theta, res: float, y, basis: torch.Tensor) -> None:
+        """Sample ``b``: its Ritz values ``theta`` (descending modulus), leading residual, leading Ritz vector
+        (coefficients ``y`` in ``basis``)."""
+        kk = self.kk
+        self.rho[b] = float(abs(theta[0]))
+        self.eigs[b, :min(kk, len(theta))] = torch.from_numpy(theta[:kk].astype(np.complex128))
+        self.resid[b] = res
+        if self.vecs is not None:
+            yc = torch.from_numpy(y.astype(np.complex128)).to(basis.device)
+            self.vecs[b] = (yc @ basis.to(torch.complex128)).cpu()
+
+
 def krylov_schur(apply: Callable[[torch.Tensor], torch.Tensor], shape: tuple, *, dtype=torch.float64,
                  device="cpu", krylov: int = 60, restarts: int = 60, k: int = 6, tol: float = 1e-8,
                  keep: Optional[int] = None, seed: int = 0,
                  restrict: Optional[Callable[[torch.Tensor], Callable]] = None,
                  start: Optional[torch.Tensor] = None, return_vectors: bool = False,
-                 nev: Optional[int] = None) -> BatchedSpectrum:
+                 nev: Optional[int] = None) -> Spectrum:
     """ρ of B independent operators A_b at once by the Krylov–Schur method (Stewart 2002) in torch.
 
     ``apply(V)`` maps (B, *S) to (B, *S), sample b by its own operator (a batched vjp or jvp of ``step``).
-    Every sample extends its own orthonormal Krylov basis V_b (Arnoldi, classical Gram–Schmidt twice) to
+    Every sample extends its own orthonormal Krylov basis V_b (classical Gram–Schmidt applied twice) to
     ``krylov`` vectors, with A V = V H + v bᵀ; its Ritz values are the eigenvalues of H. Its restart keeps the
     ``keep`` leading Schur vectors of H (scipy's ordered real Schur form: complex pairs stay together, the kept
     space is invariant for H, so the decomposition stays a Krylov one) and continues from v. A sample stops
@@ -124,11 +214,7 @@ def krylov_schur(apply: Callable[[torch.Tensor], torch.Tensor], shape: tuple, *,
     cycles = torch.zeros(B, dtype=torch.long)
     products = torch.zeros(B, dtype=torch.long)
     ids = torch.arange(B)  # original batch index of each row of the (compacted) state
-    kk = min(k, m)
-    rho = torch.full((B,), float("nan"), dtype=torch.float64)
-    eigs = torch.full((B, kk), complex("nan"), dtype=torch.complex128)
-    resid = torch.full((B,), float("inf"), dtype=torch.float64)
-    vecs = torch.zeros(B, n, dtype=torch.complex128) if return_vectors else None
+    found = _Found(B, min(k, m), n, return_vectors)
     op = apply
     while ids.numel():
         a = ids.numel()
@@ -138,20 +224,7 @@ def krylov_schur(apply: Callable[[torch.Tensor], torch.Tensor], shape: tuple, *,
         X = V[arange_d, pos_d]
         W = op(X.reshape(a, *S)).detach().reshape(a, n).to(dtype)
         products[ids] += 1
-        scale = W.norm(dim=1)
-        top = int(pos.max()) + 1
-        Vt = V[:, :top]  # rows beyond each sample's position are zero, so they drop out
-        h = torch.bmm(Vt, W.unsqueeze(2)).squeeze(2)
-        W = W - torch.bmm(h.unsqueeze(1), Vt).squeeze(1)
-        h2 = torch.bmm(Vt, W.unsqueeze(2)).squeeze(2)  # the second pass (CGS2)
-        W = W - torch.bmm(h2.unsqueeze(1), Vt).squeeze(1)
-        h = h + h2
-        beta = W.norm(dim=1)
-        broke = (beta <= 1e-12 * scale.clamp_min(1e-300)).cpu()  # the basis holds an invariant subspace
-        H[arange_d[:, None], torch.arange(top, device=device)[None, :], pos_d[:, None]] = h
-        H[arange_d, pos_d + 1, pos_d] = torch.where(broke.to(device), torch.zeros_like(beta), beta)
-        V[arange_d, pos_d + 1] = torch.where(broke.to(device)[:, None], torch.zeros_like(W),
-                                             W / beta.clamp_min(1e-300)[:, None])
+        broke = _extend(V, H, W, pos, pos_d, arange_d)
         pos += 1
         due = (pos >= m) | broke
         if not bool(due.any()):
@@ -165,22 +238,10 @@ def krylov_schur(apply: Callable[[torch.Tensor], torch.Tensor], shape: tuple, *,
             b = int(ids[r])
             done = res < tol or bool(broke[r]) or int(cycles[r]) + 1 >= restarts or T is None
             if done:
-                rho[b] = float(abs(theta[0]))
-                eigs[b, :min(kk, len(theta))] = torch.from_numpy(theta[:kk].astype(np.complex128))
-                resid[b] = res
-                if vecs is not None:
-                    yc = torch.from_numpy(y.astype(np.complex128)).to(device)
-                    vecs[b] = (yc @ V[r, :s_].to(torch.complex128)).cpu()
+                found.record(b, theta, res, y, V[r, :s_])
                 finished.append(r)
                 continue
-            Zp = torch.from_numpy(np.ascontiguousarray(Z[:, :p])).to(device=device, dtype=dtype)
-            cont = V[r, s_].clone()
-            V[r, :p] = Zp.T @ V[r, :s_]
-            V[r, p] = cont
-            V[r, p + 1:] = 0
-            H[r] = 0
-            H[r, :p, :p] = torch.from_numpy(np.ascontiguousarray(T[:p, :p])).to(device=device, dtype=dtype)
-            H[r, p, :p] = torch.from_numpy(bvec @ Z[:, :p]).to(device=device, dtype=dtype)
+            _restart(V, H, r, s_, T, Z, p, bvec)
             pos[r] = p
             cycles[r] += 1
         if finished:
@@ -191,9 +252,9 @@ def krylov_schur(apply: Callable[[torch.Tensor], torch.Tensor], shape: tuple, *,
             pos, cycles, ids = pos[stay], cycles[stay], ids[stay]
             if ids.numel():
                 op = restrict(ids.to(device)) if restrict is not None else _padded(apply, shape, ids)
-    return BatchedSpectrum(rho=rho.to(device), eigenvalues=eigs.to(device), ritz_residual=resid.to(device),
-                           matvecs=int(products.sum()), products=products,
-                           vectors=None if vecs is None else vecs.to(device))
+    return Spectrum(rho=found.rho.to(device), eigenvalues=found.eigs.to(device), ritz_residual=found.resid.to(device),
+                    matvecs=int(products.sum()), products=products,
+                    vectors=None if found.vecs is None else found.vecs.to(device))
 
 
 def _ritz_residual(apply: Callable, shape: tuple, theta: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -214,7 +275,7 @@ MIXED_MIN_TOL = 5e-7  # below this Ritz-residual tolerance float32 products cann
 
 def certify(fast: Callable, exact: Callable, shape: tuple, *, tol: float = 1e-8,
             fast_restrict: Optional[Callable] = None, exact_restrict: Optional[Callable] = None,
-            dtype=torch.float64, device="cpu", **kwargs) -> BatchedSpectrum:
+            dtype=torch.float64, device="cpu", **kwargs) -> Spectrum:
     """Mixed precision: ρ by :func:`krylov_schur` on ``fast`` products (e.g. the float32 copy of the
     model; basis and Rayleigh quotient stay in ``dtype``), then every sample's leading Ritz pair checked by two
     products with ``exact`` (float64): the reported ``ritz_residual`` is that exact one. Samples whose exact
@@ -241,8 +302,7 @@ def certify(fast: Callable, exact: Callable, shape: tuple, *, tol: float = 1e-8,
                              (lambda idx: exact_restrict(redo.to(device)[idx])), **kwargs)
         rho[redo], eigs[redo], res[redo] = again.rho, again.eigenvalues, again.ritz_residual.to(res)
         products[redo] += again.products
-    return BatchedSpectrum(rho=rho, eigenvalues=eigs, ritz_residual=res, matvecs=int(products.sum()),
-                           products=products)
+    return Spectrum(rho=rho, eigenvalues=eigs, ritz_residual=res, matvecs=int(products.sum()), products=products)
 
 
 def _padded(apply: Callable, shape: tuple, index: torch.Tensor) -> Callable:

@@ -11,7 +11,7 @@ and implicit training call it.
 
 Two methods:
 
-* ``"gmres"``: restarted GMRES(m) (Saad & Schultz), Arnoldi with classical Gram–Schmidt applied twice, Givens
+* ``"gmres"``: restarted GMRES(m) (Saad & Schultz), its Krylov basis by classical Gram–Schmidt applied twice, Givens
   rotations per sample; the restart cycle ends for a sample when its GMRES residual estimate reaches ``tol``
   (its later basis vectors are zero and ignored), and the true residual is recomputed at the end of every cycle.
   A sample leaves the solve when that true residual is ≤ ``tol``, when a whole cycle did not lower it (restarted
@@ -106,7 +106,7 @@ def _gmres(A, b, bnorm, x, have_guess, tol, budget, m):
     eps = torch.finfo(dt).eps
     V = torch.zeros(B, m + 1, n, dtype=dt, device=dev)  # the Krylov basis, sample-major for bmm
     while True:
-        active = active & (its < budget - 1)  # room for one Arnoldi step and the residual check
+        active = active & (its < budget - 1)  # room for one Krylov step and the residual check
         if not bool(active.any()):
             break
         beta = torch.linalg.vector_norm(r, dim=1)

@@ -25,7 +25,7 @@ stage's cheap estimate. scipy's ARPACK on one sample's matrix-free operator is t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import replace
 from typing import Optional
 
 import numpy as np
@@ -33,7 +33,7 @@ import torch
 
 from stability.errors import ConfigError
 from stability.numerics import exact
-from stability.numerics.eigen import BatchedSpectrum, certify, krylov_schur
+from stability.numerics.eigen import Spectrum, certify, krylov_schur
 from stability.numerics.jacobian import Linearisation
 
 ROUTES = ("auto", "dense", "dense-krylov", "krylov")
@@ -48,22 +48,6 @@ DENSE_MAX = 256
 #: Measured on the demo's hard split (n = 512, 32 samples, one thread): ρ/σ_max 8.1 s against 9.5 s matrix-free,
 #: and Prop. 4 5.5 s against 11.3 s; at n = 1024 building J costs more than Krylov.
 DENSE_KRYLOV_MAX = 512
-
-
-@dataclass
-class Spectrum:
-    """ρ and the leading eigenvalues (descending modulus) of one operator: one sample's row of a
-    :class:`~stability.numerics.eigen.BatchedSpectrum`, as the JSON reports it."""
-
-    rho: float
-    eigenvalues: list = field(default_factory=list)  # complex
-    method: str = "dense"
-    converged: bool = True
-    matvecs: Optional[int] = None
-
-    def to_dict(self) -> dict:
-        return {"rho": self.rho, "eigenvalues": [[float(z.real), float(z.imag)] for z in self.eigenvalues],
-                "method": self.method, "converged": self.converged, "matvecs": self.matvecs}
 
 
 def serial_blas():
@@ -81,12 +65,20 @@ def _size(A) -> int:
     return int(np.prod(A.shape[1:])) if isinstance(A, Linearisation) else int(A.shape[-1])
 
 
+def route_for(n: int, *, dense_kept: bool = False, dense_max: Optional[int] = None) -> str:
+    """The route ``auto`` takes for operators of size ``n``: ``dense`` for n ≤ :data:`DENSE_MAX` (``dense_max``),
+    else ``krylov``; with ``dense_kept`` (the caller keeps the dense matrices for a later use, Prop. 4's check) also
+    ``dense-krylov`` for n ≤ :data:`DENSE_KRYLOV_MAX`, where building them pays."""
+    if n <= (DENSE_MAX if dense_max is None else dense_max):
+        return "dense"
+    return "dense-krylov" if dense_kept and n <= DENSE_KRYLOV_MAX else "krylov"
+
+
 def _route(A, route: str, dense_max: Optional[int]) -> str:
     if route not in ROUTES:
         raise ConfigError(f"unknown route {route!r}; allowed: {', '.join(ROUTES)}")
     if route == "auto":
-        dense = not isinstance(A, Linearisation) or _size(A) <= (DENSE_MAX if dense_max is None else dense_max)
-        return "dense" if dense else "krylov"
+        return "dense" if not isinstance(A, Linearisation) else route_for(_size(A), dense_max=dense_max)
     if route == "krylov" and not isinstance(A, Linearisation):
         raise ConfigError("route 'krylov' needs a Linearisation (dense matrices: route 'dense' or 'dense-krylov')")
     return route
@@ -94,7 +86,7 @@ def _route(A, route: str, dense_max: Optional[int]) -> str:
 
 def spectral_radius(A, *, route: str = "auto", k: int = 6, tol: float = 1e-6, seed: int = 0,
                     product: str = "transpose", fast: Optional[Linearisation] = None, shrink: Optional[bool] = None,
-                    dense_max: Optional[int] = None, **krylov) -> BatchedSpectrum:
+                    dense_max: Optional[int] = None, **krylov) -> Spectrum:
     """ρ and the ``k`` leading eigenvalues of every sample's operator (module docstring for ``A`` and ``route``).
 
     ``tol``: the leading Ritz residual ‖A u − θ u‖ / |θ| the Krylov routes reach (the dense route is exact to
@@ -103,14 +95,16 @@ def spectral_radius(A, *, route: str = "auto", k: int = 6, tol: float = 1e-6, se
     left (True; the default where the operator allows it) or ride along as zero vectors (False; a linear map's
     samples cannot be separated). ``krylov``: the Krylov–Schur settings (``krylov``, ``restarts``, ``keep``,
     ``nev``, ``start``, ``return_vectors``, ``dtype``, ``device``; :func:`~stability.numerics.eigen.krylov_schur`).
-    Returns a :class:`~stability.numerics.eigen.BatchedSpectrum`.
+    Returns a :class:`~stability.numerics.eigen.Spectrum`.
     """
     route = _route(A, route, dense_max)
     if route in ("dense", "dense-krylov"):
         J = A.dense() if isinstance(A, Linearisation) else A
         if isinstance(J, np.ndarray) or J.dim() == 2:
-            return _one_matrix(J, k)
-        return _dense(J, k) if route == "dense" else _dense_krylov(J, k, tol, seed)
+            return replace(_one_matrix(J, k), route=("dense", k))
+        if route == "dense":
+            return replace(_dense(J, k), route=("dense", k))
+        return replace(_dense_krylov(J, k, tol, seed), route=(route, k, tol, seed))
     if product not in PRODUCTS:
         raise ConfigError(f"unknown product {product!r}; allowed: {', '.join(PRODUCTS)}")
     if shrink and A.linear:
@@ -126,9 +120,11 @@ def spectral_radius(A, *, route: str = "auto", k: int = 6, tol: float = 1e-6, se
         return (lambda idx: products(L.restrict(idx))) if shrink else None
 
     if fast is None:
-        return krylov_schur(products(A), A.shape, k=k, tol=tol, seed=seed, restrict=restricted(A), **krylov)
-    return certify(products(fast), products(A), A.shape, k=k, tol=tol, seed=seed, fast_restrict=restricted(fast),
-                   exact_restrict=restricted(A), **krylov)
+        spec = krylov_schur(products(A), A.shape, k=k, tol=tol, seed=seed, restrict=restricted(A), **krylov)
+    else:
+        spec = certify(products(fast), products(A), A.shape, k=k, tol=tol, seed=seed, fast_restrict=restricted(fast),
+                       exact_restrict=restricted(A), **krylov)
+    return replace(spec, route=(route, k, tol, seed))
 
 
 def sigma_max(A, *, route: str = "auto", tol: float = 1e-6, seed: int = 0, dense_max: Optional[int] = None,
@@ -154,7 +150,7 @@ def sigma_max(A, *, route: str = "auto", tol: float = 1e-6, seed: int = 0, dense
 
 # ---- the dense routes ----------------------------------------------------------------------------------------
 
-def _one_matrix(J, k: int) -> BatchedSpectrum:
+def _one_matrix(J, k: int) -> Spectrum:
     """All eigenvalues of one dense matrix (numpy's LAPACK), the k of largest modulus kept; a batch of one."""
     if isinstance(J, torch.Tensor):
         J = J.detach().cpu().double().numpy()
@@ -162,25 +158,25 @@ def _one_matrix(J, k: int) -> BatchedSpectrum:
     vals = [complex(z) for z in vals[np.argsort(-np.abs(vals), kind="stable")]]
     rho = float(abs(vals[0])) if vals else 0.0
     n = len(vals)
-    return BatchedSpectrum(rho=torch.tensor([rho], dtype=torch.float64),
+    return Spectrum(rho=torch.tensor([rho], dtype=torch.float64),
                            eigenvalues=torch.tensor([vals[:k]], dtype=torch.complex128).reshape(1, min(k, n)),
                            ritz_residual=torch.zeros(1, dtype=torch.float64), matvecs=n,
                            products=torch.tensor([n]))
 
 
-def _dense(J: torch.Tensor, k: int) -> BatchedSpectrum:
+def _dense(J: torch.Tensor, k: int) -> Spectrum:
     """ρ and the k leading eigenvalues of dense matrices J: (B, n, n) by LAPACK on the CPU (batched
     ``torch.linalg.eigvals``): exact to rounding, so ``ritz_residual`` is 0."""
     B, n = J.shape[0], J.shape[-1]
     vals = torch.linalg.eigvals(J.detach().double().cpu())  # (B, n) complex
     vals = torch.gather(vals, 1, torch.argsort(-vals.abs(), dim=1, stable=True))
     dev = J.device
-    return BatchedSpectrum(rho=vals[:, 0].abs().to(dev), eigenvalues=vals[:, :min(k, n)].to(dev),
+    return Spectrum(rho=vals[:, 0].abs().to(dev), eigenvalues=vals[:, :min(k, n)].to(dev),
                            ritz_residual=torch.zeros(B, dtype=torch.float64, device=dev), matvecs=B * n,
                            products=torch.full((B,), n, dtype=torch.long))
 
 
-def _dense_krylov(J: torch.Tensor, k: int, tol: float, seed: int) -> BatchedSpectrum:
+def _dense_krylov(J: torch.Tensor, k: int, tol: float, seed: int) -> Spectrum:
     """ρ and the k leading eigenvalues of dense matrices J: (B, n, n) to a leading Ritz residual below ``tol``:
     on the CPU by ARPACK one matrix at a time (:func:`_arpack_dense`), elsewhere by :func:`krylov_schur` with
     batched matrix products (float64)."""
@@ -197,7 +193,7 @@ def _dense_krylov(J: torch.Tensor, k: int, tol: float, seed: int) -> BatchedSpec
                         restrict=restrict, dtype=torch.float64, device=J.device)
 
 
-def _arpack_dense(Jd: torch.Tensor, k: int, tol: float, seed: int) -> BatchedSpectrum:
+def _arpack_dense(Jd: torch.Tensor, k: int, tol: float, seed: int) -> Spectrum:
     """ρ and the k leading eigenvalues of every dense J_b by ARPACK (``eigs``, which="LM", to ``tol``), one
     matrix at a time so that it stays in cache (a batched product over all B matrices is memory-bound: 20 ms a
     step at B = 32, n = 512). ritz_residual is recomputed here: ‖J u − θ u‖ / |θ| of the leading pair."""
@@ -229,7 +225,7 @@ def _arpack_dense(Jd: torch.Tensor, k: int, tol: float, seed: int) -> BatchedSpe
             row[:len(vals)] = vals[:k]
             vals_out.append(row)
             prods.append(count[0])
-    return BatchedSpectrum(rho=torch.tensor(rho, dtype=torch.float64),
+    return Spectrum(rho=torch.tensor(rho, dtype=torch.float64),
                            eigenvalues=torch.tensor(np.array(vals_out), dtype=torch.complex128),
                            ritz_residual=torch.tensor(res, dtype=torch.float64), matvecs=int(sum(prods)),
                            products=torch.tensor(prods, dtype=torch.long))

@@ -31,8 +31,9 @@ from typing import Callable, Optional
 
 import torch
 
+from stability.analysis.fixed_point import FixedPoint
 from stability.errors import ConfigError
-from stability.solvers import solve
+from stability.solvers import IMPLICIT, Solve
 
 
 # ---- linear solvers for the adjoint system --------------------------------------------------------------------
@@ -108,10 +109,10 @@ def jacobian_frobenius(fz: torch.Tensor, z: torch.Tensor, probes: int = 1,
     return (est / (probes * z[0].numel())).mean()
 
 
-def fixed_point(model, x0: torch.Tensor, e: torch.Tensor, cfg):
-    """x* by the analysis core's Anderson solver (no graph): per sample, the image with the lowest residual."""
-    return solve(model.step, e.detach(), x0.detach(), method="anderson", tol=cfg.method.solver_tol,
-                 max_iter=cfg.iterations, memory=cfg.method.anderson_memory, max_period=0, certify_rho=False)
+def forward_solve(cfg) -> Solve:
+    """The forward solve's options: the preset :data:`stability.solvers.IMPLICIT` (Anderson, no cycle check, no ρ)
+    to the run's ``solver_tol`` within its ``iterations``, with its Anderson memory."""
+    return IMPLICIT.replace(tol=cfg.method.solver_tol, max_iter=cfg.iterations, memory=cfg.method.anderson_memory)
 
 
 @contextlib.contextmanager
@@ -133,8 +134,10 @@ def implicit_loss(model, task, inputs: torch.Tensor, targets: torch.Tensor, cfg,
     plus ``jac_reg`` · ‖J‖_F²/n at x* when ``jac_reg`` > 0. ``record`` (a dict) receives the forward solve's
     summary, the adjoint solves' infos and the Jacobian estimate. ``module``: the nn.Module behind ``model``
     when ``model`` is a compiled wrapper (its attention path is switched for the regulariser)."""
-    x0 = model.embed(inputs)
-    sol = fixed_point(model, x0, model.initial_state(x0), cfg)
+    # x0 = embed(inputs) (with its graph), e as training draws it, and x* by the analysis' FixedPoint (no graph):
+    # per sample, the iterate with the lowest residual
+    fp = FixedPoint.of(model, inputs)
+    sol, x0 = fp.solve(forward_solve(cfg)), fp.x0
     z = sol.x_best.detach().requires_grad_()
     reg = math_attention(module if module is not None else model) if cfg.method.jac_reg > 0 else contextlib.nullcontext()
     with torch.enable_grad(), reg:

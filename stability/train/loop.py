@@ -40,6 +40,7 @@ import torch
 
 from stability import __version__, hardware
 from stability.analysis.accuracy import accuracy_curve
+from stability.analysis.fixed_point import FixedPoint
 from stability.atomic import check_writable, json_text, write_text
 from stability.config import RunConfig, TrainConfig, changes, resolve_device, to_dict
 from stability.errors import CheckpointError, ConfigError, DivergenceError
@@ -244,6 +245,7 @@ def estimate_eval_seconds(model, task: Task, split: str, iterations: int, *, bat
     return per_step * iterations * N / b
 
 
+
 @torch.no_grad()
 def evaluate(model, task: Task, split: str, iterations: int, *, batch_size: int = 1000,
              device: torch.device | str = "cpu", bf16: bool = False, limit: Optional[int] = None,
@@ -274,9 +276,8 @@ def evaluate(model, task: Task, split: str, iterations: int, *, batch_size: int 
         for i in range(0, N, batch_size):
             xb, yb = inputs[i:i + batch_size].to(device), targets[i:i + batch_size].to(device)
             with torch.no_grad(), autocast():
-                x0 = model.embed(xb)
-                e = model.initial_state(x0)
-            yield x0, e, yb
+                fp = FixedPoint.of(model, xb)  # x0 and e as the analysis builds them (e as training draws it)
+            yield fp.x0, fp.e, yb
 
     try:
         if is_looped(model):  # the analysis' own accuracy-vs-iteration routine
@@ -537,9 +538,48 @@ def sigterm_unwinds():
     finally:
         signal.signal(signal.SIGTERM, previous)
 
+@dataclass
+class _Run:
+    """One training run's state between epochs: what :func:`_train` checkpoints after each."""
 
-def _train(config: RunConfig, out: Path, *, resume: bool, progress: bool, callbacks: tuple[EpochCallback, ...],
-           tensorboard: Path | str | None) -> TrainResult:
+    config: RunConfig
+    out: Path
+    device: torch.device
+    use_bf16: bool
+    task: Task
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    gen: torch.Generator
+    history: list = field(default_factory=list)
+    final: Optional[dict] = None
+    start_epoch: int = 0
+    step: int = 0
+    signature: Optional[dict] = None  # what computed these weights (stability.hardware)
+
+    def save(self, epoch: int) -> None:
+        """The checkpoint after ``epoch`` epochs, and the metrics files."""
+        cfg = self.config.train
+        ckpt.atomic_save({
+            "format": ckpt.FORMAT,
+            "schema_version": ckpt.SCHEMA_VERSION,
+            "package_version": __version__,
+            "torch_version": str(torch.__version__),
+            "hardware": self.signature,
+            "config": to_dict(self.config),
+            "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+            "schedule": {"base_lr": cfg.lr, "epoch": epoch, "lr": cfg.lr * lr_factor(min(epoch, cfg.epochs - 1), cfg)},
+            "rng": _rng_state(self.gen),
+            "epoch": epoch,
+            "step": self.step,
+            "history": self.history,
+            "final": self.final,
+        }, self.out)
+        _write_metrics(metrics_path(self.out), self.history, self.final)
+
+
+def _start(config: RunConfig, out: Path, *, resume: bool, progress: bool) -> _Run:
+    """The run's model, optimizer and generator, seeded, or as the checkpoint ``out`` left them (``resume``)."""
     if out.exists() and not resume:
         raise CheckpointError(f"{out} exists; pass --resume to continue it or choose another --out")
     cfg = config.train
@@ -547,7 +587,6 @@ def _train(config: RunConfig, out: Path, *, resume: bool, progress: bool, callba
     if hardware.pinned() and (device.type != "cpu" or cfg.compile):
         raise ConfigError("--reproducible pins the CPU's kernels only: it covers neither CUDA nor --compile "
                           "(which generates code for this CPU); use --device cpu without --compile")
-    use_bf16 = cfg.bf16 and device.type == "cuda"
     task = make_task(config.task)
     model_cfg = config.model.replace(**task.model_options())
     if model_cfg != config.model:
@@ -556,11 +595,8 @@ def _train(config: RunConfig, out: Path, *, resume: bool, progress: bool, callba
     torch.manual_seed(cfg.seed)
     model = build_model(config.model).to(device)
     optimizer = make_optimizer(model, cfg)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    history: list = []
-    final = None
-    start_epoch, step = 0, 0
-
+    run = _Run(config=config, out=out, device=device, use_bf16=cfg.bf16 and device.type == "cuda", task=task,
+               model=model, optimizer=optimizer, gen=torch.Generator().manual_seed(cfg.seed))
     if resume and out.exists():
         obj = ckpt.read(out)
         stored = ckpt.run_config(obj, out)
@@ -568,17 +604,65 @@ def _train(config: RunConfig, out: Path, *, resume: bool, progress: bool, callba
         check_resumable(stored, config, done, out)
         model.load_state_dict(obj["model"])
         optimizer.load_state_dict(obj["optimizer"])
-        _set_rng_state(obj["rng"], gen)
-        start_epoch, step = done, int(obj["step"])
-        history, final = list(obj["history"]), obj.get("final")
+        _set_rng_state(obj["rng"], run.gen)
+        run.start_epoch, run.step = done, int(obj["step"])
+        run.history, run.final = list(obj["history"]), obj.get("final")
         if cfg.epochs != stored.train.epochs:
-            final = None  # evaluated again at the new end
+            run.final = None  # evaluated again at the new end
             _say(progress, f"extending {out} from {stored.train.epochs} to {cfg.epochs} epochs: epochs "
                            f"{done + 1}..{cfg.epochs} follow the {cfg.epochs}-epoch schedule (cooldown from epoch "
                            f"{cooldown_epoch(cfg) + 1})")
         else:
-            _say(progress, f"resuming {out} at epoch {start_epoch}/{cfg.epochs}")
+            _say(progress, f"resuming {out} at epoch {run.start_epoch}/{cfg.epochs}")
+    return run
 
+
+def _epoch(run: _Run, epoch: int, inputs, targets, step_model, bar, progress: bool) -> dict:
+    """One epoch of training on ``inputs`` (its batches through ``step_model``) and its record: loss, lr, speed,
+    the methods' statistics and the evaluations the config asks for."""
+    cfg, model, device, use_bf16, task = run.config.train, run.model, run.device, run.use_bf16, run.task
+    N = inputs.shape[0]
+    lr = cfg.lr * lr_factor(epoch, cfg)
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+    model.train()
+    t0 = time.perf_counter()
+    perm = torch.randperm(N, generator=run.gen).to(device)
+    total, count = 0.0, 0
+    epoch_stats: dict = {}
+    for i in range(0, N, cfg.batch_size):
+        idx = perm[i:i + cfg.batch_size]
+        ctx = BatchContext(model=step_model, params=model, task=task, cfg=cfg, gen=run.gen, optimizer=run.optimizer,
+                           autocast=lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16,
+                                                           enabled=use_bf16),
+                           where=lambda what, _e=epoch, _s=run.step: _diverged(what, _e, _s, run.out),
+                           stats=epoch_stats)
+        loss_value, steps = train_batch(ctx, inputs[idx], targets[idx])
+        run.step += steps
+        total += loss_value * idx.numel()
+        count += idx.numel()
+        bar.update(1)
+        bar.set_postfix_str(f"epoch {epoch + 1}/{cfg.epochs}, loss {total / count:.4f}, lr {lr:.2e}", refresh=False)
+    seconds = time.perf_counter() - t0
+    record = {"epoch": epoch + 1, "step": run.step, "loss": total / count, "lr": lr, "seconds": seconds,
+              "samples_per_s": count / seconds}
+    record.update({name: acc.summary() for name, acc in epoch_stats.items()})
+    if cfg.train_accuracy_samples:  # the fit at the training depth, on inputs the model was trained on
+        fit = evaluate(model, task, "train", cfg.iterations, limit=cfg.train_accuracy_samples,
+                       batch_size=cfg.eval_batch_size, device=device, bf16=use_bf16)
+        record["train_accuracy"] = fit["accuracy"][-1]
+    if cfg.eval_every and (epoch + 1) % cfg.eval_every == 0 and epoch + 1 < cfg.epochs:
+        record["eval"] = {s: _summary(evaluate(model, task, s, cfg.eval_iterations,
+                                               batch_size=cfg.eval_batch_size, device=device, bf16=use_bf16,
+                                               progress=progress and f"epoch {epoch + 1} eval"))
+                          for s in ("val", "hard")}
+    return record
+
+
+def _train(config: RunConfig, out: Path, *, resume: bool, progress: bool, callbacks: tuple[EpochCallback, ...],
+           tensorboard: Path | str | None) -> TrainResult:
+    run = _start(config, out, resume=resume, progress=progress)
+    cfg, model, task, device = run.config.train, run.model, run.task, run.device
     inputs, targets = task.dataset("train")
     inputs, targets = inputs.to(device), targets.to(device)
     N = inputs.shape[0]
@@ -587,100 +671,47 @@ def _train(config: RunConfig, out: Path, *, resume: bool, progress: bool, callba
     if cfg.compile:
         step_model = CompiledModel(model)
     board = _TensorBoard(Path(tensorboard)) if tensorboard is not None else None
-
-    signature = hardware.signature()  # what computed these weights (stability.hardware)
-
-    def save(epoch: int) -> None:
-        ckpt.atomic_save({
-            "format": ckpt.FORMAT,
-            "schema_version": ckpt.SCHEMA_VERSION,
-            "package_version": __version__,
-            "torch_version": str(torch.__version__),
-            "hardware": signature,
-            "config": to_dict(config),
-            "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-            "optimizer": optimizer.state_dict(),
-            "schedule": {"base_lr": cfg.lr, "epoch": epoch, "lr": cfg.lr * lr_factor(min(epoch, cfg.epochs - 1), cfg)},
-            "rng": _rng_state(gen),
-            "epoch": epoch,
-            "step": step,
-            "history": history,
-            "final": final,
-        }, out)
-        _write_metrics(metrics_path(out), history, final)
-
+    run.signature = hardware.signature()  # what computed these weights (stability.hardware)
     if cfg.monitor_every and is_looped(model):
         from stability.train.monitor import StabilityMonitor
 
         callbacks = (*callbacks, StabilityMonitor(task, every=cfg.monitor_every, samples=cfg.monitor_samples,
                                                   device=device))
 
+    if progress and (run.start_epoch < cfg.epochs or run.final is None):
+        _announce_run(BatchContext(model=step_model, params=model, task=task, cfg=cfg, gen=run.gen,
+                                   optimizer=run.optimizer,
+                                   autocast=lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16,
+                                                                   enabled=run.use_bf16),
+                                   where=lambda what: _diverged(what, run.start_epoch, run.step, out)),
+                      inputs, targets, start_epoch=run.start_epoch, final=run.final is None, device=device,
+                      bf16=run.use_bf16)
     per_epoch = -(-N // cfg.batch_size)
-    if progress and (start_epoch < cfg.epochs or final is None):
-        _announce_run(BatchContext(model=step_model, params=model, task=task, cfg=cfg, gen=gen, optimizer=optimizer,
-                                   autocast=lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16,
-                                                                   enabled=use_bf16),
-                                   where=lambda what: _diverged(what, start_epoch, step, out)),
-                      inputs, targets, start_epoch=start_epoch, final=final is None, device=device, bf16=use_bf16)
-    bar = _bar(progress, cfg.epochs * per_epoch, "train", "batch", initial=start_epoch * per_epoch, leave=True)
+    bar = _bar(progress, cfg.epochs * per_epoch, "train", "batch", initial=run.start_epoch * per_epoch, leave=True)
     try:
-        for epoch in range(start_epoch, cfg.epochs):
-            lr = cfg.lr * lr_factor(epoch, cfg)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            model.train()
-            t0 = time.perf_counter()
-            perm = torch.randperm(N, generator=gen).to(device)
-            total, count = 0.0, 0
-            epoch_stats: dict = {}
-            for i in range(0, N, cfg.batch_size):
-                idx = perm[i:i + cfg.batch_size]
-                ctx = BatchContext(model=step_model, params=model, task=task, cfg=cfg, gen=gen, optimizer=optimizer,
-                                   autocast=lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16,
-                                                                   enabled=use_bf16),
-                                   where=lambda what, _e=epoch, _s=step: _diverged(what, _e, _s, out),
-                                   stats=epoch_stats)
-                loss_value, steps = train_batch(ctx, inputs[idx], targets[idx])
-                step += steps
-                total += loss_value * idx.numel()
-                count += idx.numel()
-                bar.update(1)
-                bar.set_postfix_str(f"epoch {epoch + 1}/{cfg.epochs}, loss {total / count:.4f}, lr {lr:.2e}",
-                                    refresh=False)
-            seconds = time.perf_counter() - t0
-            record = {"epoch": epoch + 1, "step": step, "loss": total / count, "lr": lr, "seconds": seconds,
-                      "samples_per_s": count / seconds}
-            record.update({name: acc.summary() for name, acc in epoch_stats.items()})
-            if cfg.train_accuracy_samples:  # the fit at the training depth, on inputs the model was trained on
-                fit = evaluate(model, task, "train", cfg.iterations, limit=cfg.train_accuracy_samples,
-                               batch_size=cfg.eval_batch_size, device=device, bf16=use_bf16)
-                record["train_accuracy"] = fit["accuracy"][-1]
-            if cfg.eval_every and (epoch + 1) % cfg.eval_every == 0 and epoch + 1 < cfg.epochs:
-                record["eval"] = {s: _summary(evaluate(model, task, s, cfg.eval_iterations,
-                                                       batch_size=cfg.eval_batch_size, device=device, bf16=use_bf16,
-                                                       progress=progress and f"epoch {epoch + 1} eval"))
-                                  for s in ("val", "hard")}
+        for epoch in range(run.start_epoch, cfg.epochs):
+            record = _epoch(run, epoch, inputs, targets, step_model, bar, progress)
             for cb in callbacks:
                 cb(model, task, record)
-            history.append(record)
-            save(epoch + 1)
+            run.history.append(record)
+            run.save(epoch + 1)
             if board is not None:
                 board.epoch(record)
         bar.close()
 
-        if final is None:
-            _announce_final_evaluation(model, task, cfg, device, use_bf16)
-            final = {s: evaluate(model, task, s, cfg.test_iterations, batch_size=cfg.eval_batch_size,
-                                 device=device, bf16=use_bf16, progress=progress and "final eval")
-                     for s in ("val", "hard")}
-            save(cfg.epochs)
+        if run.final is None:
+            _announce_final_evaluation(model, task, cfg, device, run.use_bf16)
+            run.final = {s: evaluate(model, task, s, cfg.test_iterations, batch_size=cfg.eval_batch_size,
+                                     device=device, bf16=run.use_bf16, progress=progress and "final eval")
+                         for s in ("val", "hard")}
+            run.save(cfg.epochs)
             if board is not None:
-                board.final(final)
+                board.final(run.final)
     finally:
         bar.close()
         if board is not None:
             board.close()
-    return TrainResult(path=out, epochs=cfg.epochs, history=history, final=final)
+    return TrainResult(path=out, epochs=cfg.epochs, history=run.history, final=run.final)
 
 
 def _announce_run(ctx: BatchContext, inputs, targets, **kw) -> None:

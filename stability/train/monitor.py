@@ -20,7 +20,7 @@ class StabilityMonitor:
 
     ``task``: the run's task (its first ``samples`` val samples are the fixed probe). ``device``: where the model
     lives. ``max_iter`` / ``tol``: the Picard solve for x* (Def. 3.3's reachability, FPRM's residual criterion).
-    ``krylov`` / ``restarts``: the batched Arnoldi iteration for ρ(J*). ``probes``: Hutchinson directions for
+    ``krylov`` / ``restarts``: the batched Krylov–Schur iteration for ρ(J*). ``probes``: Hutchinson directions for
     ‖dx*/dx0‖_F. The monitor can also be called directly on any looped model: :meth:`measure` needs only
     ``embed(inputs) -> x0`` and ``step(x, x0)`` (``initial_state`` and a recall weight ``W_x`` are used when present),
     so a model that is not ours works too (``task`` may then be None and ``inputs`` given).

@@ -151,7 +151,7 @@ def test_prop5_error_falls_toward_the_gmres_tolerance_on_a_contractive_model(rec
 def test_rho_W_x_is_the_spectral_radius_of_the_recall_weight():
     m = small_model("external", "post")
     expected = np.abs(np.linalg.eigvals(m.W_x.numpy())).max()
-    assert abs(rho_W_x(m).rho - expected) < 1e-12
+    assert abs(float(rho_W_x(m).rho[0]) - expected) < 1e-12
     assert rho_W_x(small_model("none", "post")) is None
     assert recall_form(small_model("internal", "post")) == "M_int (App. A.7, with outer-norm Jacobians)"
 

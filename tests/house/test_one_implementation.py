@@ -159,7 +159,7 @@ def test_the_package_reaches_the_wing_only_through_its_entry_points_and_scipy_op
     """Callers use spectral_radius, sigma_max, solve_I_minus_J and Linearisation (stability.numerics), never its
     Krylov–Schur core or dense builders directly; no module builds a scipy LinearOperator (the per-sample scipy
     routes are the tests' references, tests/reference_numerics.py)."""
-    entry = {"spectral_radius", "sigma_max", "solve_I_minus_J", "Linearisation", "IJSolve", "Spectrum",
+    entry = {"spectral_radius", "sigma_max", "solve_I_minus_J", "Linearisation", "IJSolve", "Spectrum", "route_for",
              "DENSE_MAX", "DENSE_KRYLOV_MAX", "DENSE_BUDGET", "serial_blas", "exact"}
     bad, scipy_ops = [], []
     for rel, tree in _outside_the_wing():

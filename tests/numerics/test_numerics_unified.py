@@ -20,10 +20,14 @@ def test_median_is_the_mean_of_the_two_middle_values_for_an_even_count():
 def _block(rho_J, rho_M, status):
     """One split of an analyze report, built by the analysis' own result classes where they exist."""
     from stability.analysis.results import JacobianSpectra
+    from stability.numerics import Spectrum
 
     n = len(status)
-    jac = JacobianSpectra(method="dense", spectral_radius=rho_J, sigma_max=[r * 1.5 for r in rho_J],
-                          eigenvalues=[[] for _ in range(n)], eigen_converged=[True] * n,
+    spectrum = Spectrum(rho=torch.tensor(rho_J, dtype=torch.float64),
+                        eigenvalues=torch.zeros(n, 0, dtype=torch.cdouble),
+                        ritz_residual=torch.zeros(n, dtype=torch.float64), matvecs=0)
+    jac = JacobianSpectra(method="dense", spectrum=spectrum, sigma=torch.tensor(rho_J, dtype=torch.float64) * 1.5,
+                          eigen_flags=torch.ones(n, dtype=torch.bool),
                           converged=[s == "converged" for s in status]).to_dict()
     fp = {"status": status, "status_counts": {s: status.count(s) for s in set(status)},
           "converged_fraction": status.count("converged") / n, "solver": "picard", "tol": 1e-5, "max_iter": 10,
@@ -146,3 +150,26 @@ def test_distinct_clusters_is_single_linkage_in_the_max_norm_independent_of_orde
         assert count == len(set(ref)) and _same_partition(labels, ref)
     # relative tolerance: 1000 and 1000.5 are one point at rtol 1e-3, 1 and 1.5 are not; NaN rows stand alone
     assert stats.distinct_clusters(np.array([[1000.0], [1000.5], [1.0], [1.5], [np.nan]]), rtol=1e-3)[0] == 4
+
+
+def test_stage_rho_prop4_and_rho_W_x_keep_their_spectra_in_the_one_spectrum_type():
+    """One spectrum type (issue 34): stage rho's ρ(J*), Prop. 4's ρ(M) (J's own rows where M = J) and ρ(W_x) are
+    each a numerics Spectrum, which says the route that computed it; the JSON lists are its values."""
+    from stability.analysis.options import AnalysisOptions
+    from stability.analysis.pipeline import analyze_model
+    from stability.analysis.recall import rho_W_x
+    from stability.config import ModelConfig
+    from stability.model.looped import LoopedTransformer
+    from stability.numerics import Spectrum
+
+    torch.manual_seed(0)
+    model = LoopedTransformer(ModelConfig(width=8, heads=2, norm="pre", in_channels=1, out_channels=2))
+    inputs = torch.randint(0, 2, (3, 5, 1)).float()
+    split = analyze_model(model, inputs, options=AnalysisOptions(samples=3, stages=("rho", "prop4", "rho_wx"))).splits[
+        "inputs"]
+    rho, prop4 = split.spectra, split.prop4
+    assert isinstance(rho.spectrum, Spectrum) and rho.spectrum.route == ("dense", 3)
+    assert isinstance(prop4.spectra, Spectrum) and prop4.spectra_of_J == 3  # M = J entry by entry: J's spectra
+    assert prop4.rho_M == rho.rhos and prop4.to_dict()["eigenvalues"] == rho.to_dict()["eigenvalues"]
+    w = rho_W_x(model)
+    assert isinstance(w, Spectrum) and len(w) == 1 and split.recall.rho_Wx == float(w.rho[0])
