@@ -32,6 +32,7 @@ from stability import atomic
 from stability.config import (METHOD_CLASSES, OPTION_METHOD, SECTIONS, ModelConfig, RunConfig, TrainConfig,
                               from_dict, is_flat_config, to_dict)
 from stability.errors import StabilityError, first_line
+from stability.sweep.record import RECORD_FORMAT
 
 #: the ModelConfig fields a sweep's runner sets from the task (``Task.model_options``) before it records the config
 TASK_FIELDS = ("in_channels", "out_channels", "spatial_ndim", "attention_window")
@@ -230,8 +231,6 @@ def _read_json(path: Path) -> Any:
 
 
 def _plan_json(path: Path) -> Migration:
-    from stability.sweep.runner import RECORD_FORMAT
-
     obj = _read_json(path)
     if not isinstance(obj, dict):
         raise StabilityError(_foreign(path))
@@ -267,8 +266,6 @@ def _held_lock(results: Path) -> Optional[str]:
 
 def _records_in(path: Path, text: str) -> list[tuple[str, str, dict]]:
     """(id, readable cell_id, config) of each record or cell a JSON / JSONL file holds."""
-    from stability.sweep.runner import RECORD_FORMAT
-
     objs = []
     try:
         objs = [json.loads(line) for line in text.splitlines() if line.strip()] if path.suffix == ".jsonl" \
