@@ -21,8 +21,8 @@ from stability.atomic import check_writable
 from stability.commands._types import check_maxima, default_text, nonneg_int, positive_int, schema_argument
 from stability.config import MAX_WORKERS, SweepSummary
 from stability.errors import ConfigError, StabilityError
+from stability.sweep import executors
 from stability.sweep import grid as gridlib
-from stability.sweep.executors import run_local, run_submitit, write_cell_files
 from stability.sweep.export import write_records
 from stability.sweep.runner import analysis_path, checkpoint_path, load_records, outcome_line, record_path
 
@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     _check_resources(args)
     results.mkdir(parents=True, exist_ok=True)
-    write_cell_files(todo, results, options, grid.name)
+    executors.write_cell_files(todo, results, options, grid.name)
     try:
         outcomes = _execute(args, grid, todo, results)
     except KeyboardInterrupt:
@@ -286,10 +286,10 @@ def _execute(args: argparse.Namespace, grid, todo: list, results: Path) -> list:
     """Run the cells (a local pool or submitit), printing one line per finished cell with the time left."""
     report = _reporter(args, todo)
     if args.executor == "local":
-        return run_local([c.id for c in todo], results, workers=args.workers or 1, gpus=args.gpus, report=report,
-                         progress=None if args.quiet else _progress)
-    return run_submitit(todo, results, cluster=args.cluster, gpus=args.gpus, name=f"stability-{grid.name}",
-                        wait=not args.no_wait, report=None if args.no_wait else report)
+        return executors.run_local([c.id for c in todo], results, workers=args.workers or 1, gpus=args.gpus,
+                                   report=report, progress=None if args.quiet else _progress)
+    return executors.run_submitit(todo, results, cluster=args.cluster, gpus=args.gpus, name=f"stability-{grid.name}",
+                                  wait=not args.no_wait, report=None if args.no_wait else report)
 
 
 def _progress(slot: str, cid: str, text: str) -> None:
