@@ -460,7 +460,9 @@ class SweepSummary(_Config):
     flags of the same names override it): ``summary`` analyze (the analysis pipeline on the first
     ``analyze_samples`` samples of ``analyze_splits``, its solver budget ``analyze_max_iter``) or monitor (the
     stability monitor's four quantities only); ``reproducible``: every cell with pinned CPU kernels (the global
-    ``--reproducible``); ``analyze_geometry``: the analysis adds the geometry stage."""
+    ``--reproducible``); ``analyze_geometry``: the analysis adds the geometry stage. The same options reach the
+    runner, each cell file and each record's ``options`` (:meth:`to_record`, :meth:`from_record`: the splits as a
+    list)."""
 
     owner_name: typing.ClassVar[str] = "summary"
     #: the fields with a flag of ``stability sweep`` (the others: ``--reproducible``, or the grid file only)

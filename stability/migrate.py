@@ -11,7 +11,9 @@
   the id :func:`stability.sweep.grid.config_hash` gives the nested config. Cells whose method is the default one with
   its default options hash the same either way and keep their ids; the others get new ones. The files named by
   an id (``records/``, ``runs/``, ``analysis/``, ``cells/``, ``logs/``, ``locks/``) are renamed, and each mention
-  of an id in the directory's JSON, JSONL and CSV files is rewritten: nothing else in them changes.
+  of an id in the directory's JSON, JSONL and CSV files is rewritten: nothing else in them changes. A converted
+  record is one the typed record reads (:class:`stability.sweep.record.SweepRecord`, schema 1: the records written
+  before the method block were schema 1 too, and differ only in their config block).
 
 Every path is read and checked before anything is written; a path that is none of these (a foreign file), or a
 directory a sweep is still writing, is one error line. Each file is written atomically
@@ -32,7 +34,7 @@ from stability import atomic
 from stability.config import (METHOD_CLASSES, OPTION_METHOD, SECTIONS, ModelConfig, RunConfig, TrainConfig,
                               from_dict, is_flat_config, to_dict)
 from stability.errors import StabilityError, first_line
-from stability.sweep.record import RECORD_FORMAT
+from stability.sweep.record import RECORD_FORMAT, parse_record
 
 #: the ModelConfig fields a sweep's runner sets from the task (``Task.model_options``) before it records the config
 TASK_FIELDS = ("in_channels", "out_channels", "spatial_ndim", "attention_window")
@@ -347,6 +349,7 @@ def _plan_results(results: Path, only: Optional[Path] = None) -> Migration:
         steps = _checkpoint_steps(p, dest, strict=False) if p.suffix == ".pt" and only is None else []
         if p in texts:
             text = swap(_convert_configs(p, texts[p]))
+            _check_records(p, text)
             if text != texts[p]:
                 steps.append(("rewritten", p.name, _writer(dest, text)))
         if dest != p:
@@ -354,6 +357,21 @@ def _plan_results(results: Path, only: Optional[Path] = None) -> Migration:
         (late if p.parent.name == "records" or p.parent == results else migration.steps).extend(steps)
     migration.steps += late
     return migration
+
+
+def _check_records(path: Path, text: str) -> None:
+    """Each sweep record in the converted ``text`` of a JSON or JSONL file is one the typed record reads
+    (:func:`stability.sweep.record.parse_record`): a record that does not fit is one error line before anything is
+    written."""
+    if path.suffix not in (".json", ".jsonl"):
+        return
+    for n, line in enumerate(text.splitlines() if path.suffix == ".jsonl" else [text], 1):
+        try:
+            obj = json.loads(line) if line.strip() else None
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and obj.get("format") == RECORD_FORMAT:
+            parse_record(obj, f"{path}:{n}" if path.suffix == ".jsonl" else str(path))
 
 
 def _substitution(mapping: dict[str, str]) -> Callable[[str], str]:

@@ -138,3 +138,16 @@ def test_a_records_jsonl_with_a_record_that_does_not_fit_names_its_line(tmp_path
     with pytest.raises(StabilityError, match=r"records\.jsonl:2: not a valid sweep record: timing\.run_seconds: "
                                              r"missing"):
         read_jsonl(tmp_path / "records.jsonl")
+
+
+def test_migrate_refuses_a_record_its_conversion_would_leave_unreadable_and_writes_nothing(tmp_path):
+    results = tmp_path / "old"
+    shutil.copytree(FLAT, results, ignore=shutil.ignore_patterns("*.md"))
+    path = sorted((results / "records").glob("*.json"))[0]
+    broken = json.loads(path.read_text())
+    broken["timing"].pop("run_seconds")
+    path.write_text(json.dumps(broken))
+    before = {p: p.read_bytes() for p in (results / "records").glob("*.json")}
+    proc = run_cli("migrate", results, check=False)
+    assert proc.returncode == 2 and "not a valid sweep record: timing.run_seconds: missing" in proc.stderr
+    assert {p: p.read_bytes() for p in (results / "records").glob("*.json")} == before
