@@ -23,6 +23,7 @@ on migrated files changes nothing.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -34,7 +35,10 @@ from stability import atomic
 from stability.config import (METHOD_CLASSES, OPTION_METHOD, SECTIONS, ModelConfig, RunConfig, TrainConfig,
                               from_dict, is_flat_config, to_dict)
 from stability.errors import StabilityError, first_line
+from stability.sweep.grid import config_hash, digest
 from stability.sweep.record import RECORD_FORMAT, parse_record
+
+# the checkpoint modules (torch) are imported where a checkpoint is converted: records and JSONs migrate without it
 
 #: the ModelConfig fields a sweep's runner sets from the task (``Task.model_options``) before it records the config
 TASK_FIELDS = ("in_channels", "out_channels", "spatial_ndim", "attention_window")
@@ -88,8 +92,6 @@ def flat_view_hash(config: RunConfig) -> str:
     """A cell's id hash as versions before the nested hash computed it: the options that differ from their
     defaults, the train options in the flat view (``method`` the method's name, its options beside the others,
     every method's options at their defaults)."""
-    from stability.sweep.grid import digest
-
     def flat(train: dict) -> dict:
         method = dict(train.pop("method"))
         return {**train, "method": method.pop("name"), **method}
@@ -110,8 +112,6 @@ def new_cell_id(cell_id: str, config: dict, where: str) -> str:
     """The current id of a cell whose id is ``cell_id`` and whose stored config is ``config`` (a record's: the
     task's model fields filled in, or a cell's: as the grid gave it): ``cell_id`` itself when its hash is the nested
     one, the readable part with the nested hash when it is the flat view's; a StabilityError when it is neither."""
-    from stability.sweep.grid import config_hash
-
     m = _ID.fullmatch(cell_id)
     if m is None:
         raise StabilityError(f"{where}: {cell_id!r} is not a cell id (readable part, '--', 10 hex digits)")
@@ -254,8 +254,6 @@ def _plan_json(path: Path) -> Migration:
 # ---- results directories ----------------------------------------------------------------------------------
 def _held_lock(results: Path) -> Optional[str]:
     """The cell whose lock a process holds in ``results/locks`` (a sweep at work), or None."""
-    import fcntl
-
     for lock in sorted((results / "locks").glob("*.lock")):
         with open(lock, "a+") as fh:
             try:

@@ -15,16 +15,12 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from stability import hardware
-from stability.analysis.cost import clock
-from stability.atomic import check_writable
 from stability.commands._types import check_maxima, default_text, nonneg_int, positive_int, schema_argument
 from stability.config import MAX_WORKERS, SweepSummary
 from stability.errors import ConfigError, StabilityError
-from stability.sweep import executors
-from stability.sweep import grid as gridlib
-from stability.sweep.export import write_records
-from stability.sweep.runner import analysis_path, checkpoint_path, load_records, outcome_line, record_path
+
+# the sweep's modules (the executors import submitit, the record builds its schema) are imported where the command
+# runs, not when `stability --help` imports every command
 
 HELP = "run a grid of training runs (locally, one worker per GPU, or on SLURM via submitit), one record per run"
 
@@ -120,6 +116,9 @@ def _estimate(cells_todo: list, results) -> list[str]:
 
 def _export(results) -> None:
     """Every record of the results directory as records.jsonl and records.csv beside records/."""
+    from stability.sweep.export import write_records
+    from stability.sweep.runner import load_records
+
 
     try:
         records = load_records(results)
@@ -166,6 +165,12 @@ def check_counts(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from stability import hardware
+    from stability.atomic import check_writable
+    from stability.sweep import executors
+    from stability.sweep import grid as gridlib
+    from stability.sweep.runner import record_path
+
     check_counts(args)
     grid = gridlib.load(args.grid)  # every cell's options validated, their maxima too (dry run and --list as well)
     cells = _selected_cells(args, grid)
@@ -200,7 +205,8 @@ def run(args: argparse.Namespace) -> int:
 def _selected_cells(args: argparse.Namespace, grid) -> list:
     """The cells ``--where`` and ``--only`` select, each one a task can make (checked before any work; ``--list``
     shows any grid's cells)."""
-    from stability.tasks import make_task  # the tasks load torch: only when cells are checked
+    from stability.sweep import grid as gridlib
+    from stability.tasks import make_task
 
     cells = gridlib.select(grid.cells, args.where)
     if args.only is not None:
@@ -239,6 +245,8 @@ def _show_state(args: argparse.Namespace, grid, cells: list, results: Path) -> O
     """Print the grid's state; with ``--dry-run`` or ``--list`` the cells (and the estimate), returning None (run
     nothing); else the cells to run (``--only``: the chosen ones, their old files removed: a rerun from
     scratch)."""
+    from stability.sweep.runner import analysis_path, checkpoint_path, record_path
+
     done = [c for c in cells if record_path(results, c.id).exists()]
     todo = [c for c in cells if not record_path(results, c.id).exists()]
     partial = [c for c in todo if checkpoint_path(results, c.id).exists()]
@@ -284,6 +292,8 @@ def _check_resources(args: argparse.Namespace) -> None:
 
 def _execute(args: argparse.Namespace, grid, todo: list, results: Path) -> list:
     """Run the cells (a local pool or submitit), printing one line per finished cell with the time left."""
+    from stability.sweep import executors
+
     report = _reporter(args, todo)
     if args.executor == "local":
         return executors.run_local([c.id for c in todo], results, workers=args.workers or 1, gpus=args.gpus,
@@ -299,6 +309,9 @@ def _progress(slot: str, cid: str, text: str) -> None:
 def _reporter(args: argparse.Namespace, todo: list):
     """The callback that prints a cell's outcome: ``[k/n] status name accuracies seconds`` and the time left (the
     wall time per finished cell so far, the workers side by side included, times the cells to go)."""
+    from stability.analysis.cost import clock
+    from stability.sweep.runner import outcome_line
+
     counter = {"n": 0}
     names = {c.id: c.cell_id for c in todo}
     started = time.monotonic()

@@ -22,9 +22,11 @@ its format is the typed :class:`stability.sweep.record.SweepRecord`, through whi
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import platform
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -32,13 +34,20 @@ from pathlib import Path
 from typing import Optional
 
 from stability import atomic, hardware
+from stability.analysis.options import DEFAULT_STAGES, AnalysisOptions
 from stability.config import SweepSummary
 from stability.errors import EXIT_TERMINATED, DivergenceError, StabilityError, Terminated
+from stability.processes import die_with_parent
 from stability.stats import FIXED_POINT_STATUSES, median
-# the record's format and its loaders live in stability.sweep.record (torch-free); named here as well, where the
-# sweep's other modules and the tests have always found them
+from stability.sweep.grid import Cell
+from stability.tasks import make_task
+# the record's format and its loaders live in stability.sweep.record; named here as well, where the sweep's other
+# modules and the tests have always found them
 from stability.sweep.record import (RECORD_FORMAT, RECORD_SCHEMA, SweepRecord, check_config_shape,  # noqa: F401
                                     load_records, read_record)
+
+# torch, the trainer, the checkpoint reader and the analysis pipeline are imported where a cell trains or is
+# summarised: the sweep command imports this module for its paths (a dry run, --list) without them
 
 SUMMARIES = ("analyze", "monitor")
 
@@ -64,8 +73,6 @@ def atomic_write_json(path: Path, obj) -> None:
 @contextmanager
 def cell_lock(results: Path, cell_id: str):
     """An exclusive, non-blocking lock on the cell (fcntl.flock): yields False when another process holds it."""
-    import fcntl
-
     path = Path(results) / "locks" / f"{cell_id}.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     fh = open(path, "a+")
@@ -168,8 +175,6 @@ def _stability_from_analysis(summary: dict) -> dict:
 
 def _with_task_options(config):
     """The config as the trainer stores it: the model fields the task decides filled in (``Task.model_options``)."""
-    from stability.tasks import make_task
-
     model = config.model.replace(**make_task(config.task).model_options())
     return config if model == config.model else config.replace(model=model)
 
@@ -384,8 +389,6 @@ def analysis_options(options, test_iterations: int, device: str):
     """The :class:`~stability.config.AnalysisOptions` a sweep cell's summary runs with (``options``: the grid's
     :class:`~stability.config.SweepSummary`): its samples, budget and stages, the geometry stage's sample choice
     pinned (:data:`SWEEP_GEOMETRY`), one split after the other (the sweep runs cells side by side)."""
-    from stability.analysis.options import DEFAULT_STAGES, AnalysisOptions
-
     return AnalysisOptions(samples=options.analyze_samples, max_iter=options.analyze_max_iter,
                            stages=DEFAULT_STAGES + (("geometry",) if options.analyze_geometry else ()),
                            iterations=test_iterations, device=device, workers=1, **SWEEP_GEOMETRY)
@@ -409,8 +412,6 @@ def outcome_line(outcome: dict) -> dict:
 def run_cell_file(results: Path, cell_id: str, log=None) -> dict:
     """Run the cell described by DIR/cells/<id>.json (see :func:`stability.sweep.executors.write_cell_files`);
     writes its outcome to DIR/logs/<id>.status.json and returns it."""
-    from stability.sweep.grid import Cell
-
     results = Path(results)
     path = cell_file(results, cell_id)
     try:
@@ -426,13 +427,10 @@ def run_cell_file(results: Path, cell_id: str, log=None) -> dict:
 
 def main(argv: Optional[list] = None) -> int:
     """``python -m stability.sweep.runner RESULTS CELL_ID``: the local pool's worker process."""
-    import sys
-
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
         print("usage: python -m stability.sweep.runner RESULTS CELL_ID", file=sys.stderr)
         return 2
-    from stability.processes import die_with_parent
 
     die_with_parent()  # a sweep killed with SIGKILL takes its workers with it: no orphan finishes a cell
     try:
