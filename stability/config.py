@@ -95,15 +95,23 @@ def _list_to_tuple(value: Any) -> Any:
 
 class _Config(BaseModel):
     """Base: frozen, unknown keys refused, strict types (no str → number, no bool → int), finite numbers; one-line
-    :class:`ConfigError` on any bad value."""
+    :class:`ConfigError` on any bad value. ``error_style``: how that line names the place: ``owner``
+    (``ModelConfig.width``: the innermost table's class and the field; the run's options) or ``path`` (the keys
+    from the root, list items by their ``id`` or index: ``claim 'c'.a.norm[0]``; the claims file, the sweep
+    record)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+    error_style: typing.ClassVar[Literal["owner", "path"]] = "owner"
 
     def __init__(self, **data: Any) -> None:
         try:
             super().__init__(**data)
         except ValidationError as exc:
-            raise ConfigError(_message(type(self), exc)) from None
+            raise ConfigError(_message(type(self), exc, data)) from None
+
+    # pydantic validates a nested table without calling this __init__, so the outermost one translates the error
+    # with its whole location (a claim's place in the claims file, a split's in a record)
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
 
     def to_dict(self) -> dict:
         return to_dict(self)
@@ -478,7 +486,9 @@ class SweepSummary(_Config):
     flags of the same names override it): ``summary`` analyze (the analysis pipeline on the first
     ``analyze_samples`` samples of ``analyze_splits``, its solver budget ``analyze_max_iter``) or monitor (the
     stability monitor's four quantities only); ``reproducible``: every cell with pinned CPU kernels (the global
-    ``--reproducible``); ``analyze_geometry``: the analysis adds the geometry stage."""
+    ``--reproducible``); ``analyze_geometry``: the analysis adds the geometry stage. The same options reach the
+    runner, each cell file and each record's ``options`` (:meth:`to_record`, :meth:`from_record`: the splits as a
+    list)."""
 
     owner_name: typing.ClassVar[str] = "summary"
     #: the fields with a flag of ``stability sweep`` (the others: ``--reproducible``, or the grid file only)
@@ -493,6 +503,37 @@ class SweepSummary(_Config):
                               le=MAX_ITERATIONS)
     reproducible: bool = _f(False, "every cell with pinned CPU kernels (README: Reproducibility)")
     analyze_geometry: bool = _f(False, "the analysis adds the geometry stage (docs/analysis.md)")
+
+    #: ``analyze_splits`` -> the splits it analyses, in order (the record's form of it)
+    SPLITS: typing.ClassVar[dict[str, tuple[str, ...]]] = {"val": ("val",), "hard": ("hard",), "both": ("val", "hard")}
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """The splits the analysis covers, in order."""
+        return self.SPLITS[self.analyze_splits]
+
+    def to_record(self) -> dict:
+        """The form a sweep record's ``options`` and a cell file hold: ``analyze_splits`` as the list of splits,
+        ``reproducible`` and ``analyze_geometry`` only when set (the records of grids that never asked for them
+        keep their shape)."""
+        out = {"summary": self.summary, "analyze_samples": self.analyze_samples,
+               "analyze_splits": list(self.splits), "analyze_max_iter": self.analyze_max_iter}
+        out.update({k: True for k in ("reproducible", "analyze_geometry") if getattr(self, k)})
+        return out
+
+    @classmethod
+    def from_record(cls, data: Any) -> "SweepSummary":
+        """The summary a record's ``options`` (or a cell file's) holds, :meth:`to_record`'s inverse."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"summary: expected a table of options, got {data!r}")
+        splits = data.get("analyze_splits")
+        if isinstance(splits, list):
+            names = [k for k, v in cls.SPLITS.items() if list(v) == splits]
+            if not names:
+                raise ConfigError(f"summary.analyze_splits: {splits!r} is not allowed; allowed: "
+                                  + ", ".join(str(list(v)) for v in cls.SPLITS.values()))
+            data = {**data, "analyze_splits": names[0]}
+        return cls(**data)
 
 
 # ---- the analysis ----------------------------------------------------------------------------------------
@@ -749,53 +790,143 @@ _EXPECTED = {"int_type": "an integer", "int_parsing": "an integer", "int_from_fl
              "bool_type": "true or false", "bool_parsing": "true or false", "float_type": "a number",
              "float_parsing": "a number", "finite_number": "a finite number", "string_type": "a string",
              "tuple_type": "a list", "list_type": "a list", "model_type": "a table of options",
-             "model_attributes_type": "a table of options", "dict_type": "a table of options"}
+             "model_attributes_type": "a table of options", "dict_type": "a table of options",
+             "none_required": "null"}
+_RANGES = ("greater_than", "greater_than_equal", "less_than_equal", "less_than")
 
 
-def _message(cls: type, exc: ValidationError) -> str:
-    """The first error of ``exc`` as one line ``Class.field: what is wrong; what is allowed``."""
+def _models(tp: Any) -> list:
+    """The model classes an annotation may hold (through Optional, Union, list, tuple, dict values)."""
+    origin = typing.get_origin(tp)
+    if origin is Annotated:
+        return _models(typing.get_args(tp)[0])
+    if origin in (Union, list, tuple, dict) or str(origin) == "types.UnionType":
+        args = typing.get_args(tp)[1:] if origin is dict else typing.get_args(tp)
+        return [m for a in args for m in _models(a)]
+    return [tp] if isinstance(tp, type) and issubclass(tp, BaseModel) else []
+
+
+def _path(cls: type, loc: tuple, data: Any) -> tuple[str, Optional[type], Any]:
+    """A path-style location (``claim 'id'.a.norm[0]``, ``analysis.val.samples``): the keys from the root, a list
+    item by its ``id`` where it has one, else its index; the model class reached at its end (None past a model)
+    and the FieldInfo when ``loc`` ends at a field. Keys that are neither fields nor dict keys (pydantic's
+    union-member tags) are skipped."""
+    parts: list[str] = []
+    node, info = data, None
+    current: Optional[type] = cls
+    in_dict = False
+    for key in loc:
+        if in_dict:  # a key of a table of models (a split of the record's analysis)
+            parts.append(str(key))
+            node, info, in_dict = node.get(key) if isinstance(node, dict) else None, None, False
+            continue
+        if isinstance(key, int):
+            item = node[key] if isinstance(node, list) and 0 <= key < len(node) else None
+            ident = item.get("id") if isinstance(item, dict) else None
+            if parts:
+                parts[-1] += f" {ident!r}" if isinstance(ident, str) else f"[{key}]"
+            node, info = item, None
+            continue
+        if current is None or key not in current.model_fields:
+            continue
+        parts.append(str(key))
+        info = current.model_fields[key]
+        tp = unwrap(info.annotation)
+        in_dict = typing.get_origin(tp) is dict
+        models = _models(tp)
+        current = models[0] if models else None
+        node = node.get(key) if isinstance(node, dict) else None
+    return ".".join(parts), current, info
+
+
+def _place(cls: type, loc: tuple, data: Any) -> tuple[str, Any]:
+    """(where, FieldInfo or None) of an error location in ``cls``'s style (``_Config.error_style``)."""
+    if getattr(cls, "error_style", "owner") == "path":
+        where, _, info = _path(cls, loc, data)
+        return where, info
+    owner, name, info, _ = _walk(cls, loc)
+    return (f"{owner}.{name}" if name else owner), info
+
+
+def _at(where: str, text: str) -> str:
+    return f"{where}: {text}" if where else text
+
+
+def _message(cls: type, exc: ValidationError, data: Any = None) -> str:
+    """The first error of ``exc`` as one line ``where: what is wrong; what is allowed`` (where: ``Class.field`` or,
+    for a path-style model, the path from its root)."""
     errors = exc.errors(include_url=False)
     first = errors[0]
-    owner, name, info, _ = _walk(cls, first["loc"])
-    kind = first["type"]
-    value = first.get("input")
-    where = f"{owner}.{name}" if name else owner
-    ctx = first.get("ctx") or {}
-    if isinstance(ctx.get("error"), ConfigError):
+    kind, value, ctx = first["type"], first.get("input"), first.get("ctx") or {}
+    if isinstance(ctx.get("error"), ConfigError):  # a validator's ConfigError names its own place
         return str(ctx["error"])
     if kind == "extra_forbidden":
-        parent = first["loc"][:-1]
-        unknown = sorted(str(e["loc"][-1]) for e in errors if e["type"] == "extra_forbidden"
-                         and e["loc"][:-1] == parent)
-        target = _walk_class(cls, parent)
-        allowed = list(target.model_fields) if target is not None else []
-        owner = getattr(target, "__name__", cls.__name__)
-        misplaced = method_option_message(unknown[0], target)
-        if misplaced:
-            return misplaced
-        if target in METHOD_CLASSES.values():
-            owner = f"TrainConfig.method ({target.model_fields['name'].default})"
-        return f"{owner}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}"
-    if kind == "literal_error" and info is not None:
-        allowed = typing.get_args(unwrap(info.annotation))
-        return f"{where}: {value!r} is not allowed; allowed: {', '.join(map(str, allowed))}"
+        return _unknown_message(cls, errors, data)
+    where, info = _place(cls, tuple(first["loc"]), data)
+    if kind == "value_error" and "error" in ctx:
+        return _at(where, str(ctx["error"]))
+    if kind == "missing":
+        return _at(where, "missing")
     if kind in ("union_tag_invalid", "union_tag_not_found"):
         got = ctx.get("tag", None)
         what = f"{got!r} is not allowed" if kind == "union_tag_invalid" else "the method table needs a name"
         return f"TrainConfig.method: {what}; allowed: {', '.join(METHODS)}"
+    if kind == "literal_error" or kind in _EXPECTED:
+        return _value_message(cls, errors, data, where, info)
     if kind == "greater_than" and "gt" in ctx and (info is None or limits(info).keys() <= {"gt"}):
         return f"{where}: {value!r} must be greater than {ctx['gt']}"
-    if kind in ("greater_than", "greater_than_equal", "less_than_equal", "less_than") and info is not None:
+    if kind in _RANGES and info is not None:
         lim = limits(info)
         lo = ("(", lim["gt"]) if "gt" in lim else ("[", lim.get("ge", "-inf"))
         hi = (lim["lt"], ")") if "lt" in lim else (lim.get("le", "inf"), "]")
         return f"{where}: {value!r} is outside {lo[0]}{lo[1]}, {hi[0]}{hi[1]}"
-    if kind in _EXPECTED:
-        if where == "TrainConfig.method" and isinstance(value, str) and value in METHOD_CLASSES:
-            return (f"TrainConfig.method: expected a table of options, got {value!r}: a method is a table with its "
-                    f"name and options, {{\"name\": \"{value}\", ...}} (TOML: [train.method] name = \"{value}\")")
-        return f"{where}: expected {_EXPECTED[kind]}, got {value!r}"
-    return f"{where}: {first['msg']}"
+    if kind in _RANGES or kind in ("too_short", "too_long", "string_pattern_mismatch"):
+        return f"{where}: {value!r}: {first['msg'].lower()}"
+    return _at(where, first["msg"])
+
+
+def _value_message(cls: type, errors: list, data: Any, where: str, info: Any) -> str:
+    """A value of the wrong kind, or not among the allowed ones: every alternative of a union that failed at the
+    same place is named (``a number or 'lowest', 'middle' or 'highest'``)."""
+    first = errors[0]
+    kind, value = first["type"], first.get("input")
+    same = [e for e in errors if _place(cls, tuple(e["loc"]), data)[0] == where]
+    if kind == "literal_error" and info is not None:
+        allowed = typing.get_args(unwrap(info.annotation))
+        if allowed and all(isinstance(a, (str, int, float)) for a in allowed):
+            return f"{where}: {value!r} is not allowed; allowed: {', '.join(map(str, allowed))}"
+    options = [(e.get("ctx") or {}).get("expected", "?") if e["type"] == "literal_error" else _EXPECTED[e["type"]]
+               for e in same if e["type"] == "literal_error" or e["type"] in _EXPECTED]
+    if "a number" in options:  # an int-or-float value: a number
+        options = [o for o in options if o != "an integer"]
+        kind = "float_type" if options == ["a number"] else kind
+    if kind == "literal_error" or len(set(options)) > 1:
+        return f"{where}: {value!r} is not allowed; allowed: {' or '.join(dict.fromkeys(options))}"
+    if where == "TrainConfig.method" and isinstance(value, str) and value in METHOD_CLASSES:
+        return (f"TrainConfig.method: expected a table of options, got {value!r}: a method is a table with its "
+                f"name and options, {{\"name\": \"{value}\", ...}} (TOML: [train.method] name = \"{value}\")")
+    return f"{where}: expected {_EXPECTED[kind]}, got {value!r}"
+
+
+def _unknown_message(cls: type, errors: list, data: Any) -> str:
+    """Unknown keys of one table: ``Owner: unknown key(s) a, b; allowed: ...`` (a method's option given where it
+    does not belong: the line that says where it goes)."""
+    parent = tuple(errors[0]["loc"][:-1])
+    unknown = sorted(str(e["loc"][-1]) for e in errors if e["type"] == "extra_forbidden"
+                     and tuple(e["loc"][:-1]) == parent)
+    if getattr(cls, "error_style", "owner") == "path":
+        where, target, _ = _path(cls, parent, data)
+        allowed = ", ".join(target.model_fields) if target is not None else "?"
+        return _at(where, f"unknown key(s) {', '.join(unknown)}; allowed: {allowed}")
+    target = _walk_class(cls, parent)
+    allowed = list(target.model_fields) if target is not None else []
+    owner = getattr(target, "__name__", cls.__name__)
+    misplaced = method_option_message(unknown[0], target)
+    if misplaced:
+        return misplaced
+    if target in METHOD_CLASSES.values():
+        owner = f"TrainConfig.method ({target.model_fields['name'].default})"
+    return f"{owner}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}"
 
 
 def method_option_message(key: str, table: Optional[type]) -> Optional[str]:

@@ -11,7 +11,9 @@
   the id :func:`stability.sweep.grid.config_hash` gives the nested config. Cells whose method is the default one with
   its default options hash the same either way and keep their ids; the others get new ones. The files named by
   an id (``records/``, ``runs/``, ``analysis/``, ``cells/``, ``logs/``, ``locks/``) are renamed, and each mention
-  of an id in the directory's JSON, JSONL and CSV files is rewritten: nothing else in them changes.
+  of an id in the directory's JSON, JSONL and CSV files is rewritten: nothing else in them changes. A converted
+  record is one the typed record reads (:class:`stability.sweep.record.SweepRecord`, schema 1: the records written
+  before the method block were schema 1 too, and differ only in their config block).
 
 Every path is read and checked before anything is written; a path that is none of these (a foreign file), or a
 directory a sweep is still writing, is one error line. Each file is written atomically
@@ -21,6 +23,7 @@ on migrated files changes nothing.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -32,6 +35,10 @@ from stability import atomic
 from stability.config import (METHOD_CLASSES, OPTION_METHOD, SECTIONS, ModelConfig, RunConfig, TrainConfig,
                               from_dict, is_flat_config, to_dict)
 from stability.errors import StabilityError, first_line
+from stability.sweep.grid import config_hash, digest
+from stability.sweep.record import RECORD_FORMAT, parse_record
+
+# the checkpoint modules (torch) are imported where a checkpoint is converted: records and JSONs migrate without it
 
 #: the ModelConfig fields a sweep's runner sets from the task (``Task.model_options``) before it records the config
 TASK_FIELDS = ("in_channels", "out_channels", "spatial_ndim", "attention_window")
@@ -85,8 +92,6 @@ def flat_view_hash(config: RunConfig) -> str:
     """A cell's id hash as versions before the nested hash computed it: the options that differ from their
     defaults, the train options in the flat view (``method`` the method's name, its options beside the others,
     every method's options at their defaults)."""
-    from stability.sweep.grid import digest
-
     def flat(train: dict) -> dict:
         method = dict(train.pop("method"))
         return {**train, "method": method.pop("name"), **method}
@@ -107,8 +112,6 @@ def new_cell_id(cell_id: str, config: dict, where: str) -> str:
     """The current id of a cell whose id is ``cell_id`` and whose stored config is ``config`` (a record's: the
     task's model fields filled in, or a cell's: as the grid gave it): ``cell_id`` itself when its hash is the nested
     one, the readable part with the nested hash when it is the flat view's; a StabilityError when it is neither."""
-    from stability.sweep.grid import config_hash
-
     m = _ID.fullmatch(cell_id)
     if m is None:
         raise StabilityError(f"{where}: {cell_id!r} is not a cell id (readable part, '--', 10 hex digits)")
@@ -230,8 +233,6 @@ def _read_json(path: Path) -> Any:
 
 
 def _plan_json(path: Path) -> Migration:
-    from stability.sweep.runner import RECORD_FORMAT
-
     obj = _read_json(path)
     if not isinstance(obj, dict):
         raise StabilityError(_foreign(path))
@@ -253,8 +254,6 @@ def _plan_json(path: Path) -> Migration:
 # ---- results directories ----------------------------------------------------------------------------------
 def _held_lock(results: Path) -> Optional[str]:
     """The cell whose lock a process holds in ``results/locks`` (a sweep at work), or None."""
-    import fcntl
-
     for lock in sorted((results / "locks").glob("*.lock")):
         with open(lock, "a+") as fh:
             try:
@@ -267,8 +266,6 @@ def _held_lock(results: Path) -> Optional[str]:
 
 def _records_in(path: Path, text: str) -> list[tuple[str, str, dict]]:
     """(id, readable cell_id, config) of each record or cell a JSON / JSONL file holds."""
-    from stability.sweep.runner import RECORD_FORMAT
-
     objs = []
     try:
         objs = [json.loads(line) for line in text.splitlines() if line.strip()] if path.suffix == ".jsonl" \
@@ -350,6 +347,7 @@ def _plan_results(results: Path, only: Optional[Path] = None) -> Migration:
         steps = _checkpoint_steps(p, dest, strict=False) if p.suffix == ".pt" and only is None else []
         if p in texts:
             text = swap(_convert_configs(p, texts[p]))
+            _check_records(p, text)
             if text != texts[p]:
                 steps.append(("rewritten", p.name, _writer(dest, text)))
         if dest != p:
@@ -357,6 +355,21 @@ def _plan_results(results: Path, only: Optional[Path] = None) -> Migration:
         (late if p.parent.name == "records" or p.parent == results else migration.steps).extend(steps)
     migration.steps += late
     return migration
+
+
+def _check_records(path: Path, text: str) -> None:
+    """Each sweep record in the converted ``text`` of a JSON or JSONL file is one the typed record reads
+    (:func:`stability.sweep.record.parse_record`): a record that does not fit is one error line before anything is
+    written."""
+    if path.suffix not in (".json", ".jsonl"):
+        return
+    for n, line in enumerate(text.splitlines() if path.suffix == ".jsonl" else [text], 1):
+        try:
+            obj = json.loads(line) if line.strip() else None
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and obj.get("format") == RECORD_FORMAT:
+            parse_record(obj, f"{path}:{n}" if path.suffix == ".jsonl" else str(path))
 
 
 def _substitution(mapping: dict[str, str]) -> Callable[[str], str]:

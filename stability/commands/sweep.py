@@ -7,9 +7,20 @@ was in flight continues from its own checkpoint. See docs/experiments.md.
 from __future__ import annotations
 
 import argparse
+import json
+import shlex
+import shutil
 import sys
+import time
+from pathlib import Path
+from typing import Optional
 
-from stability.commands._types import nonneg_int, positive_int
+from stability.commands._types import check_maxima, default_text, nonneg_int, positive_int, schema_argument
+from stability.config import MAX_WORKERS, SweepSummary
+from stability.errors import ConfigError, StabilityError
+
+# the sweep's modules (the executors import submitit, the record builds its schema) are imported where the command
+# runs, not when `stability --help` imports every command
 
 HELP = "run a grid of training runs (locally, one worker per GPU, or on SLURM via submitit), one record per run"
 
@@ -34,9 +45,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--where", action="append", default=[], metavar="SECTION.OPTION=V[,V...]",
                    help="run only the cells whose option has one of these values (repeatable), e.g. "
                         "--where train.seed=0 --where model.recall=external,internal")
-    from stability.commands._types import default_text, schema_argument
-    from stability.config import SweepSummary
-
     for name in SweepSummary.FLAGS:  # derived from the schema, as train's and analyze's flags
         info = SweepSummary.model_fields[name]
         flag_args, kw = schema_argument(name.replace("_", "-"), name, info, dest=name)
@@ -68,9 +76,6 @@ def _kind(task: str, recall: str) -> tuple[str, str]:
 def _estimate(cells_todo: list, results) -> list[str]:
     """Cost of the remaining cells: per (task, looped or fixed-depth), the mean measured time of the finished runs
     of that kind (of the task when none of the kind has finished) times the number of runs to go."""
-    import json
-    from pathlib import Path
-
     times: dict[tuple, list[float]] = {}
     devices: set = set()
     for path in sorted((Path(results) / "records").glob("*.json")):
@@ -111,9 +116,9 @@ def _estimate(cells_todo: list, results) -> list[str]:
 
 def _export(results) -> None:
     """Every record of the results directory as records.jsonl and records.csv beside records/."""
-    from stability.errors import StabilityError
     from stability.sweep.export import write_records
     from stability.sweep.runner import load_records
+
 
     try:
         records = load_records(results)
@@ -127,8 +132,6 @@ def resume_command(args: argparse.Namespace, results, left: list) -> str:
     """The exact command that resumes an interrupted sweep: the grid, ``--results`` (given or default) and every
     other option given that selects or runs cells. A ``--only`` sweep resumes with ``--only`` of the cells still
     without a record (``--only`` reruns them from scratch, so the finished ones are left out)."""
-    import shlex
-
     cmd = ["stability", "sweep", str(args.grid), "--results", str(results)]
     if args.executor != "local":
         cmd += ["--executor", args.executor]
@@ -142,8 +145,6 @@ def resume_command(args: argparse.Namespace, results, left: list) -> str:
         cmd += ["--where", where]
     if args.only is not None:
         cmd += ["--only", ",".join(c.cell_id or c.id for c in left)]
-    from stability.config import SweepSummary
-
     for name in SweepSummary.FLAGS:
         if getattr(args, name) is not None:
             cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
@@ -156,10 +157,6 @@ def check_counts(args: argparse.Namespace) -> None:
     """Refuse, in one line before any work, a summary flag above its schema maximum and ``--workers`` or ``--gpus``
     above :data:`~stability.config.MAX_WORKERS` (a process each: ``--workers 99999999999`` would exhaust memory
     listing its slots)."""
-    from stability.commands._types import check_maxima
-    from stability.config import MAX_WORKERS, SweepSummary
-    from stability.errors import ConfigError
-
     check_maxima(args, [(n.replace("_", "-"), n, SweepSummary.model_fields[n]) for n in SweepSummary.FLAGS])
     for flag in ("workers", "gpus"):
         value = getattr(args, flag, None)
@@ -168,50 +165,87 @@ def check_counts(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from stability import hardware
-    from stability.errors import ConfigError
-    from stability.sweep import grid as gridlib
-    from stability.sweep.runner import RunOptions, checkpoint_path, outcome_line, record_path
-
     from stability.atomic import check_writable
-    from stability.config import SweepSummary
+    from stability.sweep import executors
+    from stability.sweep import grid as gridlib
+    from stability.sweep.runner import record_path
 
     check_counts(args)
     grid = gridlib.load(args.grid)  # every cell's options validated, their maxima too (dry run and --list as well)
+    cells = _selected_cells(args, grid)
+    results = Path(args.results) if args.results else Path("results") / grid.name
+    check_writable(results, "dir", "--results")
+    _check_executor(args)
+    options = summary_options(args, grid)
+    if options.reproducible and not hardware.env_is_pinned():
+        # the grid asks for pinned kernels: this sweep reruns itself pinned, and its workers inherit the settings
+        return hardware.run_pinned(args._argv, replace=getattr(args, "_top", False))
+    todo = _show_state(args, grid, cells, results)
+    if todo is None:
+        return 0
+    if not todo:
+        print("nothing to run: every selected cell has its record")
+        _export(results)  # every finishing sweep writes them (a killed one may have left them behind)
+        return 0
+    _check_resources(args)
+    results.mkdir(parents=True, exist_ok=True)
+    executors.write_cell_files(todo, results, options, grid.name)
+    try:
+        outcomes = _execute(args, grid, todo, results)
+    except KeyboardInterrupt:
+        left = [c for c in todo if not record_path(results, c.id).exists()]
+        print("interrupted: finished cells keep their records; " + (
+            f"the rest resume with `{resume_command(args, results, left)}`" if left else
+            "every selected cell has its record"), file=sys.stderr)
+        return 130
+    return _finish(args, outcomes, results)
+
+
+def _selected_cells(args: argparse.Namespace, grid) -> list:
+    """The cells ``--where`` and ``--only`` select, each one a task can make (checked before any work; ``--list``
+    shows any grid's cells)."""
+    from stability.sweep import grid as gridlib
+    from stability.tasks import make_task
+
     cells = gridlib.select(grid.cells, args.where)
     if args.only is not None:
         wanted = [w.strip() for w in args.only.split(",") if w.strip()]
         if not wanted:
             raise ConfigError("--only: expected one or more cell ids separated by commas")
         cells = gridlib.find_cells(cells if args.where else grid.cells, wanted, str(args.grid))
-    from stability.tasks import make_task
-
-    for cell in ([] if args.list else cells):  # sizes a task cannot make (a val not disjoint from train), before
-        try:                                    # any work; --list shows any grid's cells
+    for cell in ([] if args.list else cells):  # sizes a task cannot make (a val not disjoint from train)
+        try:
             make_task(cell.config.task)
         except ConfigError as exc:
             raise ConfigError(f"{args.grid}: cell {cell.cell_id or cell.id}: {exc}") from None
-    results = Path(args.results) if args.results else Path("results") / grid.name
-    check_writable(results, "dir", "--results")
+    return cells
+
+
+def _check_executor(args: argparse.Namespace) -> None:
+    """Refuse options of one executor given to the other."""
+
     if args.executor == "local" and args.gpus and args.workers:
         raise ConfigError("--workers counts CPU workers; with --gpus N there is one worker per GPU")
     if args.executor == "slurm" and args.workers:
         raise ConfigError("--workers is for --executor local; on SLURM every cell is its own job")
     if args.executor == "local" and (args.no_wait or args.cluster != "slurm"):
         raise ConfigError("--cluster and --no-wait are options of --executor slurm")
-    # each summary option: the command line, else the grid's [summary] table, else the schema's default
+
+
+def summary_options(args: argparse.Namespace, grid):
+    """How each cell is summarised (:class:`~stability.config.SweepSummary`): each option from the command line,
+    else the grid's ``[summary]`` table, else the schema's default; ``--reproducible`` (global) or the grid's."""
     given = {k: getattr(args, k) for k in SweepSummary.FLAGS if getattr(args, k) is not None}
     chosen = SweepSummary(**{**grid.summary, **given})
-    splits = ("val", "hard") if chosen.analyze_splits == "both" else (chosen.analyze_splits,)
-    options = RunOptions(summary=chosen.summary, analyze_samples=chosen.analyze_samples, analyze_splits=splits,
-                         analyze_max_iter=chosen.analyze_max_iter,
-                         reproducible=bool(args.reproducible or chosen.reproducible),
-                         analyze_geometry=chosen.analyze_geometry)
-    if options.reproducible and not hardware.env_is_pinned():
-        # the grid asks for pinned kernels: this sweep reruns itself pinned, and its workers inherit the settings
-        return hardware.run_pinned(args._argv, replace=getattr(args, "_top", False))
+    return chosen.replace(reproducible=True) if getattr(args, "reproducible", False) else chosen
+
+
+def _show_state(args: argparse.Namespace, grid, cells: list, results: Path) -> Optional[list]:
+    """Print the grid's state; with ``--dry-run`` or ``--list`` the cells (and the estimate), returning None (run
+    nothing); else the cells to run (``--only``: the chosen ones, their old files removed: a rerun from
+    scratch)."""
+    from stability.sweep.runner import analysis_path, checkpoint_path, record_path
 
     done = [c for c in cells if record_path(results, c.id).exists()]
     todo = [c for c in cells if not record_path(results, c.id).exists()]
@@ -228,44 +262,55 @@ def run(args: argparse.Namespace) -> int:
         if args.dry_run:
             for line in _estimate(cells if args.only is not None else todo, results):
                 print(line)
-        return 0
+        return None
     if args.only is not None:  # a rerun from scratch: the chosen cells lose their record, checkpoint, analysis
-        from stability.sweep.runner import analysis_path
-
         for c in cells:
             for path in (record_path(results, c.id), checkpoint_path(results, c.id), analysis_path(results, c.id),
                          checkpoint_path(results, c.id).with_suffix(".metrics.jsonl")):
                 if path.exists():
                     path.unlink()
-        done, todo, partial = [], list(cells), []
-    if not todo:
-        print("nothing to run: every selected cell has its record")
-        _export(results)  # every finishing sweep writes them (a killed one may have left them behind)
-        return 0
+        return list(cells)
+    return todo
+
+
+def _check_resources(args: argparse.Namespace) -> None:
+    """The GPUs asked for are here; submitit and, on a cluster, ``sbatch`` for ``--executor slurm``."""
     if args.executor == "local" and args.gpus:
         import torch
 
         available = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if args.gpus > available:
             raise ConfigError(f"--gpus {args.gpus}: only {available} CUDA device(s) are available here")
-
     if args.executor == "slurm":
         from stability.extras import require
 
         require("submitit", "--executor slurm")
-    if args.executor == "slurm" and args.cluster == "slurm":
-        import shutil
+    if args.executor == "slurm" and args.cluster == "slurm" and shutil.which("sbatch") is None:
+        raise ConfigError("--executor slurm: no `sbatch` here (not a SLURM login node); run on the cluster, or "
+                          "try the same path locally with --cluster local")
 
-        if shutil.which("sbatch") is None:
-            raise ConfigError("--executor slurm: no `sbatch` here (not a SLURM login node); run on the cluster, or "
-                              "try the same path locally with --cluster local")
-    from stability.sweep.executors import run_local, run_submitit, write_cell_files
 
-    results.mkdir(parents=True, exist_ok=True)
-    write_cell_files(todo, results, options, grid.name)
-    import time
+def _execute(args: argparse.Namespace, grid, todo: list, results: Path) -> list:
+    """Run the cells (a local pool or submitit), printing one line per finished cell with the time left."""
+    from stability.sweep import executors
 
+    report = _reporter(args, todo)
+    if args.executor == "local":
+        return executors.run_local([c.id for c in todo], results, workers=args.workers or 1, gpus=args.gpus,
+                                   report=report, progress=None if args.quiet else _progress)
+    return executors.run_submitit(todo, results, cluster=args.cluster, gpus=args.gpus, name=f"stability-{grid.name}",
+                                  wait=not args.no_wait, report=None if args.no_wait else report)
+
+
+def _progress(slot: str, cid: str, text: str) -> None:
+    print(f"      {slot}: {text}", flush=True)
+
+
+def _reporter(args: argparse.Namespace, todo: list):
+    """The callback that prints a cell's outcome: ``[k/n] status name accuracies seconds`` and the time left (the
+    wall time per finished cell so far, the workers side by side included, times the cells to go)."""
     from stability.analysis.cost import clock
+    from stability.sweep.runner import outcome_line
 
     counter = {"n": 0}
     names = {c.id: c.cell_id for c in todo}
@@ -279,30 +324,16 @@ def run(args: argparse.Namespace) -> int:
             return
         name = line.get("cell_id") or names.get(line["id"], line["id"])
         left = len(todo) - counter["n"]
-        # the time left: the wall time per finished cell so far (the workers side by side included) × cells to go
         eta = f"  about {clock((time.monotonic() - started) / counter['n'] * left)} left" if left else ""
         print(f"[{counter['n']}/{len(todo)}] {line['status']:8s} {name}  {_fmt_acc(line.get('accuracy'))}"
               f"  {line.get('seconds', 0.0):.1f} s{msg}{eta}", flush=True)
 
-    def progress(slot: str, cid: str, text: str) -> None:
-        if not args.quiet:
-            print(f"      {slot}: {text}", flush=True)
+    return report
 
-    ids = [c.id for c in todo]
-    try:
-        if args.executor == "local":
-            outcomes = run_local(ids, results, workers=args.workers or 1, gpus=args.gpus, report=report,
-                                 progress=progress)
-        else:
-            outcomes = run_submitit(todo, results, cluster=args.cluster, gpus=args.gpus,
-                                    name=f"stability-{grid.name}", wait=not args.no_wait,
-                                    report=None if args.no_wait else report)
-    except KeyboardInterrupt:
-        left = [c for c in todo if not record_path(results, c.id).exists()]
-        print("interrupted: finished cells keep their records; " + (
-            f"the rest resume with `{resume_command(args, results, left)}`" if left else
-            "every selected cell has its record"), file=sys.stderr)
-        return 130
+
+def _finish(args: argparse.Namespace, outcomes: list, results: Path) -> int:
+    """The submitted jobs (``--no-wait``), or the summary of the outcomes, the records exported; 1 when a cell
+    failed."""
     if args.no_wait:
         for o in outcomes:
             print(f"submitted {o['id']}  job {o['job_id']}")

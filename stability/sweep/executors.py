@@ -30,18 +30,20 @@ try:  # the optional ``sweep`` extra; only --executor slurm needs it (local pool
 except ImportError:
     Checkpointable = object
 
+from stability.config import SweepSummary
 from stability.errors import ConfigError
 from stability.sweep.grid import SLURM_KEYS
-from stability.sweep.runner import RunOptions, atomic_write_json, cell_file, run_cell_file
+from stability.sweep.runner import atomic_write_json, cell_file, run_cell_file
 
 Report = Callable[[dict], None]
 
 
-def write_cell_files(cells: list, results: Path, options: RunOptions, grid_name: str) -> None:
-    """DIR/cells/<id>.json for every cell: the cell, its grid's name and the summary options."""
+def write_cell_files(cells: list, results: Path, options: SweepSummary, grid_name: str) -> None:
+    """DIR/cells/<id>.json for every cell: the cell, its grid's name and the summary options (in a record's form,
+    :meth:`~stability.config.SweepSummary.to_record`)."""
     for cell in cells:
         atomic_write_json(cell_file(results, cell.id),
-                          {"format": "stability-sweep-cell", "grid": grid_name, "options": options.to_dict(),
+                          {"format": "stability-sweep-cell", "grid": grid_name, "options": options.to_record(),
                            **cell.to_dict()})
 
 

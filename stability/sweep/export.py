@@ -19,6 +19,9 @@ import json
 from pathlib import Path
 
 from stability import atomic
+from stability.config import RunConfig, from_dict
+from stability.errors import ConfigError, StabilityError
+from stability.sweep.record import parse_record
 
 #: per-split analysis quantities in the CSV (the keys of ``runner.analysis_summary``)
 ANALYSIS_COLUMNS = ("samples", "converged_fraction", "rho_J_median", "rho_M_median", "rho_Wx",
@@ -100,11 +103,9 @@ def write_records(records: list[dict], out_dir: Path) -> list[Path]:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """The records of a ``records.jsonl`` file (one written before the method block refused, naming
-    ``stability migrate``)."""
-    from stability.errors import StabilityError
-    from stability.sweep.runner import check_config_shape
-
+    """The records of a ``records.jsonl`` file, each validated through the typed record
+    (:class:`~stability.sweep.record.SweepRecord`; one written before the method block refused, naming ``stability
+    migrate``)."""
     out = []
     try:
         lines = Path(path).read_text().splitlines()
@@ -114,11 +115,10 @@ def read_jsonl(path: Path) -> list[dict]:
         if not line.strip():
             continue
         try:
-            out.append(json.loads(line))
+            obj = json.loads(line)
         except json.JSONDecodeError:
             raise StabilityError(f"{path}:{n}: not a JSON record") from None
-        if isinstance(out[-1], dict):
-            check_config_shape(out[-1], f"{path}:{n}", path)
+        out.append(parse_record(obj, f"{path}:{n}", path).to_dict())
     return out
 
 
@@ -126,9 +126,6 @@ def canonical_config(config: dict) -> dict:
     """A stored RunConfig dict through the current schema (the fields it predates at their defaults); a block the
     schema refuses (one written before the method block: ``stability migrate`` converts it) is returned as it
     is."""
-    from stability.config import RunConfig, from_dict
-    from stability.errors import ConfigError
-
     try:
         return from_dict(RunConfig, config).to_dict()
     except ConfigError:

@@ -16,64 +16,40 @@ leaves no record, so the next sweep retries the cell.
 
 The record (schema 1; see docs/experiments.md) holds the cell's config, the final metrics (val / hard accuracy
 at the test iteration and against iteration), the training-time monitor history, the stability summary
-(ρ(W_x), median ρ(J*), converged fraction, median ‖dx*/dx0‖_F) and the compact ``analyze`` summary, and timings.
+(ρ(W_x), median ρ(J*), converged fraction, median ‖dx*/dx0‖_F) and the compact ``analyze`` summary, and timings;
+its format is the typed :class:`stability.sweep.record.SweepRecord`, through which it is built and read.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import platform
+import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from stability import atomic, hardware
-from stability.stats import FIXED_POINT_STATUSES, median
+from stability.analysis.options import DEFAULT_STAGES, AnalysisOptions
+from stability.config import SweepSummary
 from stability.errors import EXIT_TERMINATED, DivergenceError, StabilityError, Terminated
+from stability.processes import die_with_parent
+from stability.stats import FIXED_POINT_STATUSES, median
+from stability.sweep.grid import Cell
+from stability.tasks import make_task
+# the record's format and its loaders live in stability.sweep.record; named here as well, where the sweep's other
+# modules and the tests have always found them
+from stability.sweep.record import (RECORD_FORMAT, RECORD_SCHEMA, SweepRecord, check_config_shape,  # noqa: F401
+                                    load_records, read_record)
 
-RECORD_FORMAT = "stability-sweep-record"
-RECORD_SCHEMA = 1
+# torch, the trainer, the checkpoint reader and the analysis pipeline are imported where a cell trains or is
+# summarised: the sweep command imports this module for its paths (a dry run, --list) without them
+
 SUMMARIES = ("analyze", "monitor")
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """How each cell is summarised after training.
-
-    ``summary``: ``analyze`` runs the analysis pipeline of ``stability analyze`` on the first ``analyze_samples``
-    samples of each of ``analyze_splits`` (its full report goes to DIR/analysis/), ``monitor`` only measures the
-    stability monitor's four quantities on the val probe (cheaper). ``analyze_max_iter``: the solver's budget.
-    ``reproducible``: the cells run with pinned CPU kernels (:mod:`stability.hardware`); written into the options
-    only when set, so the records of grids that never asked for it keep their shape. ``analyze_geometry``: the
-    analysis adds the geometry stage (radii of stability in parameter space; off by default, and then neither the
-    options nor the records change).
-    """
-
-    summary: str = "analyze"
-    analyze_samples: int = 8
-    analyze_splits: tuple = ("val",)
-    analyze_max_iter: int = 500
-    reproducible: bool = False
-    analyze_geometry: bool = False
-
-    def to_dict(self) -> dict:
-        out = {"summary": self.summary, "analyze_samples": self.analyze_samples,
-               "analyze_splits": list(self.analyze_splits), "analyze_max_iter": self.analyze_max_iter}
-        if self.reproducible:
-            out["reproducible"] = True
-        if self.analyze_geometry:
-            out["analyze_geometry"] = True
-        return out
-
-    @staticmethod
-    def from_dict(d: dict) -> "RunOptions":
-        return RunOptions(summary=d["summary"], analyze_samples=int(d["analyze_samples"]),
-                          analyze_splits=tuple(d["analyze_splits"]), analyze_max_iter=int(d["analyze_max_iter"]),
-                          reproducible=bool(d.get("reproducible", False)),
-                          analyze_geometry=bool(d.get("analyze_geometry", False)))
 
 
 # ---- paths and files ---------------------------------------------------------------------------------
@@ -94,47 +70,9 @@ def atomic_write_json(path: Path, obj) -> None:
     atomic.write_json(path, obj)
 
 
-def read_record(path: Path) -> dict:
-    """A record, checked to be one (StabilityError with one line otherwise)."""
-    try:
-        rec = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise StabilityError(f"{path}: not a readable sweep record ({type(exc).__name__})") from None
-    if not isinstance(rec, dict) or rec.get("format") != RECORD_FORMAT:
-        raise StabilityError(f"{path}: not a sweep record (no '{RECORD_FORMAT}' marker)")
-    if rec.get("schema_version") != RECORD_SCHEMA:
-        raise StabilityError(f"{path}: sweep record schema {rec.get('schema_version')!r} is not supported "
-                             f"(this toolkit reads {RECORD_SCHEMA})")
-    check_config_shape(rec, path, Path(path).parent.parent)
-    return rec
-
-
-def check_config_shape(obj: dict, path, migrate_path) -> None:
-    """Refuse (one line naming ``stability migrate``) a record whose config was written before the method block."""
-    from stability.config import is_flat_config
-
-    if is_flat_config(obj.get("config")):
-        raise StabilityError(f"{path}: written before the method block (its config has the method options beside "
-                             f"the train options); convert it once with `stability migrate {migrate_path}`")
-
-
-def load_records(results: Path) -> list[dict]:
-    """Every record under ``results/records`` (sorted by id); a StabilityError when there is none."""
-    results = Path(results)
-    if not results.exists():
-        raise StabilityError(f"{results}: no such results directory")
-    folder = results / "records"
-    paths = sorted(folder.glob("*.json")) if folder.is_dir() else []
-    if not paths:
-        raise StabilityError(f"{results}: no sweep records (expected {folder}/*.json; run `stability sweep` first)")
-    return [read_record(p) for p in paths]
-
-
 @contextmanager
 def cell_lock(results: Path, cell_id: str):
     """An exclusive, non-blocking lock on the cell (fcntl.flock): yields False when another process holds it."""
-    import fcntl
-
     path = Path(results) / "locks" / f"{cell_id}.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     fh = open(path, "a+")
@@ -237,8 +175,6 @@ def _stability_from_analysis(summary: dict) -> dict:
 
 def _with_task_options(config):
     """The config as the trainer stores it: the model fields the task decides filled in (``Task.model_options``)."""
-    from stability.tasks import make_task
-
     model = config.model.replace(**make_task(config.task).model_options())
     return config if model == config.model else config.replace(model=model)
 
@@ -256,23 +192,41 @@ def _environment(device) -> dict:
             "hardware": hardware.signature()}
 
 
-def _clean(obj):
-    from stability.atomic import clean
-
-    return clean(obj)
-
-
 # ---- one cell -------------------------------------------------------------------------------------------
-def run_cell(cell, results: Path, options: RunOptions = RunOptions(), *, grid_name: str = "",
+@dataclass
+class _Trained:
+    """A cell's training as the record tells it: how it ended, its history, final evaluation and config as
+    trained, the epoch it resumed from and the seconds of the train call."""
+
+    status: str
+    error: Optional[str]
+    config: object
+    checkpoint: Path
+    device: object
+    history: list = field(default_factory=list)
+    final: Optional[dict] = None
+    resumed_from: int = 0
+    train_call: float = 0.0
+
+
+@dataclass
+class _Summary:
+    """The stability summary, the compact analysis, the note saying why there is none, and their seconds."""
+
+    stability: Optional[dict] = None
+    analysis: Optional[dict] = None
+    note: Optional[str] = None
+    seconds: float = 0.0
+
+
+def run_cell(cell, results: Path, options: SweepSummary = SweepSummary(), *, grid_name: str = "",
              log=None) -> dict:
     """Run one cell unless its record exists; returns {"id", "status", "record"?, "seconds", "message"}.
 
     status: ``skipped`` (a record exists), ``busy`` (another process holds the cell), ``done`` or ``diverged``
-    (a record was written). Other errors propagate (no record: the cell will be retried).
+    (a record was written). Other errors propagate (no record: the cell will be retried). ``options``: how the
+    cell is summarised after training (the grid's :class:`~stability.config.SweepSummary`).
     """
-    from stability import checkpoint as ckpt
-    from stability.train.loop import resolve_device, train
-
     say = log or (lambda msg: None)
     results = Path(results)
     rpath = record_path(results, cell.id)
@@ -287,93 +241,120 @@ def run_cell(cell, results: Path, options: RunOptions = RunOptions(), *, grid_na
         if rpath.exists():  # finished by another process while we waited for nothing
             return {"id": cell.id, "status": "skipped", "seconds": 0.0, "message": "record exists"}
         t0, cpu0 = time.perf_counter(), time.process_time()
-        out = checkpoint_path(results, cell.id)
-        resumed_from = 0
-        if out.exists():
-            try:
-                resumed_from = int(ckpt.read(out)["epoch"])
-            except StabilityError:
-                out.unlink()  # a corrupt leftover cannot be resumed: start again
-            else:
-                say(f"{cell.id}: resuming from its checkpoint at epoch {resumed_from}/{cell.config.train.epochs}")
-        device = resolve_device(cell.config.train.device)
-        status, error, result = "done", None, None
         name = cell.cell_id or cell.id
-        say(f"{name}: training ({cell.config.train.epochs} epochs)")
-        t_train = time.perf_counter()
+        trained = _train_cell(cell, results, say)
+        summary = _summary_of(trained, results, cell.id, options, lambda m: say(f"{name}: {m}"))
+        record = _record(cell, results, grid_name, options, trained, summary, t0, cpu0).to_dict()
+        atomic_write_json(rpath, record)
+        return {"id": cell.id, "status": trained.status, "record": record, "seconds": time.perf_counter() - t0,
+                "message": trained.error or ""}
+
+
+def _train_cell(cell, results: Path, say) -> _Trained:
+    """Train the cell, continuing its checkpoint where one is left (a corrupt leftover starts again); a divergence
+    is a result (status ``diverged``), any other error propagates."""
+    from stability import checkpoint as ckpt
+    from stability.train.loop import resolve_device, train
+
+    out = checkpoint_path(results, cell.id)
+    resumed_from = 0
+    if out.exists():
         try:
-            result = train(cell.config, out, resume=True, progress=False)
-        except DivergenceError as exc:
-            status, error = "diverged", str(exc)
-        train_call = time.perf_counter() - t_train
-        say(f"{name}: training {status} in {train_call:.1f} s")
-
-        history, final, trained_config = [], None, _with_task_options(cell.config)
-        if out.exists():
-            obj = ckpt.read(out)
-            history, final = list(obj["history"]), obj.get("final")
-            trained_config = ckpt.run_config(obj, out)
-        if result is not None:
-            final = result.final
-        epoch_seconds = sum(float(r.get("seconds", 0.0)) for r in history)
-        epochs_here = [r for r in history if int(r.get("epoch", 0)) > resumed_from]
-        overhead = max(0.0, train_call - sum(float(r.get("seconds", 0.0)) for r in epochs_here))
-
-        t_sum = time.perf_counter()
-        stability_summary, analysis, analysis_note = None, None, None
-        if status == "done" and trained_config.model.recall != "fixed":
-            stability_summary, analysis, analysis_note = _summarise(out, results, cell.id, options, device,
-                                                                    trained_config.train.test_iterations,
-                                                                    log=lambda m: say(f"{name}: {m}"))
-        elif trained_config.model.recall == "fixed":
-            analysis_note = "a fixed-depth baseline has no loop map: no fixed-point analysis"
-        summary_seconds = time.perf_counter() - t_sum
-
-        from stability.analysis.monitor import monitor_history
-
-        record = {
-            "format": RECORD_FORMAT,
-            "schema_version": RECORD_SCHEMA,
-            "id": cell.id,
-            "cell_id": cell.cell_id or cell.id,
-            "grid": grid_name,
-            "axes": cell.axes,
-            "config": trained_config.to_dict(),
-            "status": status,
-            "error": error,
-            "checkpoint": str(out.relative_to(results)),
-            "epochs_completed": history[-1]["epoch"] if history else 0,
-            "final": final_metrics(final),
-            "loss_last": history[-1]["loss"] if history else None,
-            "monitor": monitor_history(history),
-            # per-epoch training curves: the loss, and the accuracy on training inputs where train_accuracy_samples
-            # asked for it (how well each run fits what it was trained on, beside what it generalises to)
-            "curves": {"epoch": [r.get("epoch") for r in history], "loss": [r.get("loss") for r in history],
-                       "train_accuracy": [r.get("train_accuracy") for r in history]},
-            "stability": stability_summary,
-            "analysis": analysis,
-            "analysis_note": analysis_note,
-            "options": options.to_dict(),
-            "timing": {
-                "epoch_seconds": epoch_seconds,
-                "eval_and_io_seconds": overhead,
-                "summary_seconds": summary_seconds,
-                "run_seconds": epoch_seconds + overhead + summary_seconds,
-                "wall_seconds": time.perf_counter() - t0,
-                # CPU seconds of this process (all its threads): what the cell costs on a free core, whatever the
-                # machine's load made of its wall time
-                "cpu_seconds": time.process_time() - cpu0,
-                "resumed_from_epoch": resumed_from,
-            },
-            "environment": _environment(device),
-            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
-        atomic_write_json(rpath, _clean(record))
-        return {"id": cell.id, "status": status, "record": record, "seconds": time.perf_counter() - t0,
-                "message": error or ""}
+            resumed_from = int(ckpt.read(out)["epoch"])
+        except StabilityError:
+            out.unlink()  # a corrupt leftover cannot be resumed: start again
+        else:
+            say(f"{cell.id}: resuming from its checkpoint at epoch {resumed_from}/{cell.config.train.epochs}")
+    trained = _Trained("done", None, None, out, resolve_device(cell.config.train.device), resumed_from=resumed_from)
+    name = cell.cell_id or cell.id
+    say(f"{name}: training ({cell.config.train.epochs} epochs)")
+    t_train = time.perf_counter()
+    result = None
+    try:
+        result = train(cell.config, out, resume=True, progress=False)
+    except DivergenceError as exc:
+        trained.status, trained.error = "diverged", str(exc)
+    trained.train_call = time.perf_counter() - t_train
+    say(f"{name}: training {trained.status} in {trained.train_call:.1f} s")
+    trained.config = _with_task_options(cell.config)
+    if out.exists():
+        obj = ckpt.read(out)
+        trained.history, trained.final = list(obj["history"]), obj.get("final")
+        trained.config = ckpt.run_config(obj, out)
+    if result is not None:
+        trained.final = result.final
+    return trained
 
 
-def _summarise(ckpt_path: Path, results: Path, cell_id: str, options: RunOptions, device, test_iterations: int,
+def _summary_of(trained: _Trained, results: Path, cell_id: str, options: SweepSummary, say) -> _Summary:
+    """The summary of a trained looped model (none for a diverged run; a note for a fixed-depth baseline)."""
+    t_sum = time.perf_counter()
+    summary = _Summary()
+    if trained.status == "done" and trained.config.model.recall != "fixed":
+        summary.stability, summary.analysis, summary.note = _summarise(
+            trained.checkpoint, results, cell_id, options, trained.device, trained.config.train.test_iterations,
+            log=say)
+    elif trained.config.model.recall == "fixed":
+        summary.note = "a fixed-depth baseline has no loop map: no fixed-point analysis"
+    summary.seconds = time.perf_counter() - t_sum
+    return summary
+
+
+def _record(cell, results: Path, grid_name: str, options: SweepSummary, trained: _Trained, summary: _Summary,
+            t0: float, cpu0: float) -> SweepRecord:
+    """The cell's record, built through the typed :class:`~stability.sweep.record.SweepRecord`."""
+    from stability.analysis.monitor import monitor_history
+
+    history = trained.history
+    return SweepRecord(**atomic.clean({
+        "format": RECORD_FORMAT,
+        "schema_version": RECORD_SCHEMA,
+        "id": cell.id,
+        "cell_id": cell.cell_id or cell.id,
+        "grid": grid_name,
+        "axes": cell.axes,
+        "config": trained.config.to_dict(),
+        "status": trained.status,
+        "error": trained.error,
+        "checkpoint": str(trained.checkpoint.relative_to(results)),
+        "epochs_completed": history[-1]["epoch"] if history else 0,
+        "final": final_metrics(trained.final),
+        "loss_last": history[-1]["loss"] if history else None,
+        "monitor": monitor_history(history),
+        # per-epoch training curves: the loss, and the accuracy on training inputs where train_accuracy_samples
+        # asked for it (how well each run fits what it was trained on, beside what it generalises to)
+        "curves": {"epoch": [r.get("epoch") for r in history], "loss": [r.get("loss") for r in history],
+                   "train_accuracy": [r.get("train_accuracy") for r in history]},
+        "stability": summary.stability,
+        "analysis": summary.analysis,
+        "analysis_note": summary.note,
+        "options": options,
+        "timing": _timing(trained, summary, t0, cpu0),
+        "environment": _environment(trained.device),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }))
+
+
+def _timing(trained: _Trained, summary: _Summary, t0: float, cpu0: float) -> dict:
+    """Where the cell's time went: all its epochs (across resumes), the rest of this process's train call (final
+    evaluation, monitor, checkpoints), the summary; their sum is the run's cost on its device."""
+    epoch_seconds = sum(float(r.get("seconds", 0.0)) for r in trained.history)
+    epochs_here = [r for r in trained.history if int(r.get("epoch", 0)) > trained.resumed_from]
+    overhead = max(0.0, trained.train_call - sum(float(r.get("seconds", 0.0)) for r in epochs_here))
+    return {
+        "epoch_seconds": epoch_seconds,
+        "eval_and_io_seconds": overhead,
+        "summary_seconds": summary.seconds,
+        "run_seconds": epoch_seconds + overhead + summary.seconds,
+        "wall_seconds": time.perf_counter() - t0,
+        # CPU seconds of this process (all its threads): what the cell costs on a free core, whatever the
+        # machine's load made of its wall time
+        "cpu_seconds": time.process_time() - cpu0,
+        "resumed_from_epoch": trained.resumed_from,
+    }
+
+
+def _summarise(ckpt_path: Path, results: Path, cell_id: str, options: SweepSummary, device, test_iterations: int,
                log=None):
     """(stability summary, analysis summary, note) of a trained looped model; ``log`` hears each stage."""
     say = log or (lambda msg: None)
@@ -390,9 +371,9 @@ def _summarise(ckpt_path: Path, results: Path, cell_id: str, options: RunOptions
     from stability.analysis.pipeline import analyze_checkpoint
 
     aopts = analysis_options(options, test_iterations, device.type)
-    say(f"analysis: {options.analyze_samples} samples of {', '.join(options.analyze_splits)}")
+    say(f"analysis: {options.analyze_samples} samples of {', '.join(options.splits)}")
     t = time.perf_counter()
-    analysis = analyze_checkpoint(ckpt_path, splits=tuple(options.analyze_splits), options=aopts, log=say)
+    analysis = analyze_checkpoint(ckpt_path, splits=options.splits, options=aopts, log=say)
     say(f"analysis done in {time.perf_counter() - t:.1f} s")
     analysis.write_json(analysis_path(results, cell_id))
     summary = analysis_summary(analysis.to_json())
@@ -408,8 +389,6 @@ def analysis_options(options, test_iterations: int, device: str):
     """The :class:`~stability.config.AnalysisOptions` a sweep cell's summary runs with (``options``: the grid's
     :class:`~stability.config.SweepSummary`): its samples, budget and stages, the geometry stage's sample choice
     pinned (:data:`SWEEP_GEOMETRY`), one split after the other (the sweep runs cells side by side)."""
-    from stability.analysis.options import DEFAULT_STAGES, AnalysisOptions
-
     return AnalysisOptions(samples=options.analyze_samples, max_iter=options.analyze_max_iter,
                            stages=DEFAULT_STAGES + (("geometry",) if options.analyze_geometry else ()),
                            iterations=test_iterations, device=device, workers=1, **SWEEP_GEOMETRY)
@@ -433,8 +412,6 @@ def outcome_line(outcome: dict) -> dict:
 def run_cell_file(results: Path, cell_id: str, log=None) -> dict:
     """Run the cell described by DIR/cells/<id>.json (see :func:`stability.sweep.executors.write_cell_files`);
     writes its outcome to DIR/logs/<id>.status.json and returns it."""
-    from stability.sweep.grid import Cell
-
     results = Path(results)
     path = cell_file(results, cell_id)
     try:
@@ -442,21 +419,18 @@ def run_cell_file(results: Path, cell_id: str, log=None) -> dict:
     except (OSError, json.JSONDecodeError) as exc:
         raise StabilityError(f"{path}: cannot read the cell ({type(exc).__name__})") from None
     cell = Cell.from_dict(data)
-    outcome = outcome_line(run_cell(cell, results, RunOptions.from_dict(data["options"]), grid_name=data["grid"],
-                                    log=log))
+    options = SweepSummary.from_record(data["options"])
+    outcome = outcome_line(run_cell(cell, results, options, grid_name=data["grid"], log=log))
     atomic_write_json(results / "logs" / f"{cell_id}.status.json", outcome)
     return outcome
 
 
 def main(argv: Optional[list] = None) -> int:
     """``python -m stability.sweep.runner RESULTS CELL_ID``: the local pool's worker process."""
-    import sys
-
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
         print("usage: python -m stability.sweep.runner RESULTS CELL_ID", file=sys.stderr)
         return 2
-    from stability.processes import die_with_parent
 
     die_with_parent()  # a sweep killed with SIGKILL takes its workers with it: no orphan finishes a cell
     try:

@@ -244,11 +244,13 @@ def test_an_old_schema_2_json_is_still_compared_and_shown(tmp_path):
 
 def test_a_grid_can_ask_the_sweep_for_the_geometry_stage(tmp_path):
     from stability.sweep import grid as gridlib
-    from stability.sweep.runner import RunOptions, analysis_summary
+    from stability.config import SweepSummary
+    from stability.sweep.runner import analysis_summary
 
-    assert "analyze_geometry" not in RunOptions().to_dict()  # the existing grids' records keep their shape
-    opts = RunOptions(analyze_geometry=True)
-    assert RunOptions.from_dict(opts.to_dict()) == opts and RunOptions.from_dict(RunOptions().to_dict()) == RunOptions()
+    assert "analyze_geometry" not in SweepSummary().to_record()  # the existing grids' records keep their shape
+    opts = SweepSummary(analyze_geometry=True)
+    assert SweepSummary.from_record(opts.to_record()) == opts
+    assert SweepSummary.from_record(SweepSummary().to_record()) == SweepSummary()
     toml = tmp_path / "g.toml"
     toml.write_text('name = "g"\n[fixed.task]\nname = "prefix-sums"\n[axes.model]\nrecall = ["external"]\n'
                     '[summary]\nanalyze_geometry = true\n')

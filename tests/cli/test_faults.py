@@ -165,12 +165,13 @@ def test_a_sweep_with_nothing_left_to_run_still_writes_its_records(tmp_path):
     """A sweep killed after its last cell's record but before the export: the rerun has nothing to run, and still
     writes records.jsonl and records.csv."""
     from stability.sweep import grid as gridlib
-    from stability.sweep.runner import RunOptions, run_cell
+    from stability.config import SweepSummary
+    from stability.sweep.runner import run_cell
 
     grid = _tiny_grid(tmp_path / "tiny.toml")
     results = tmp_path / "results"
     (cell,) = gridlib.load(grid).cells
-    assert run_cell(cell, results, RunOptions(summary="monitor"))["status"] == "done"
+    assert run_cell(cell, results, SweepSummary(summary="monitor"))["status"] == "done"
     assert not (results / "records.jsonl").exists()  # the state a sweep killed before its export leaves
     proc = run_cli("sweep", grid, "--results", results, "--summary", "monitor")
     assert "nothing to run" in proc.stdout

@@ -212,17 +212,18 @@ def test_a_grid_reproducible_key_must_be_a_boolean(tmp_path):
 def test_a_cell_that_asks_for_pinned_kernels_refuses_to_run_unpinned(tmp_path, monkeypatch):
     from stability.errors import StabilityError
     from stability.sweep import grid as gridlib
-    from stability.sweep.runner import RunOptions, run_cell
+    from stability.config import SweepSummary
+    from stability.sweep.runner import run_cell
 
     monkeypatch.delenv(hardware.MARKER, raising=False)
     path = tmp_path / "g.toml"
     path.write_text('name = "g"\n[fixed.task]\nname = "prefix-sums"\n')
     cell = gridlib.load(path).cells[0]
     with pytest.raises(StabilityError, match="reproducible mode"):
-        run_cell(cell, tmp_path / "r", RunOptions(reproducible=True))
+        run_cell(cell, tmp_path / "r", SweepSummary(reproducible=True))
     assert not (tmp_path / "r" / "runs").exists()
-    assert RunOptions.from_dict(RunOptions(reproducible=True).to_dict()).reproducible
-    assert "reproducible" not in RunOptions().to_dict()  # unpinned grids' records keep their shape
+    assert SweepSummary.from_record(SweepSummary(reproducible=True).to_record()).reproducible
+    assert "reproducible" not in SweepSummary().to_record()  # unpinned grids' records keep their shape
 
 
 def test_reproducible_training_refuses_what_it_cannot_pin_with_one_line(tmp_path):

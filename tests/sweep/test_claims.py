@@ -299,9 +299,9 @@ def test_the_registered_claims_file_loads_and_registers_the_issues_claims():
 
 
 BAD = [
-    ("top-level unknown key", lambda d: d.update(alpah=0.05), "unknown key 'alpah'; allowed: format"),
+    ("top-level unknown key", lambda d: d.update(alpah=0.05), "unknown key(s) alpah; allowed: format"),
     ("claim unknown key", lambda d: d["claim"][0].update(directon="greater"),
-     "claim 'c': unknown key 'directon'; allowed: id, paper"),
+     "claim 'c': unknown key(s) directon; allowed: id, paper"),
     ("wrong test", lambda d: d["claim"][0].update(test="t-test"), "claim 'c'.test: 't-test' is not allowed"),
     ("wrong norm", lambda d: d["claim"][0]["a"].update(norm=["layer"]), "claim 'c'.a.norm[0]: 'layer' is not allowed"),
     ("wrong lr word", lambda d: d["claim"][0]["a"].update(lr=["lowermost"]),
@@ -481,6 +481,16 @@ def test_the_claims_tables_in_the_readme_and_replication_page_are_the_output_of_
             shutil.copy(ROOT / page, copy)
             run_cli("claims", source, "--claims", "experiments/claims.toml", "--markdown", copy, cwd=ROOT)
             assert copy.read_text(encoding="utf-8") == text, f"{page}: the {source} block is stale"
+
+
+def test_the_committed_verdicts_json_is_what_stability_claims_writes_from_the_committed_records(tmp_path):
+    """experiments/results/replication/claims.json, regenerated from the committed records and claims file the way
+    it was made (from the checkout's root), is the committed file byte for byte: a change to the engine that moves
+    a verdict, a number or the JSON's shape fails here."""
+    out = tmp_path / "claims.json"
+    run_cli("claims", "experiments/results/replication", "--claims", "experiments/claims.toml", "--json", out,
+            cwd=ROOT)
+    assert out.read_bytes() == (SECOND / "claims.json").read_bytes()
 
 
 def test_figure3_draws_the_configuration_the_registered_rule_selects():

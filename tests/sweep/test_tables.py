@@ -20,12 +20,24 @@ from tests.conftest import run_cli
 
 
 def record(task, norm, recall, lr, seed, val, hard, *, status="done", width=256, T=500):
+    """A whole sweep record (every key the typed record has) with these accuracies in percent."""
     config = RunConfig(model=ModelConfig(recall=recall, norm=norm, width=width), task=TaskConfig(name=task),
                        train=TrainConfig(lr=lr, seed=seed))
     final = None if status == "diverged" else {
-        s: {"test_iteration": T, "accuracy": a / 100, "curve": [a / 100] * 3} for s, a in (("val", val), ("hard", hard))}
-    return {"format": RECORD_FORMAT, "schema_version": RECORD_SCHEMA, "id": f"{task}-{norm}-{recall}-{lr}-{seed}-{width}",
-            "config": config.to_dict(), "status": status, "final": final}
+        s: {"test_iteration": T, "accuracy": a / 100, "position_accuracy": None, "best_accuracy": a / 100,
+            "best_iteration": 3, "n": 100, "curve": [a / 100] * 3} for s, a in (("val", val), ("hard", hard))}
+    rid = f"{task}-{norm}-{recall}-{lr}-{seed}-{width}"
+    return {"format": RECORD_FORMAT, "schema_version": RECORD_SCHEMA, "id": rid, "cell_id": rid, "grid": "test",
+            "axes": {}, "config": config.to_dict(), "status": status,
+            "error": "loss is nan" if status == "diverged" else None, "checkpoint": f"runs/{rid}.pt",
+            "epochs_completed": 1, "final": final, "loss_last": 0.1, "monitor": [], "stability": None,
+            "analysis": None, "analysis_note": None,
+            "options": {"summary": "analyze", "analyze_samples": 4, "analyze_splits": ["val", "hard"],
+                        "analyze_max_iter": 500},
+            "timing": {"epoch_seconds": 1.0, "eval_and_io_seconds": 0.5, "summary_seconds": 0.5, "run_seconds": 2.0,
+                       "wall_seconds": 2.0, "cpu_seconds": 2.0, "resumed_from_epoch": 0},
+            "environment": {"device": "cpu", "host": "test", "torch": "2", "package": "0", "cuda_visible_devices": None},
+            "finished_at": "2026-01-01T00:00:00+0000"}
 
 
 def paper_like():
@@ -120,8 +132,10 @@ def analysed(norm, recall, lr, seed, hard, *, conv, rho_J=None, rho_Wx=None, gra
     """A record with an analysis summary on val and hard (conv = converged share; rho_J None: undefined)."""
     rec = record("prefix-sums", norm, recall, lr, seed, hard if val is None else val, hard, T=60)
     rec["cell_id"] = f"ps-{recall}-{norm}-lr{lr:g}-s{seed}"
-    block = {"samples": 4, "converged_fraction": conv, "rho_J_median": rho_J, "rho_M_median": rho_J,
-             "rho_Wx": rho_Wx, "input_grad_norm_median": grad, "distinct_fixed_points": 4 if conv else 0}
+    block = {"samples": 4, "converged_fraction": conv, "status_counts": {}, "nfe_median": 10.0, "rho_J_median": rho_J,
+             "rho_J_median_all": rho_J, "sigma_max_median": None, "rho_M_median": rho_J, "prop4_max_abs_diff": None,
+             "rho_Wx": rho_Wx, "input_grad_norm_median": grad, "distinct_fixed_points": 4 if conv else 0,
+             "fixed_point_distance_max": None, "accuracy_at_fixed_point": None}
     rec["analysis"] = {"val": dict(block), "hard": dict(block)}
     rec["stability"] = {"source": "analyze", "split": "val", "rho_Wx": rho_Wx, "rho_J_median": rho_J,
                         "converged_fraction": conv, "input_grad_norm_median": grad, "samples": 4}

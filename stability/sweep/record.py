@@ -1,0 +1,277 @@
+"""The sweep record: the typed form of the one JSON object a finished cell leaves (``DIR/records/<id>.json``;
+docs/experiments.md, "The record format"), and the loaders that read records through it.
+
+:class:`SweepRecord` is the format, schema 1, field by field, on the project's one config base (frozen, unknown
+keys refused, strict types, one :class:`~stability.errors.ConfigError` line naming the place by its path,
+``final.val.accuracy: expected ...``). The runner builds each record through it, and every loader
+(:func:`read_record`, :func:`load_records`, :func:`stability.sweep.export.read_jsonl`) validates each record
+through it, so a record that does not fit is one error line, never a KeyError in a table.
+
+Serialisation is the record's JSON as the runner has always written it: :meth:`SweepRecord.to_dict` gives the keys
+in the same order with the same values (an int stays an int, a float a float: :data:`Real`), and a key that a
+record predates (``cell_id``, ``curves``, ``timing.cpu_seconds``, ``environment.hardware``, the analysis keys of
+later stages) is absent from it as it was from the file: every record written so far round-trips to the same dict.
+A record whose config block was written before the method block (schema 1 as written until then) is refused
+naming ``stability migrate``, which converts it once (:mod:`stability.migrate`).
+
+Torch-free: the tables, figures and claims read records without importing torch.
+"""
+
+from __future__ import annotations
+
+import json
+import typing
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+from pydantic import field_serializer, field_validator
+
+from stability.config import RunConfig, SweepSummary, _Config, from_dict, is_flat_config
+from stability.errors import ConfigError, StabilityError
+
+RECORD_FORMAT = "stability-sweep-record"
+RECORD_SCHEMA = 1
+
+#: a measured number as the record holds it: an int stays an int and a float a float (strict: no bool, no str), so
+#: the JSON written back is the JSON read
+Real = Union[int, float]
+Split = Literal["val", "hard"]
+
+
+class _Part(_Config):
+    """A table of the record: errors name their place by its path from the record's root."""
+
+    error_style: typing.ClassVar[str] = "path"
+
+    def to_dict(self) -> dict:
+        """The JSON-ready dict: the keys that were given, in the schema's order (a key a record predates stays
+        absent)."""
+        return self.model_dump(exclude_unset=True)
+
+
+class FinalSplit(_Part):
+    """One split's final evaluation: accuracy at the test iteration (the tables' number), the best one and its
+    iteration, whole-answer accuracy after every iteration 1..T (``curve``), the split's size ``n``."""
+
+    test_iteration: int
+    accuracy: Optional[Real]
+    position_accuracy: Optional[Real]
+    best_accuracy: Optional[Real]
+    best_iteration: Optional[int]
+    n: Optional[int]
+    curve: list[Real]
+
+
+class MonitorEntry(_Part):
+    """One epoch of the training-time stability monitor (:func:`stability.analysis.monitor.measure`)."""
+
+    epoch: int
+    rho_Wx: Optional[Real] = None
+    rho_J_median: Optional[Real] = None
+    converged_fraction: Optional[Real] = None
+    input_grad_norm_median: Optional[Real] = None
+    samples: Optional[int] = None
+    nfe_median: Optional[Real] = None
+    rho_J_max: Optional[Real] = None
+    input_grad_converged: Optional[int] = None
+    seconds: Optional[Real] = None
+
+
+class Curves(_Part):
+    """Per-epoch training curves: the loss, and the accuracy on training inputs (None where not measured)."""
+
+    epoch: list[Optional[int]]
+    loss: list[Optional[Real]]
+    train_accuracy: list[Optional[Real]]
+
+
+class StabilitySummary(_Part):
+    """The final model's stability in four numbers, from the analysis (its val split, else its first) or the
+    monitor."""
+
+    source: Literal["analyze", "monitor"]
+    split: str
+    rho_Wx: Optional[Real]
+    rho_J_median: Optional[Real]
+    converged_fraction: Optional[Real]
+    input_grad_norm_median: Optional[Real]
+    samples: Optional[int]
+    rho_M_median: Optional[Real] = None
+    distinct_fixed_points: Optional[int] = None
+
+
+class SplitSummary(_Part):
+    """The compact ``analyze`` summary of one split (:func:`stability.sweep.runner.analysis_summary`; what each
+    means: docs/experiments.md). The keys after ``accuracy_at_fixed_point`` are those of later stages: a record
+    analysed without them has none."""
+
+    samples: Optional[int]
+    converged_fraction: Optional[Real]
+    status_counts: Optional[dict[str, int]]
+    nfe_median: Optional[Real]
+    rho_J_median: Optional[Real]
+    rho_J_median_all: Optional[Real]
+    sigma_max_median: Optional[Real]
+    rho_M_median: Optional[Real]
+    prop4_max_abs_diff: Optional[Real]
+    rho_Wx: Optional[Real]
+    input_grad_norm_median: Optional[Real]
+    distinct_fixed_points: Optional[int] = None
+    fixed_point_distance_max: Optional[Real]
+    dxT_de_norm_last: Optional[Real] = None
+    prop5_rel_error_last: Optional[Real] = None
+    accuracy_at_fixed_point: Optional[Real]
+    timings_s: Optional[dict[str, Real]] = None
+    e_local_exceed: Optional[int] = None
+    e_local_measured: Optional[int] = None
+    e_local_threshold: Optional[Real] = None
+    e_local_max: Optional[Real] = None
+    e_local_T: Optional[int] = None
+    e_global_differ: Optional[int] = None
+    e_global_compared: Optional[int] = None
+    e_global_tol: Optional[Real] = None
+    e_global_distance_max: Optional[Real] = None
+    repelling_found: Optional[int] = None
+    repelling_searched: Optional[int] = None
+    repelling_starts: Optional[int] = None
+    repelling_budget: Optional[int] = None
+    repelling_ran_out: Optional[int] = None
+    repelling_roots: Optional[int] = None
+    geometry_median_radius: Optional[Real] = None
+    geometry_log_iqr: Optional[Real] = None
+    geometry_log_range: Optional[Real] = None
+    geometry_balance: Optional[Real] = None
+    geometry_unstable_t0: Optional[Real] = None
+
+
+class Timing(_Part):
+    """Where the cell's time went (``run_seconds``: its whole cost on its device; ``cpu_seconds``: this process's
+    CPU time, all threads)."""
+
+    epoch_seconds: Real
+    eval_and_io_seconds: Real
+    summary_seconds: Real
+    run_seconds: Real
+    wall_seconds: Real
+    cpu_seconds: Optional[Real] = None
+    resumed_from_epoch: int
+
+
+class Environment(_Part):
+    """What ran the cell: the device, the host, the versions, ``CUDA_VISIBLE_DEVICES`` and the hardware signature
+    (:func:`stability.hardware.signature`, what makes its numbers reproducible or not)."""
+
+    device: str
+    host: str
+    torch: str
+    package: str
+    cuda_visible_devices: Optional[str]
+    hardware: Optional[dict[str, Any]] = None
+
+
+class SweepRecord(_Part):
+    """One finished cell: its identity and config, the final metrics, the training-time monitor and curves, the
+    stability summary and the compact analysis, how it was summarised (``options``: the grid's
+    :class:`~stability.config.SweepSummary` in its record form), the timings and the environment."""
+
+    format: Literal["stability-sweep-record"]
+    schema_version: Literal[1]
+    id: str
+    cell_id: Optional[str] = None
+    grid: str
+    axes: dict[str, Any]
+    config: dict[str, Any]
+    status: Literal["done", "diverged"]
+    error: Optional[str]
+    checkpoint: str
+    epochs_completed: int
+    final: Optional[dict[Split, FinalSplit]]
+    loss_last: Optional[Real]
+    monitor: list[MonitorEntry]
+    curves: Optional[Curves] = None
+    stability: Optional[StabilitySummary]
+    analysis: Optional[dict[Split, SplitSummary]]
+    analysis_note: Optional[str]
+    options: SweepSummary
+    timing: Timing
+    environment: Environment
+    finished_at: str
+
+    @field_validator("config")
+    @classmethod
+    def _config(cls, value: dict) -> dict:
+        """The config block must be a RunConfig of the current schema (kept as written: a record predating an
+        option has none of it); one written before the method block names ``stability migrate``."""
+        if is_flat_config(value):
+            raise ValueError("written before the method block (its config has the method options beside the train "
+                             "options); convert it once with `stability migrate`")
+        try:
+            from_dict(RunConfig, value)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    @field_validator("options", mode="before")
+    @classmethod
+    def _options(cls, value: Any) -> Any:
+        """The record form of the grid's summary (``analyze_splits`` a list of splits)."""
+        if not isinstance(value, dict):
+            return value
+        try:
+            return SweepSummary.from_record(value)
+        except ConfigError as exc:  # SweepSummary names itself "summary": here it is the record's options
+            text = str(exc).removeprefix("SweepSummary").removeprefix("summary")
+            raise ValueError(text.lstrip(".: ")) from None
+
+    @field_serializer("options")
+    def _options_json(self, value: SweepSummary) -> dict:
+        return value.to_record()
+
+    def run_config(self) -> RunConfig:
+        """The config block as a :class:`~stability.config.RunConfig` (an option it predates at its default)."""
+        return from_dict(RunConfig, self.config)
+
+
+def parse_record(obj: Any, where: str, migrate_path: Any = None) -> SweepRecord:
+    """``obj`` (a record's JSON) as a :class:`SweepRecord`; a StabilityError line starting ``where`` when it is
+    not a record, is of another schema, was written before the method block (naming ``stability migrate
+    MIGRATE_PATH``), or does not fit the schema."""
+    if not isinstance(obj, dict) or obj.get("format") != RECORD_FORMAT:
+        raise StabilityError(f"{where}: not a sweep record (no '{RECORD_FORMAT}' marker)")
+    if obj.get("schema_version") != RECORD_SCHEMA:
+        raise StabilityError(f"{where}: sweep record schema {obj.get('schema_version')!r} is not supported "
+                             f"(this toolkit reads {RECORD_SCHEMA})")
+    check_config_shape(obj, where, migrate_path if migrate_path is not None else where)
+    try:
+        return SweepRecord(**obj)
+    except ConfigError as exc:
+        raise StabilityError(f"{where}: not a valid sweep record: {exc}") from None
+
+
+def check_config_shape(obj: dict, path, migrate_path) -> None:
+    """Refuse (one line naming ``stability migrate``) a record whose config was written before the method block."""
+    if isinstance(obj, dict) and is_flat_config(obj.get("config")):
+        raise StabilityError(f"{path}: written before the method block (its config has the method options beside "
+                             f"the train options); convert it once with `stability migrate {migrate_path}`")
+
+
+def read_record(path: Path) -> dict:
+    """A record file, validated through :class:`SweepRecord` (a StabilityError line otherwise), as its JSON."""
+    try:
+        rec = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise StabilityError(f"{path}: not a readable sweep record ({type(exc).__name__})") from None
+    return parse_record(rec, str(path), Path(path).parent.parent).to_dict()
+
+
+def load_records(results: Path) -> list[dict]:
+    """Every record under ``results/records`` (sorted by id), each validated; a StabilityError when there is
+    none."""
+    results = Path(results)
+    if not results.exists():
+        raise StabilityError(f"{results}: no such results directory")
+    folder = results / "records"
+    paths = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    if not paths:
+        raise StabilityError(f"{results}: no sweep records (expected {folder}/*.json; run `stability sweep` first)")
+    return [read_record(p) for p in paths]

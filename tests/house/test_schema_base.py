@@ -1,0 +1,45 @@
+"""One schema base and functions a reader can hold (issue 34), checked on the source: every pydantic model of the
+package derives from stability.config's one config base, whose translator alone turns pydantic's errors into one
+line; and no function of the sweep's modules, their commands and the config schema is over 80 lines."""
+
+import ast
+from pathlib import Path
+
+import stability
+
+ROOT = Path(stability.__file__).resolve().parent
+#: the modules held to functions of at most MAX_LINES lines (issue 34: the sweep, its record and claims, their
+#: commands, the migration and the config schema)
+HELD = sorted([*ROOT.glob("sweep/*.py"), *ROOT.glob("sweep/claims/*.py"), ROOT / "commands" / "sweep.py",
+               ROOT / "commands" / "claims.py", ROOT / "commands" / "migrate.py", ROOT / "migrate.py",
+               ROOT / "config.py"])
+MAX_LINES = 80
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(ROOT.parent))
+
+
+def test_no_function_of_the_sweep_the_claims_and_the_schema_is_over_80_lines():
+    long = [f"{_rel(p)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for p in HELD for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > MAX_LINES]
+    assert long == []
+    assert ROOT / "sweep" / "claims" / "evaluation.py" in HELD  # the claims package is held
+
+
+def test_only_the_config_module_touches_pydantic_models_and_their_errors():
+    """A schema elsewhere (the claims file, the sweep record) subclasses stability.config's base; nothing but
+    config.py imports BaseModel or ValidationError, so there is one error translator."""
+    found = sorted(f"{_rel(p)}:{node.lineno}" for p in ROOT.rglob("*.py")
+                   for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+                   if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pydantic")
+                   and any(a.name in ("BaseModel", "ValidationError", "ConfigDict") for a in node.names))
+    assert [f for f in found if not f.startswith("stability/config.py:")] == []
+    from stability.config import RunConfig
+    from stability.sweep.claims import ClaimsFile
+    from stability.sweep.record import SweepRecord
+
+    base = RunConfig.__bases__[0]  # the one config base
+    assert issubclass(ClaimsFile, base) and issubclass(SweepRecord, base)
