@@ -20,6 +20,7 @@ model at float32, with the tolerances scaled to it (said in the JSON and the rep
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -34,9 +35,10 @@ FLOAT32_TOLERANCES = {"tol": 1e-4, "gmres_tol": 1e-5, "eig_tol": 1e-4}
 
 
 @dataclass
-class LMAnalysis:
+class LMAnalysis(Mapping):
     """What :func:`analyze_lm` returns: ``analysis`` (the stages, an :class:`~stability.analysis.results.Analysis`)
-    and ``lm`` (the language-model numbers, the JSON's ``lm`` block)."""
+    and ``lm`` (the language-model numbers, the JSON's ``lm`` block); read like the JSON it writes
+    (``a["lm"]["token_rho"]["rho"]``, ``a["inputs"]["jacobian"]``), printed by :meth:`summary`."""
 
     analysis: object
     lm: dict = field(default_factory=dict)
@@ -45,6 +47,19 @@ class LMAnalysis:
         from stability.atomic import clean
 
         return {**self.analysis.to_json(), "lm": clean(self.lm)}
+
+    def __getitem__(self, key):
+        return self.to_json()[key]
+
+    def __iter__(self):
+        return iter(self.to_json())
+
+    def __len__(self):
+        return len(self.to_json())
+
+    def plot(self, directory) -> list:
+        """The stages' plots (:meth:`stability.analysis.results.Analysis.plot`)."""
+        return self.analysis.plot(directory)
 
     def summary(self) -> str:
         from stability.lm.report import lm_summary
@@ -55,6 +70,37 @@ class LMAnalysis:
         from stability.atomic import write_json
 
         return write_json(path, self.to_json(), indent=1)
+
+
+def is_lm_source(source) -> bool:
+    """A looped language model: a save_pretrained directory, its :class:`PretrainedLoaded`, or a model marked
+    ``lm_adapter`` (every :class:`~stability.lm.LMAdapter`)."""
+    from stability.lm.pretrained import PretrainedLoaded, is_pretrained_dir
+
+    if isinstance(source, PretrainedLoaded) or getattr(source, "lm_adapter", False) is True:
+        return True
+    return isinstance(source, (str, os.PathLike)) and is_pretrained_dir(source)
+
+
+def analyze_pretrained(path, inputs_path, targets_path=None, options=None, *, log=None) -> LMAnalysis:
+    """``stability analyze HF_DIR --inputs ids.pt [--targets FILE.pt]``: the directory's model on the token ids
+    of the file (:func:`~stability.lm.inputs.load_inputs`: ids, or a dict with mask, positions and labels)."""
+    from stability.lm.inputs import load_inputs
+    from stability.stored import load_plain
+
+    packed, targets = load_inputs(inputs_path)
+    if targets_path is not None:
+        from pathlib import Path
+
+        if not Path(targets_path).is_file():
+            raise StabilityError(f"--targets {targets_path}: no such file")
+        obj = load_plain(Path(targets_path), f"--targets {targets_path}", "tensor file",
+                         "not a tensor file saved with torch.save")
+        obj = obj.get("labels", obj.get("targets")) if isinstance(obj, dict) else obj
+        if not isinstance(obj, torch.Tensor):
+            raise StabilityError(f"--targets {targets_path}: expected a tensor of token ids (B, T)")
+        targets = obj.long()
+    return analyze_lm(path, packed, targets=targets, options=options, log=log)
 
 
 def as_adapter(source, dtype: torch.dtype = torch.float64):
