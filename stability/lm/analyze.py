@@ -166,7 +166,7 @@ def analyze_lm(source, inputs: torch.Tensor, attention_mask: Optional[torch.Tens
     at most ``options.max_iter``)."""
     from stability.analysis.pipeline import check_finite_weights, run_stages
     from stability.analysis.results import Analysis
-    from stability.lm.precision import check_float64
+    from stability.lm.precision import check_float64, precision_hint
     from stability.lm.scoring import lm_score
     from stability.protocols import check_contract, check_model
 
@@ -180,7 +180,12 @@ def analyze_lm(source, inputs: torch.Tensor, attention_mask: Optional[torch.Tens
         check_float64(model, packed[:1])
     N = min(options.samples, int(packed.shape[0]))
     packed, targets = packed[:N], targets[:N]
-    split = run_stages(model, packed, targets, options, score=lm_score, log=log)
+    try:
+        split = run_stages(model, packed, targets, options, score=lm_score, log=log)
+    except StabilityError as exc:
+        if precision == "float32":  # a failed solve at float32 is rounding first: say so (precision_hint)
+            raise StabilityError(precision_hint(exc, model, packed[:1])) from None
+        raise
     analysis = Analysis(options=options, splits={split.split: split}, source={**desc, "inputs": list(packed.shape)})
     lm = lm_numbers(model, split.x0, split.x_star, targets, options, lm_stages=lm_stages, exit_passes=exit_passes,
                     log=log)
