@@ -62,24 +62,46 @@ def model_dtype(model) -> Optional[torch.dtype]:
     return None
 
 
+def _name(func) -> str:
+    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or str(func)
+    return name.replace("TensorBase.", "Tensor.").replace("_VariableFunctionsClass.", "torch.")
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (tuple, list)):
+        for o in obj:
+            yield from _tensors(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from _tensors(o)
+
+
 class _Recorder(TorchFunctionMode):
+    """Counts the casts: operations with a float64 input and a floating output below float64."""
+
     def __init__(self):
         super().__init__()
         self.found: Counter = Counter()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        outs = out if isinstance(out, (tuple, list)) else (out,)
-        for t in outs:
-            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64:
-                self.found[f"{getattr(func, '__qualname__', None) or getattr(func, '__name__', str(func))} -> "
-                           f"{str(t.dtype).replace('torch.', '')}"] += 1
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if not any(t.dtype == torch.float64 for t in _tensors((args, kwargs))):
+            return out
+        for t in _tensors(out):
+            if t.is_floating_point() and t.dtype != torch.float64:
+                self.found[f"{_name(func)} -> {str(t.dtype).replace('torch.', '')}"] += 1
+                break
         return out
 
 
 def precision_audit(model, inputs: torch.Tensor) -> dict:
-    """{operation -> dtype: count} of the floating tensors below float64 made by ``embed``, ``initial_state``,
-    ``step`` and ``readout`` of a float64 ``model`` on ``inputs`` (empty: float64 throughout)."""
+    """{operation -> dtype: count} of the casts below float64 (an operation with a float64 input and a lower
+    floating output: ``Tensor.float -> float32``, ``torch.softmax -> float32``) made by ``embed``,
+    ``initial_state``, ``step`` and ``readout`` of a float64 ``model`` on ``inputs`` (empty: float64 throughout).
+    A float32 model has no float64 input to cast: its audit is empty, and :func:`model_dtype` says float32."""
     rec = _Recorder()
     with torch.no_grad():
         with rec:
@@ -104,15 +126,20 @@ def check_float64(model, inputs: torch.Tensor) -> None:
 
 def precision_hint(exc: BaseException, model, inputs: torch.Tensor) -> str:
     """The message of a failure (a GMRES that did not converge, a stalled solve) with its likelier cause named
-    when the model computes below float64: ``... (cause: precision, the model computes in float32: ...)``."""
+    when the model is not float64 or computes below it: ``... (cause: precision, not the model: ...)``; the
+    message unchanged otherwise."""
     msg = str(exc)
-    try:
-        found = precision_audit(model, inputs)
-    except Exception:  # noqa: BLE001 - the hint must never replace the error
-        return msg
-    if not found:
-        return msg
-    ops = ", ".join(sorted(found)[:3])
-    return (f"{msg.split(' (is x* attracting')[0]} (cause: precision, not the model: its step computes in lower "
-            f"precision ({ops}), so residuals below ~1e-7 cannot be reached; run it under "
-            "stability.lm.float64_mode())")
+    dtype = model_dtype(model)
+    if dtype is not None and dtype != torch.float64:
+        cause = f"the model is {str(dtype).replace('torch.', '')}"
+    else:
+        try:
+            found = precision_audit(model, inputs)
+        except Exception:  # noqa: BLE001 - the hint must never replace the error
+            return msg
+        if not found:
+            return msg
+        cause = f"its step computes in lower precision ({', '.join(sorted(found)[:3])})"
+    return (f"{msg.split(' (is x* attracting')[0]} (cause: precision, not the model: {cause}, so residuals and "
+            "solves below ~1e-7 are rounding; analyse it in float64: stability.lm.analyze_lm does, running the "
+            "model under stability.lm.float64_mode())")
