@@ -228,11 +228,15 @@ def _own_model(args, options, log):
         raise StabilityError("--model needs --inputs FILE.pt (a tensor of inputs, batch first)")
     if args.split is not None:
         raise StabilityError("--split applies to checkpoints; with --model the samples are --inputs")
-    inputs = load_tensor(args.inputs, "--inputs", "inputs")
-    targets = load_tensor(args.targets, "--targets", "targets") if args.targets else None
     model = build_from_spec(args.model)
     if args.weights:
         load_weights(model, args.weights)
+    if getattr(model, "lm_adapter", False) is True:  # a looped language model: token ids, scored per token
+        from stability.lm.analyze import analyze_inputs_file
+
+        return analyze_inputs_file(model, args.inputs, args.targets, options, log=log)
+    inputs = load_tensor(args.inputs, "--inputs", "inputs")
+    targets = load_tensor(args.targets, "--targets", "targets") if args.targets else None
     source = {"model": args.model, "weights": args.weights, "inputs": args.inputs, "targets": args.targets}
     return analyze_model(model, inputs, targets, options, source=source, log=log)
 
@@ -286,9 +290,9 @@ def run(args: argparse.Namespace) -> int:
     if args.model:
         analysis = _own_model(args, options, log)
     elif pretrained:
-        from stability.lm.analyze import analyze_pretrained
+        from stability.lm.analyze import analyze_inputs_file
 
-        analysis = analyze_pretrained(args.checkpoint, args.inputs, args.targets, options, log=log)
+        analysis = analyze_inputs_file(args.checkpoint, args.inputs, args.targets, options, log=log)
     else:
         splits = ("val", "hard") if args.split in (None, "both") else (args.split,)
         analysis = analyze_checkpoint(Path(args.checkpoint), splits=splits, options=options, log=log,

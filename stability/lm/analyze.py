@@ -82,9 +82,10 @@ def is_lm_source(source) -> bool:
     return isinstance(source, (str, os.PathLike)) and is_pretrained_dir(source)
 
 
-def analyze_pretrained(path, inputs_path, targets_path=None, options=None, *, log=None) -> LMAnalysis:
-    """``stability analyze HF_DIR --inputs ids.pt [--targets FILE.pt]``: the directory's model on the token ids
-    of the file (:func:`~stability.lm.inputs.load_inputs`: ids, or a dict with mask, positions and labels)."""
+def analyze_inputs_file(source, inputs_path, targets_path=None, options=None, *, log=None) -> LMAnalysis:
+    """``stability analyze HF_DIR --inputs ids.pt [--targets FILE.pt]`` (and ``--model`` of an LM adapter):
+    ``source`` (a directory or a model) on the token ids of the file (:func:`~stability.lm.inputs.load_inputs`:
+    ids, or a dict with mask, positions and labels)."""
     from stability.lm.inputs import load_inputs
     from stability.stored import load_plain
 
@@ -100,7 +101,7 @@ def analyze_pretrained(path, inputs_path, targets_path=None, options=None, *, lo
         if not isinstance(obj, torch.Tensor):
             raise StabilityError(f"--targets {targets_path}: expected a tensor of token ids (B, T)")
         targets = obj.long()
-    return analyze_lm(path, packed, targets=targets, options=options, log=log)
+    return analyze_lm(source, packed, targets=targets, options=options, log=log)
 
 
 def as_adapter(source, dtype: torch.dtype = torch.float64):

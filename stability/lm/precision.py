@@ -27,6 +27,7 @@ from stability.errors import StabilityError
 
 _DOWNCASTS = {torch.Tensor.float, torch.Tensor.half, torch.Tensor.bfloat16}
 _LOW = {torch.float32, torch.float16, torch.bfloat16}
+_CARRIERS = (torch.dtype, list, tuple)  # the argument types that can hold a dtype
 
 
 def _promote(v):
@@ -44,8 +45,10 @@ class Float64Mode(TorchFunctionMode):
         kwargs = kwargs or {}
         if func in _DOWNCASTS:
             func = torch.Tensor.double
-        args = tuple(_promote(a) for a in args)
-        kwargs = {k: _promote(v) for k, v in kwargs.items()}
+        if any(a.__class__ in _CARRIERS for a in args):  # the fast path: most calls carry no dtype
+            args = tuple(_promote(a) for a in args)
+        if kwargs and any(v.__class__ in _CARRIERS for v in kwargs.values()):
+            kwargs = {k: _promote(v) for k, v in kwargs.items()}
         return func(*args, **kwargs)
 
 

@@ -31,13 +31,16 @@ def hrm_config(**kw):
     return HrmTextConfig(**c)
 
 
-def inkling_model(seed=0, **kw):
-    """A random Inkling whose zero-initialised parts (the block-attention queries) are drawn too, and whose
-    message gates are strong enough to matter: a loop map with structure."""
+def inkling_model(seed=0, structured=True, **kw):
+    """A random Inkling; ``structured``: its zero-initialised parts (the block-attention queries) drawn too and its
+    message gates strong enough to matter, a loop map with structure (whose routing keeps changing: it does not
+    converge); otherwise as initialised (a strongly contracting loop)."""
     from transformers import Inkling2LoopForCausalLM
 
     torch.manual_seed(seed)
     m = Inkling2LoopForCausalLM(inkling_config(**kw)).eval()
+    if not structured:
+        return m
     with torch.no_grad():
         for name, p in m.named_parameters():
             if name.endswith("query"):
@@ -70,7 +73,7 @@ def padded_mask(B=3):
 def inkling_dir(tmp_path_factory):
     pytest.importorskip("transformers")
     path = tmp_path_factory.mktemp("inkling")
-    inkling_model().save_pretrained(path)
+    inkling_model(structured=False).save_pretrained(path)
     return path
 
 
