@@ -136,6 +136,9 @@ def lm_inputs(inputs, attention_mask=None, position_ids=None, targets=None):
     from stability.lm.inputs import pack, unpack
     from stability.lm.scoring import next_token_targets
 
+    if not isinstance(inputs, torch.Tensor):
+        raise StabilityError("a language model is analysed on token ids: analyze_lm(model, ids (B, T), "
+                             "attention_mask) or stability.analyze(model, stability.lm.pack(ids, attention_mask))")
     packed = pack(inputs, attention_mask, position_ids) if inputs.dim() == 2 else inputs
     lm = unpack(packed)
     if targets is None:

@@ -4,6 +4,7 @@ report (each row explained in docs/language-models.md, "Reading the numbers").""
 from __future__ import annotations
 
 import statistics
+import textwrap
 
 RULE = "-" * 100
 
@@ -18,7 +19,12 @@ def _few(values, spec: str = ".4g", n: int = 8) -> str:
 
 
 def _row(name: str, value: str, note: str = "") -> str:
-    return f"{name:<22} {value:<15} {note}".rstrip()
+    """One row: the name, the value, the note wrapped at 100 columns under itself."""
+    head = f"{name:<22} {value:<15} "
+    if len(head) > 39:  # a long value: the note on the lines below
+        head, note = head.rstrip() + "\n" + " " * 39, note
+    lines = textwrap.wrap(note, width=100 - 39) or [""]
+    return (head + ("\n" + " " * 39).join(lines)).rstrip()
 
 
 def _tokens(t: dict) -> list:
@@ -46,9 +52,9 @@ def _scoring(s: dict) -> list:
     a, m = s["at_fixed_point"], s["at_model_depth"]
     return [_row("loss / perplexity", f"{_f(a['loss'])} / {_f(a['perplexity'])}",
                  f"at x*; at the model's depth {_f(m['loss'])} / {_f(m['perplexity'])} ({a['scored_tokens']} tokens)"),
-            _row("token accuracy", _f(a["token_accuracy"], ".1%") if a["token_accuracy"] is not None else "—",
-                 f"at x*; at the model's depth {_f(m['token_accuracy'], '.1%') if m['token_accuracy'] is not None else '—'}"
-                 f"; sequences all right {a['sequence_accuracy']:.1%}")]
+            _row("token accuracy", _f(a["token_accuracy"], ".1%"),
+                 f"at x*; at the model's depth {_f(m['token_accuracy'], '.1%')}; sequences all right "
+                 f"{a['sequence_accuracy']:.1%}")]
 
 
 def _routing(r: dict) -> list:

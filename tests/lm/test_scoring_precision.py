@@ -101,8 +101,8 @@ def test_float64_mode_makes_every_cast_float64_under_torch_func():
     with float64_mode():
         y = m.step(x, x)
         _, t = torch.func.jvp(lambda u: m.step(u, x), (x,), (torch.ones_like(x),))
-        cols = torch.func.vmap(lambda v: torch.func.jvp(lambda u: m.step(u, x), (x,), (v,))[1])(torch.eye(3)[:, None]
-                                                                                                 .double().expand(3, 2, 3))
+        basis = torch.eye(3, dtype=torch.float64)[:, None].expand(3, 2, 3)
+        cols = torch.func.vmap(lambda v: torch.func.jvp(lambda u: m.step(u, x), (x,), (v,))[1])(basis)
     assert y.dtype == t.dtype == cols.dtype == torch.float64
     ref = F.softmax(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6), -1) @ m.W + x
     assert torch.allclose(y, ref, rtol=1e-15, atol=1e-15)  # float64 to the last bits, not float32 rounding
