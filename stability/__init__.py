@@ -28,6 +28,16 @@ def load(path, *, device: str = "cpu", release_config=None):
     Also opens the paper's release checkpoints (``RUN_DIR/model_best.pth``; ``release_config``: its Hydra
     config when it is not at ``RUN_DIR/.hydra/config.yaml``), imported with the release's semantics, and a Hugging
     Face ``save_pretrained`` directory of a looped language model (``.model``: its adapter, :mod:`stability.lm`)."""
+    import os
+
+    if isinstance(path, (str, os.PathLike)) and os.path.isfile(os.path.join(path, "config.json")):
+        # a Hugging Face save_pretrained directory (a looped language model): stability.lm loads and adapts it
+        from stability.errors import CheckpointError
+        from stability.lm.pretrained import load_pretrained
+
+        if release_config is not None:
+            raise CheckpointError(f"release_config {release_config}: {path} is a Hugging Face model directory")
+        return load_pretrained(path, device=device)
     from stability.checkpoint import load as _load
 
     return _load(path, device=device, release_config=release_config)

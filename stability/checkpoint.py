@@ -101,19 +101,11 @@ def run_config(obj: dict, path: Path | str = "checkpoint") -> RunConfig:
 def load(path: Path | str, *, device: str = "cpu", release_config: Optional[Path | str] = None) -> Loaded:
     """Load a checkpoint written by the trainer (see the module docstring for the format), or one of the paper's
     release checkpoints (a ``{"net": state_dict, ...}`` ``.pth``), whose Hydra config is ``release_config`` or
-    ``RUN_DIR/.hydra/config.yaml`` beside ``RUN_DIR/model_best.pth`` (stability/release.py), or a Hugging Face
-    ``save_pretrained`` directory of a looped language model (:func:`stability.lm.pretrained.load_pretrained`)."""
+    ``RUN_DIR/.hydra/config.yaml`` beside ``RUN_DIR/model_best.pth`` (stability/release.py)."""
     from stability import release
     from stability.model import build_model
     from stability.tasks import make_task
 
-    # a Hugging Face save_pretrained directory (a looped language model): stability.lm loads and adapts it
-    from stability.lm.pretrained import is_pretrained_dir, load_pretrained
-
-    if is_pretrained_dir(path):
-        if release_config is not None:
-            raise CheckpointError(f"--release-config {release_config}: {path} is a Hugging Face model directory")
-        return load_pretrained(path, device=device)
     raw = read_torch(path)
 
     if release.is_release_checkpoint(raw):
