@@ -151,7 +151,10 @@ def lm_inputs(inputs, attention_mask=None, position_ids=None, targets=None):
 def _options(options, N: int, precision: str):
     from stability.config import AnalysisOptions
 
+    from stability.config import resolve_device
+
     options = AnalysisOptions(samples=N) if options is None else options
+    options = options.replace(device=str(resolve_device(options.device)))  # auto -> cpu or cuda, said in the JSON
     if precision == "float32":
         options = options.replace(**{k: max(getattr(options, k), v) for k, v in FLOAT32_TOLERANCES.items()})
     elif precision != "float64":
@@ -177,6 +180,7 @@ def analyze_lm(source, inputs: torch.Tensor, attention_mask: Optional[torch.Tens
     packed, targets = lm_inputs(inputs, attention_mask, position_ids, targets)
     options = _options(options, int(packed.shape[0]), precision)
     model, desc = as_adapter(source, torch.float32 if precision == "float32" else torch.float64)
+    model = model.to(options.device)
     check_contract(model)
     check_finite_weights(model, type(model).__name__)
     check_model(model, packed, targets)

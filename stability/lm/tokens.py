@@ -196,13 +196,72 @@ class TokenSpectra:
                 "exact": self.exact.tolist(), "acausal": [float(v) for v in self.acausal.tolist()]}
 
 
+def _diagonal_apply(f, x: torch.Tensor, x0: torch.Tensor, D: int, real: torch.Tensor, acausal: torch.Tensor):
+    """The batched operator of the real tokens' diagonal blocks for :func:`~stability.numerics.eigen.krylov_schur`:
+    V (P, D) (one row per real token, in (b, t) order) ↦ (∂f_t/∂x_t V_bt) by one forward-mode product per token
+    position, vmapped over the T positions; the entries above the diagonal the same products reach are folded into
+    ``acausal`` (B,) as they go."""
+    B, T, C = x.shape
+    pos = torch.arange(T, device=x.device)
+    above = (pos[None, :] < pos[:, None]).to(x.dtype)[:, None, :, None]  # (t, 1, s, 1): s < t
+
+    def jvp(w):
+        return torch.func.jvp(lambda p: f(p, x0), (x,), (w,))[1]
+
+    batched = torch.func.vmap(jvp)
+
+    def apply(V: torch.Tensor) -> torch.Tensor:
+        full = torch.zeros(B, T, D, dtype=x.dtype, device=x.device)
+        full[real] = V.to(x.dtype)
+        W = torch.zeros(T, B, T, C, dtype=x.dtype, device=x.device)
+        W[pos, :, pos, :D] = full.transpose(0, 1)
+        try:
+            Y = batched(W)
+        except (RuntimeError, NotImplementedError):
+            Y = torch.stack([jvp(w) for w in W])
+        acausal.copy_(torch.maximum(acausal, (Y[..., :D].abs() * above).amax(dim=(0, 2, 3))))
+        return Y[pos, :, pos, :D].transpose(0, 1)[real]
+
+    return apply
+
+
+def _krylov_token_rho(f, x, x0, D, mask, tol):
+    """ρ per real token by Krylov–Schur on every diagonal block at once, matrix-free (products: T per Krylov
+    step, whatever D); (rho (B, T) NaN at pads, acausal (B,))."""
+    from stability.numerics.eigen import krylov_schur
+
+    real = mask.to(x.device)
+    acausal = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
+    P = int(real.sum())
+    spec = krylov_schur(_diagonal_apply(f, x, x0, D, real, acausal), (P, D), dtype=torch.float64, device=x.device,
+                        tol=tol, k=3)
+    rho = torch.full(mask.shape, float("nan"), dtype=torch.float64, device=x.device)
+    rho[real] = spec.rho.to(rho)
+    return rho, acausal
+
+
 @torch.no_grad()
-def token_spectra(model, x: torch.Tensor, x0: torch.Tensor, *, chunk: int = 64) -> TokenSpectra:
-    """Per-token spectral radii at the states x (B, T, C), usually x* (:class:`TokenSpectra`; module docstring)."""
+def token_spectra(model, x: torch.Tensor, x0: torch.Tensor, *, method: str = "auto", chunk: int = 64,
+                  tol: float = 1e-10, blocks_max: int = 64) -> TokenSpectra:
+    """Per-token spectral radii at the states x (B, T, C), usually x* (:class:`TokenSpectra`; module docstring).
+
+    ``method``: ``blocks`` forms every diagonal block (T·D forward-mode products, then T eigenproblems of D × D:
+    exact to rounding); ``krylov`` never forms them (Krylov–Schur on all the real tokens' blocks at once, T
+    products per Krylov step, ρ to the Ritz residual ``tol``: for large D); ``auto``: blocks up to D =
+    ``blocks_max``. Both report ``acausal`` from the products they take (with ``krylov``, on the random Krylov
+    directions: nonzero for a map that reads later tokens, with probability one)."""
     D, mask = _dims(model, x), _mask(model, x0, x)
-    blocks, acausal = token_blocks(model.step, x.detach(), x0.detach(), D, chunk=chunk)
-    rho = torch.linalg.eigvals(blocks.double()).abs().amax(-1)
-    rho = torch.where(mask, rho, torch.full_like(rho, float("nan")))
+    x, x0 = x.detach(), x0.detach()
+    if method == "auto":
+        method = "blocks" if D <= blocks_max else "krylov"
+    if method == "blocks":
+        blocks, acausal = token_blocks(model.step, x, x0, D, chunk=chunk)
+        rho = torch.linalg.eigvals(blocks.double()).abs().amax(-1)
+        rho = torch.where(mask.to(rho.device), rho, torch.full_like(rho, float("nan")))
+    elif method == "krylov":
+        rho, acausal = _krylov_token_rho(model.step, x, x0, D, mask, tol)
+    else:
+        raise ValueError(f"method must be auto, blocks or krylov, got {method!r}")
     filled = torch.nan_to_num(rho, nan=-1.0)
     return TokenSpectra(token_rho=rho.cpu(), rho=filled.amax(1).cpu(), bottleneck=filled.argmax(1).cpu(),
                         acausal=acausal.double().cpu(), mask=mask.cpu())

@@ -88,6 +88,17 @@ def test_a_map_reading_later_tokens_is_flagged_not_exact():
     x0 = torch.randn(2, 5, 4, dtype=torch.float64)
     spec = token_spectra(m, torch.zeros_like(x0), x0)
     assert not spec.exact.any() and float(spec.acausal.min()) == pytest.approx(0.5)
+    assert not token_spectra(m, torch.zeros_like(x0), x0, method="krylov").exact.any()
+
+
+def test_the_matrix_free_route_gives_the_blocks_rho():
+    m = huginn(contractive=False)
+    x0, xs = fixed_point(m, pack(ids(), padded_mask()))
+    blocks = token_spectra(m, xs, x0, method="blocks")
+    krylov = token_spectra(m, xs, x0, method="krylov")
+    assert torch.equal(blocks.token_rho.isnan(), krylov.token_rho.isnan()) and krylov.exact.all()
+    assert torch.allclose(blocks.token_rho.nan_to_num(), krylov.token_rho.nan_to_num(), rtol=0, atol=1e-9)
+    assert torch.equal(blocks.bottleneck, krylov.bottleneck)
 
 
 def test_per_token_convergence_leaves_pads_out():
