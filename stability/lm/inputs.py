@@ -132,10 +132,19 @@ def attention_bias(mask: torch.Tensor, dtype: torch.dtype, *, window: Optional[i
     return torch.where(allowed, zero, low).unsqueeze(1)
 
 
+def hf_labels_to_targets(labels: torch.Tensor) -> torch.Tensor:
+    """Hugging Face ``labels`` (the tokens themselves, −100 where not scored; the model's loss shifts them) as targets
+    aligned with the logits: targets[:, t] = labels[:, t + 1], −100 at the last position."""
+    out = torch.full_like(labels.long(), IGNORE_INDEX)
+    out[:, :-1] = labels.long()[:, 1:]
+    return out
+
+
 def load_inputs(path: Path | str) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(packed inputs (B, 3, T), targets or None) from a ``torch.save`` file: a tensor of token ids (B, T), or a
-    dict with ``input_ids`` and optionally ``attention_mask``, ``position_ids`` and ``labels`` (aligned with the
-    logits: labels[b, t] is the token position t should predict, −100 where nothing is scored). Read without
+    dict with ``input_ids`` and optionally ``attention_mask``, ``position_ids`` and either ``labels`` (Hugging
+    Face's convention: the tokens, −100 where not scored, shifted here by :func:`hf_labels_to_targets`) or
+    ``targets`` (aligned with the logits: targets[b, t] is the token position t should predict). Read without
     executing code (``weights_only``)."""
     from stability.stored import load_plain
 
@@ -147,10 +156,16 @@ def load_inputs(path: Path | str) -> tuple[torch.Tensor, Optional[torch.Tensor]]
         return pack(obj), None
     if not isinstance(obj, dict) or "input_ids" not in obj:
         raise StabilityError(f"--inputs {path}: expected token ids (B, T) or a dict with input_ids "
-                             f"(attention_mask, position_ids, labels optional), found {type(obj).__name__}")
+                             f"(attention_mask, position_ids, labels or targets optional), found {type(obj).__name__}")
     packed = pack(obj["input_ids"], obj.get("attention_mask"), obj.get("position_ids"))
-    labels = obj.get("labels")
-    if labels is not None and tuple(labels.shape) != tuple(packed[:, 0].shape):
-        raise StabilityError(f"--inputs {path}: labels {tuple(labels.shape)} must have the shape of input_ids "
+    if obj.get("labels") is not None and obj.get("targets") is not None:
+        raise StabilityError(f"--inputs {path}: give labels (Hugging Face's, shifted here) or targets (aligned with "
+                             "the logits), not both")
+    key = "labels" if obj.get("labels") is not None else "targets"
+    given = obj.get(key)
+    if given is None:
+        return packed, None
+    if not isinstance(given, torch.Tensor) or tuple(given.shape) != tuple(packed[:, 0].shape):
+        raise StabilityError(f"--inputs {path}: {key} must be a tensor shaped like input_ids "
                              f"{tuple(packed[:, 0].shape)}")
-    return packed, None if labels is None else labels.long()
+    return packed, hf_labels_to_targets(given) if key == "labels" else given.long()

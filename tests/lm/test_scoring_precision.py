@@ -119,3 +119,22 @@ def test_a_failure_of_a_model_below_float64_names_precision():
     ok = Casts()
     ok.step = lambda x, x0: x @ ok.W + x0
     assert precision_hint(StabilityError(msg), ok, torch.randn(1, 3, dtype=torch.float64)) == msg
+
+
+def test_an_inputs_file_with_hugging_face_labels_or_aligned_targets(tmp_path):
+    from stability.lm.inputs import load_inputs
+
+    ids = torch.tensor([[5, 6, 7, 8], [0, 3, 4, 9]])
+    mask = torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]])
+    labels = torch.where(mask.bool(), ids, torch.full_like(ids, IGNORE_INDEX))
+    torch.save({"input_ids": ids, "attention_mask": mask, "labels": labels}, tmp_path / "a.pt")
+    packed, targets = load_inputs(tmp_path / "a.pt")
+    assert torch.equal(packed, pack(ids, mask))
+    assert torch.equal(targets, next_token_targets(ids, mask))  # HF labels, shifted: the next tokens
+    torch.save({"input_ids": ids, "targets": targets}, tmp_path / "b.pt")
+    assert torch.equal(load_inputs(tmp_path / "b.pt")[1], targets)
+    torch.save(ids, tmp_path / "c.pt")
+    assert load_inputs(tmp_path / "c.pt")[1] is None
+    torch.save({"input_ids": ids, "labels": labels, "targets": targets}, tmp_path / "d.pt")
+    with pytest.raises(StabilityError, match="not both"):
+        load_inputs(tmp_path / "d.pt")
