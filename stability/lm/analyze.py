@@ -132,8 +132,8 @@ def as_adapter(source, dtype: torch.dtype = torch.float64):
 
 def lm_inputs(inputs, attention_mask=None, position_ids=None, targets=None):
     """(packed inputs (B, 3, T), targets (B, T)) from ids (B, T) or packed inputs; the targets default to the next
-    tokens (:func:`~stability.lm.scoring.next_token_targets`)."""
-    from stability.lm.inputs import pack, unpack
+    tokens (:func:`~stability.lm.scoring.next_token_targets`); pad positions are never scored."""
+    from stability.lm.inputs import IGNORE_INDEX, pack, unpack
     from stability.lm.scoring import next_token_targets
 
     if not isinstance(inputs, torch.Tensor):
@@ -145,7 +145,9 @@ def lm_inputs(inputs, attention_mask=None, position_ids=None, targets=None):
         targets = next_token_targets(lm.ids, lm.mask)
     elif tuple(targets.shape) != tuple(lm.ids.shape):
         raise StabilityError(f"targets {tuple(targets.shape)} must have the shape of the ids {tuple(lm.ids.shape)}")
-    return packed, targets.long()
+    # a pad position's state is 0 (its logits mean nothing): never scored
+    targets = torch.where(lm.mask, targets.long().to(lm.mask.device), torch.full_like(lm.ids, IGNORE_INDEX))
+    return packed, targets
 
 
 def _options(options, N: int, precision: str):

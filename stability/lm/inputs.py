@@ -144,8 +144,8 @@ def load_inputs(path: Path | str) -> tuple[torch.Tensor, Optional[torch.Tensor]]
     """(packed inputs (B, 3, T), targets or None) from a ``torch.save`` file: a tensor of token ids (B, T), or a
     dict with ``input_ids`` and optionally ``attention_mask``, ``position_ids`` and either ``labels`` (Hugging
     Face's convention: the tokens, −100 where not scored, shifted here by :func:`hf_labels_to_targets`) or
-    ``targets`` (aligned with the logits: targets[b, t] is the token position t should predict). Read without
-    executing code (``weights_only``)."""
+    ``targets`` (aligned with the logits: targets[b, t] is the token position t should predict); a pad position is
+    never scored. Read without executing code (``weights_only``)."""
     from stability.stored import load_plain
 
     p = Path(path)
@@ -168,4 +168,5 @@ def load_inputs(path: Path | str) -> tuple[torch.Tensor, Optional[torch.Tensor]]
     if not isinstance(given, torch.Tensor) or tuple(given.shape) != tuple(packed[:, 0].shape):
         raise StabilityError(f"--inputs {path}: {key} must be a tensor shaped like input_ids "
                              f"{tuple(packed[:, 0].shape)}")
-    return packed, hf_labels_to_targets(given) if key == "labels" else given.long()
+    targets = hf_labels_to_targets(given) if key == "labels" else given.long()
+    return packed, torch.where(packed[:, 1] != 0, targets, torch.full_like(targets, IGNORE_INDEX))  # pads: unscored
