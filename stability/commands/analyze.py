@@ -228,6 +228,10 @@ def _own_model(args, options, log):
         raise StabilityError("--model needs --inputs FILE.pt (a tensor of inputs, batch first)")
     if args.split is not None:
         raise StabilityError("--split applies to checkpoints; with --model the samples are --inputs")
+    obj = _torch_load(args.inputs, "--inputs")
+    token_dict = isinstance(obj, dict) and "input_ids" in obj  # a language model's ids, mask and labels
+    inputs = None if token_dict else load_tensor(args.inputs, "--inputs", "inputs")
+    targets = load_tensor(args.targets, "--targets", "targets") if args.targets and not token_dict else None
     model = build_from_spec(args.model)
     if args.weights:
         load_weights(model, args.weights)
@@ -235,8 +239,8 @@ def _own_model(args, options, log):
         from stability.lm.analyze import analyze_inputs_file
 
         return analyze_inputs_file(model, args.inputs, args.targets, options, log=log)
-    inputs = load_tensor(args.inputs, "--inputs", "inputs")
-    targets = load_tensor(args.targets, "--targets", "targets") if args.targets else None
+    if token_dict:
+        inputs = load_tensor(args.inputs, "--inputs", "inputs")  # not a tensor: refused as before
     source = {"model": args.model, "weights": args.weights, "inputs": args.inputs, "targets": args.targets}
     return analyze_model(model, inputs, targets, options, source=source, log=log)
 
@@ -244,10 +248,11 @@ def _own_model(args, options, log):
 def _pretrained(args) -> bool:
     """CKPT is a Hugging Face ``save_pretrained`` directory (a looped language model, :mod:`stability.lm`): it is
     analysed on the token ids of ``--inputs`` (required), with ``--targets`` or the next tokens."""
-    from stability.errors import StabilityError
-    from stability.lm.pretrained import is_pretrained_dir
+    import os
 
-    if args.model or not args.checkpoint or not is_pretrained_dir(args.checkpoint):
+    from stability.errors import StabilityError
+
+    if args.model or not args.checkpoint or not os.path.isfile(os.path.join(args.checkpoint, "config.json")):
         return False
     if not args.inputs:
         raise StabilityError(f"{args.checkpoint} is a language model: give its token ids with --inputs FILE.pt (a "

@@ -66,8 +66,10 @@ def test_the_command_line_analyses_a_directory_on_token_ids(hrm_dir, tmp_path):
 
 
 def test_the_command_line_analyses_the_reference_model(tmp_path):
-    torch.save(torch.randint(0, 64, (2, 6), generator=torch.Generator().manual_seed(0)), tmp_path / "ids.pt")
+    ids6 = torch.randint(0, 64, (2, 6), generator=torch.Generator().manual_seed(0))
+    torch.save({"input_ids": ids6, "attention_mask": torch.tensor([[1] * 6, [1] * 4 + [0] * 2])}, tmp_path / "ids.pt")
     res = run_cli("analyze", "--model", "stability.lm.huginn:tiny", "--inputs", tmp_path / "ids.pt", "--only",
                   "rho", "--max-iter", "30", "--iterations", "4", "--json", tmp_path / "a.json", "--quiet")
     assert "LANGUAGE MODEL" in res.stdout
-    assert json.loads((tmp_path / "a.json").read_text())["lm"]["model_steps"] == 8
+    lm = json.loads((tmp_path / "a.json").read_text())["lm"]
+    assert lm["model_steps"] == 8 and lm["tokens"]["status_counts"]["pad"] == 2
