@@ -26,7 +26,18 @@ def load(path, *, device: str = "cpu", release_config=None):
     """Load a checkpoint: returns a :class:`stability.checkpoint.Loaded` (``.model``, ``.config``, ``.task``).
 
     Also opens the paper's release checkpoints (``RUN_DIR/model_best.pth``; ``release_config``: its Hydra
-    config when it is not at ``RUN_DIR/.hydra/config.yaml``), imported with the release's semantics."""
+    config when it is not at ``RUN_DIR/.hydra/config.yaml``), imported with the release's semantics, and a Hugging
+    Face ``save_pretrained`` directory of a looped language model (``.model``: its adapter, :mod:`stability.lm`)."""
+    import os
+
+    if isinstance(path, (str, os.PathLike)) and os.path.isfile(os.path.join(path, "config.json")):
+        # a Hugging Face save_pretrained directory (a looped language model): stability.lm loads and adapts it
+        from stability.errors import CheckpointError
+        from stability.lm.pretrained import load_pretrained
+
+        if release_config is not None:
+            raise CheckpointError(f"release_config {release_config}: {path} is a Hugging Face model directory")
+        return load_pretrained(path, device=device)
     from stability.checkpoint import load as _load
 
     return _load(path, device=device, release_config=release_config)
@@ -42,7 +53,17 @@ def analyze(source, inputs=None, targets=None, options=None, *, splits=None, log
 
     ``options``: :class:`~stability.config.AnalysisOptions` (e.g. ``stages=("rho", "prop5")``);
     ``log``: a callable for progress lines. Returns an :class:`~stability.analysis.results.Analysis`, read like the
-    JSON it writes (``a["val"]["jacobian"]["spectral_radius"]``)."""
+    JSON it writes (``a["val"]["jacobian"]["spectral_radius"]``). A looped language model (a save_pretrained
+    directory, its ``stability.load`` or an adapter) on token ids is :func:`stability.lm.analyze_lm`."""
+    from stability.lm.analyze import analyze_lm, is_lm_source
+
+    if is_lm_source(source):  # a looped language model (stability.lm): token ids, scored per token
+        if splits is not None or release_config is not None:
+            from stability.errors import StabilityError
+
+            raise StabilityError("splits and release_config do not apply to a language model: it is analysed on "
+                                 "token ids (inputs)")
+        return analyze_lm(source, inputs, targets=targets, options=options, log=log)
     from stability.analysis.pipeline import analyze as _analyze
 
     return _analyze(source, inputs, targets, options, splits=splits, log=log, release_config=release_config)

@@ -6,9 +6,10 @@ only the core dependencies. Each extra of ``pyproject.toml`` serves one room:
 * ``data``: python-chess (the chess task's puzzles: generating them, reading a Lichess CSV) and numba (the sudoku
   solver compiled; without it the same solver runs in pure Python, same puzzles, much slower);
 * ``sweep``: submitit (``stability sweep --executor slurm``);
-* ``theory``: sympy (the symbolic rows of ``stability verify``, :mod:`stability.theory.symbolic`).
+* ``theory``: sympy (the symbolic rows of ``stability verify``, :mod:`stability.theory.symbolic`);
+* ``lm``: transformers (Hugging Face looped language models: ``stability.load(HF_DIR)``, :mod:`stability.lm`).
 
-The ``test`` extra pulls in all three.
+The ``test`` extra pulls in all of them.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from stability.errors import MissingExtraError, first_line
 
 #: optional top-level module -> (the extra that installs it, its distribution's name)
 EXTRAS = {"chess": ("data", "python-chess"), "numba": ("data", "numba"), "submitit": ("sweep", "submitit"),
-          "sympy": ("theory", "sympy")}
+          "sympy": ("theory", "sympy"), "transformers": ("lm", "transformers")}
 
 
 def missing_extra(module: str, purpose: str, cause: BaseException | None = None) -> MissingExtraError:

@@ -25,8 +25,10 @@ HELP = ("analyse a looped model's fixed points on the paper's three axes: reacha
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from stability.analysis.options import STAGES
 
-    p.add_argument("checkpoint", metavar="CKPT", nargs="?", help="a checkpoint written by `stability train`, or "
-                   "one of the paper's release checkpoints (RUN_DIR/model_best.pth)")
+    p.add_argument("checkpoint", metavar="CKPT", nargs="?", help="a checkpoint written by `stability train`, "
+                   "one of the paper's release checkpoints (RUN_DIR/model_best.pth), or a Hugging Face "
+                   "save_pretrained directory of a looped language model (with --inputs: its token ids; "
+                   "docs/language-models.md)")
     p.add_argument("--release-config", metavar="PATH", help="a release checkpoint's Hydra config, where it is not "
                    "RUN_DIR/.hydra/config.yaml (docs/release-differences.md)")
     own = p.add_argument_group("a model of one's own (instead of CKPT)")
@@ -34,7 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="build the model by calling FACTORY() from an importable module (the current directory "
                           "is on the path); it must satisfy the LoopedModel contract (docs/python-api.md)")
     own.add_argument("--weights", metavar="FILE", help="a state dict to load into the model (torch.save)")
-    own.add_argument("--inputs", metavar="FILE.pt", help="a tensor of inputs (B, ...) saved with torch.save")
+    own.add_argument("--inputs", metavar="FILE.pt", help="a tensor of inputs (B, ...) saved with torch.save; for a "
+                     "language model: token ids (B, T), or a dict with input_ids, attention_mask, position_ids, "
+                     "labels")
     own.add_argument("--targets", metavar="FILE.pt",
                      help="class indices (B, *positions) for the accuracy (argmax of readout, per position and "
                           "whole answer)")
@@ -224,13 +228,39 @@ def _own_model(args, options, log):
         raise StabilityError("--model needs --inputs FILE.pt (a tensor of inputs, batch first)")
     if args.split is not None:
         raise StabilityError("--split applies to checkpoints; with --model the samples are --inputs")
-    inputs = load_tensor(args.inputs, "--inputs", "inputs")
-    targets = load_tensor(args.targets, "--targets", "targets") if args.targets else None
+    obj = _torch_load(args.inputs, "--inputs")
+    token_dict = isinstance(obj, dict) and "input_ids" in obj  # a language model's ids, mask and labels
+    inputs = None if token_dict else load_tensor(args.inputs, "--inputs", "inputs")
+    targets = load_tensor(args.targets, "--targets", "targets") if args.targets and not token_dict else None
     model = build_from_spec(args.model)
     if args.weights:
         load_weights(model, args.weights)
+    if getattr(model, "lm_adapter", False) is True:  # a looped language model: token ids, scored per token
+        from stability.lm.analyze import analyze_inputs_file
+
+        return analyze_inputs_file(model, args.inputs, args.targets, options, log=log)
+    if token_dict:
+        inputs = load_tensor(args.inputs, "--inputs", "inputs")  # not a tensor: refused as before
     source = {"model": args.model, "weights": args.weights, "inputs": args.inputs, "targets": args.targets}
     return analyze_model(model, inputs, targets, options, source=source, log=log)
+
+
+def _pretrained(args) -> bool:
+    """CKPT is a Hugging Face ``save_pretrained`` directory (a looped language model, :mod:`stability.lm`): it is
+    analysed on the token ids of ``--inputs`` (required), with ``--targets`` or the next tokens."""
+    import os
+
+    from stability.errors import StabilityError
+
+    if args.model or not args.checkpoint or not os.path.isfile(os.path.join(args.checkpoint, "config.json")):
+        return False
+    if not args.inputs:
+        raise StabilityError(f"{args.checkpoint} is a language model: give its token ids with --inputs FILE.pt (a "
+                             "tensor (B, T), or a dict with input_ids, attention_mask, labels)")
+    if args.weights or args.split is not None or args.release_config:
+        raise StabilityError("--weights, --split and --release-config do not apply to a Hugging Face model "
+                             "directory")
+    return True
 
 
 def run(args: argparse.Namespace) -> int:
@@ -245,7 +275,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.checkpoint and not args.model:
         raise StabilityError("give a checkpoint (CKPT) or a model of one's own (--model PACKAGE.MODULE:FACTORY "
                              "--inputs FILE.pt)")
-    if not args.model and (args.inputs or args.targets or args.weights):
+    pretrained = _pretrained(args)  # a Hugging Face save_pretrained directory: token ids as --inputs
+    if not args.model and not pretrained and (args.inputs or args.targets or args.weights):
         raise StabilityError("--inputs, --targets and --weights go with --model")
     check_feasible(args)
     options = AnalysisOptions(**{name: getattr(args, name) for name in AnalysisOptions.FLAGS},
@@ -263,6 +294,10 @@ def run(args: argparse.Namespace) -> int:
     keep_freed_memory()  # this process only analyses from here on: keep its large blocks for reuse
     if args.model:
         analysis = _own_model(args, options, log)
+    elif pretrained:
+        from stability.lm.analyze import analyze_inputs_file
+
+        analysis = analyze_inputs_file(args.checkpoint, args.inputs, args.targets, options, log=log)
     else:
         splits = ("val", "hard") if args.split in (None, "both") else (args.split,)
         analysis = analyze_checkpoint(Path(args.checkpoint), splits=splits, options=options, log=log,
