@@ -102,21 +102,23 @@ def stage_rho(at: AtFixedPoint) -> JacobianSpectra:
                   f"ρ by ARPACK on each dense J (leading Ritz residual < {o.eig_tol:g}), σ_max by λ_max(JᵀJ)")
     else:
         K = at.few  # the first K samples (all, but on large states a few: AnalysisOptions.few_samples)
-        chunk = o.eig_batch or (K if dev.type == "cuda" else 1)
+        chunk = o.eig_chunk(K, dev.type)
         mixed = o.eig_precision == "mixed" and x_star.dtype == torch.float64
         fast_model = copy.deepcopy(at.model).float() if mixed else None
         for i in range(0, K, chunk):
             xs, xb = x_star[i:min(i + chunk, K)], x0[i:min(i + chunk, K)]
             J = Linearisation(f, xs, xb)
             fast = Linearisation(fast_model.step, xs.float(), xb.float()) if mixed else None
-            spec = spectral_radius(J, route="krylov", fast=fast, k=o.eig_k, tol=o.eig_tol, seed=o.seed)
-            sig = sigma_max(J, route="krylov", tol=o.eig_tol, seed=o.seed)
+            spec = spectral_radius(J, route="krylov", fast=fast, k=o.eig_k, tol=o.eig_tol, seed=o.seed,
+                                   restart=o.eig_restart)
+            sig = sigma_max(J, route="krylov", tol=o.eig_tol, seed=o.seed, restart=o.eig_restart)
             rhos += spec.rho.cpu().tolist()
             sigmas += sig.cpu().tolist()
-            eigs += [[[float(z.real), float(z.imag)] for z in row] for row in spec.eigenvalues.cpu()]
+            eigs += torch.view_as_real(spec.eigenvalues.cpu()).tolist()  # [re, im] per eigenvalue, one transfer
             flags += (spec.ritz_residual < o.eig_tol).cpu().tolist()
             at.tick(min(i + chunk, K), K)
-        method = (f"Krylov–Schur on Jᵀ (torch, {chunk} sample(s) per batch; "
+        batched = o.batch == "all" or dev.type != "cpu"  # krylov_schur's restart: batched, or auto on a GPU
+        method = (f"Krylov–Schur on Jᵀ (torch, {chunk} sample(s) per batch{', restarts batched' if batched else ''}; "
                   + ("float32 products, each leading Ritz pair certified by float64 products)" if mixed
                      else "float64 products)"))
         if K < N:  # the rest are not measured (None), said in the method and the split's measured_samples
@@ -145,7 +147,7 @@ def stage_prop4(at: AtFixedPoint):
                 J=None if dense is None else dense.J, J_spectra=None if dense is None else dense.spectra,
                 J_rho=None if spec is None else (spec.spectral_radius[:K], spec.eigenvalues[:K]),
                 fast_model=copy.deepcopy(at.model).float() if mixed else None,
-                chunk=o.eig_batch or (K if at.x_star.device.type == "cuda" else 1), seed=o.seed, tick=at.tick)
+                chunk=o.eig_chunk(K, at.x_star.device.type), seed=o.seed, tick=at.tick, restart=o.eig_restart)
     if out is not None and K < N:
         out.rho_M = list(out.rho_M) + [None] * (N - K)
     return out

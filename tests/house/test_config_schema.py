@@ -321,14 +321,16 @@ def test_analysis_options_round_trip_through_their_dict_and_read_the_stored_demo
         assert AnalysisOptions(**d) == options and AnalysisOptions(**json.loads(json.dumps(d))) == options
         assert options.replace(samples=2) == AnalysisOptions(**{**d, "samples": 2})
     # the options a committed demo run stored (eig_route, a flag then, included) read back to the same values in
-    # the same order; the one thing added is the large-state option written since (issue 25), at its default
+    # the same order; the things added are the large-state options written since (issue 25) and the batching
+    # (issue 35), at their defaults
     stored = json.loads((ROOT / "docs" / "demo-sample.json").read_text())
     found = [v["options"] for v in stored.values() if isinstance(v, dict) and "options" in v]
     assert found
     for d in found:
         again = AnalysisOptions(**d).to_dict()
         assert json.dumps({k: v for k, v in again.items() if k in d}) == json.dumps(d)
-        assert {k: v for k, v in again.items() if k not in d} == {"few_samples": 8, "few_samples_above": 8192}
+        assert {k: v for k, v in again.items() if k not in d} == {"few_samples": 8, "few_samples_above": 8192,
+                                                                       "batch": "auto"}
 
 
 def test_analysis_options_are_frozen_and_refuse_unknown_keys_and_bad_values_in_one_line():
