@@ -588,7 +588,7 @@ class AnalysisOptions(_Config):
     FLAGS: typing.ClassVar[tuple[str, ...]] = (
         "samples", "solver", "tol", "max_iter", "iterations", "device", "probes", "eig_precision", "noise_std",
         "geometry_directions", "geometry_samples", "geometry_accuracy", "geometry_group_directions",
-        "geometry_certify", "repelling_starts", "repelling_scale", "repelling_budget", "few_samples")
+        "geometry_certify", "repelling_starts", "repelling_scale", "repelling_budget", "few_samples", "batch")
 
     samples: int = _f(32, "analyse the first N samples of each split (or of --inputs), in order", metavar="N",
                       ge=1, le=MAX_SAMPLES)
@@ -610,8 +610,8 @@ class AnalysisOptions(_Config):
     prop4_probes: int = _f(4, "Prop. 4 on states too large for dense matrices: Gaussian probes of M against J",
                            ge=1, le=MAX_PROBES)
     seed: int = _f(0, "seed of every random start, probe and direction of the analysis")
-    eig_batch: Optional[int] = _f(None, "samples per Krylov–Schur batch (none: 1 on the CPU, all on CUDA)", ge=1,
-                                   le=MAX_SAMPLES)
+    eig_batch: Optional[int] = _f(None, "samples per Krylov–Schur batch (none: 1 on the CPU, all on CUDA or with "
+                                  "batch all)", ge=1, le=MAX_SAMPLES)
     eig_precision: Literal["mixed", "float64"] = _f(
         "mixed", "products of the ρ(J*) eigensolver: mixed (float32, every result certified by a float64 residual "
         "and re-solved in float64 where it misses) or float64")
@@ -652,6 +652,10 @@ class AnalysisOptions(_Config):
                           metavar="K", ge=0, le=MAX_SAMPLES)
     few_samples_above: int = _f(8192, "the state size n above which few_samples applies", ge=0,
                                   le=MAX_SEED)
+    # issue 35: the GPU's way of batching, selectable on the CPU (where auto keeps every committed number)
+    batch: Literal["auto", "all"] = _f(
+        "auto", "how the stages batch their samples: all (every sample in one batch, the eigensolver's restarts "
+        "batched too, as on a GPU) or auto (per device: the CPU's per-sample eigensolver batches and restarts)")
     # not a flag with this default: `stability analyze --geometry-plane N` defaults to 15 with --plots, else 0
     geometry_plane: int = _f(0, "geometry: the ρ(J*) picture over the plane of two directions, N × N cells (0: "
                              "none)", ge=0, le=1000)
@@ -680,6 +684,19 @@ class AnalysisOptions(_Config):
         ``n > few_samples_above`` and ``few_samples`` is set (the large-state mode: each sample costs minutes)."""
         k = 1 if self.few_samples and n > self.few_samples_above else self.geometry_samples
         return min(k, samples)
+
+    def eig_chunk(self, samples: int, device_type: str) -> int:
+        """Samples per batch of the matrix-free eigensolver: ``eig_batch``, else all of ``samples`` with ``batch``
+        all or on CUDA, else 1 (the CPU's default)."""
+        if self.eig_batch:
+            return self.eig_batch
+        return samples if self.batch == "all" or device_type == "cuda" else 1
+
+    @property
+    def eig_restart(self) -> str:
+        """The Krylov–Schur restart (:func:`stability.numerics.eigen.krylov_schur`): ``batched`` with ``batch`` all,
+        else ``auto`` (per-sample on the CPU, batched on a GPU)."""
+        return "batched" if self.batch == "all" else "auto"
 
     def to_dict(self) -> dict:
         """The JSON's ``options``: every field, ``stages`` a list, and ``eig_route`` after ``seed`` (the keys and

@@ -292,13 +292,14 @@ def probe_check(model, x_star: torch.Tensor, x0: torch.Tensor, *, probes: int = 
 
 def prop4_matrix_free(model, x_star: torch.Tensor, x0: torch.Tensor, *, probes: int = 4, k: int = 3,
                       tol: float = 1e-6, seed: int = 0, fast_model=None, chunk: int = 1,
-                      J_spectra: Optional[Spectrum] = None, tick=None) -> Prop4Result:
+                      J_spectra: Optional[Spectrum] = None, tick=None, restart: str = "auto") -> Prop4Result:
     """Prop. 4 / App. A.7 on states too large for dense matrices, every sample matrix-free: M checked against J by
     :func:`probe_check`; where M = J on every probe and ``J_spectra`` (stage rho's spectrum of J per sample, at the
     same x*) is given, M's spectra are J's; elsewhere ρ(M) by the Krylov–Schur method stage rho runs on Jᵀ, here on
     Mᵀ (route ``krylov`` of :func:`~stability.numerics.spectra.spectral_radius` on
     :meth:`RecallMatrixOperator.linear_map`: float32 products of ``fast_model``'s M, each leading Ritz pair
-    certified by float64 products; float64 alone without it), ``chunk`` samples a batch."""
+    certified by float64 products; float64 alone without it), ``chunk`` samples a batch, ``restart`` the
+    eigensolver's (:func:`~stability.numerics.eigen.krylov_schur`)."""
     B = x_star.shape[0]
     diff, equal = probe_check(model, x_star, x0, probes=probes, seed=seed)
     reuse = equal.clone() if J_spectra is not None else torch.zeros(B, dtype=torch.bool)
@@ -312,7 +313,7 @@ def prop4_matrix_free(model, x_star: torch.Tensor, x0: torch.Tensor, *, probes: 
         xs, xb = x_star[idx], x0[idx]
         exact = RecallMatrixOperator(model, xs, xb).linear_map()
         fast = None if fast_model is None else RecallMatrixOperator(fast_model, xs.float(), xb.float()).linear_map()
-        got = spectral_radius(exact, route="krylov", fast=fast, tol=tol, k=k, seed=seed)
+        got = spectral_radius(exact, route="krylov", fast=fast, tol=tol, k=k, seed=seed, restart=restart)
         if tick is not None:
             tick(min(i + chunk, len(own)), len(own), "samples of M's own spectra")
         for j, b in enumerate(idx.tolist()):
@@ -329,7 +330,7 @@ def prop4_matrix_free(model, x_star: torch.Tensor, x0: torch.Tensor, *, probes: 
 def prop4(model, x_star: torch.Tensor, x0: torch.Tensor, *, probes: int = 4, k: int = 3,
           tol: float = 1e-10, J: Optional[torch.Tensor] = None, dense_max: Optional[int] = None,
           J_spectra: Optional[Spectrum] = None, fast_model=None, chunk: int = 1, seed: int = 0,
-          tick=None) -> Optional[Prop4Result]:
+          tick=None, restart: str = "auto") -> Optional[Prop4Result]:
     """Prop. 4 / App. A.7 on a batch of fixed points x_star (B, *S): ρ(M) per sample, and the largest difference
     between M and the autograd Jacobian of ``step``. States of n ≤ ``dense_max`` (default
     :data:`~stability.numerics.spectra.DENSE_MAX`): :func:`prop4_dense` (dense M, LAPACK, all n columns checked;
@@ -347,4 +348,4 @@ def prop4(model, x_star: torch.Tensor, x0: torch.Tensor, *, probes: int = 4, k: 
     if J is not None and n <= DENSE_KRYLOV_MAX:  # mid-size: the dense J is at hand (stage rho's), so is dense M
         return prop4_dense(model, x_star, x0, k=k, J=J, krylov_tol=max(tol, 1e-10), J_spectra=J_spectra)
     return prop4_matrix_free(model, x_star, x0, probes=probes, k=k, tol=tol, seed=seed, fast_model=fast_model,
-                             chunk=chunk, J_spectra=J_spectra, tick=tick)
+                             chunk=chunk, J_spectra=J_spectra, tick=tick, restart=restart)

@@ -115,7 +115,7 @@ def _rho_matrix_free(at: AtFixedPoint, route: str, keep: bool) -> tuple:
     o, f, x_star, x0 = at.options, at.f, at.x_star, at.x0
     N = x_star.shape[0]
     K = at.few  # the first K samples (all, but on large states a few: AnalysisOptions.few_samples)
-    chunk = o.eig_batch or (K if x_star.device.type == "cuda" else 1)
+    chunk = o.eig_chunk(K, x_star.device.type)
     mixed = o.eig_precision == "mixed" and x_star.dtype == torch.float64
     fast_model = copy.deepcopy(at.model).float() if mixed else None
     specs, sigmas = [], []
@@ -123,11 +123,13 @@ def _rho_matrix_free(at: AtFixedPoint, route: str, keep: bool) -> tuple:
         xs, xb = x_star[i:min(i + chunk, K)], x0[i:min(i + chunk, K)]
         J = Linearisation(f, xs, xb)
         fast = Linearisation(fast_model.step, xs.float(), xb.float()) if mixed else None
-        specs.append(spectral_radius(J, route=route, fast=fast, k=o.eig_k, tol=o.eig_tol, seed=o.seed))
-        sigmas.append(sigma_max(J, route=route, tol=o.eig_tol, seed=o.seed).cpu())
+        specs.append(spectral_radius(J, route=route, fast=fast, k=o.eig_k, tol=o.eig_tol, seed=o.seed,
+                                     restart=o.eig_restart))
+        sigmas.append(sigma_max(J, route=route, tol=o.eig_tol, seed=o.seed, restart=o.eig_restart).cpu())
         at.tick(min(i + chunk, K), K)
     spectrum = Spectrum.cat(specs)
-    method = (f"Krylov–Schur on Jᵀ (torch, {chunk} sample(s) per batch; "
+    batched = o.batch == "all" or x_star.device.type != "cpu"  # krylov_schur's restart: batched, or auto on a GPU
+    method = (f"Krylov–Schur on Jᵀ (torch, {chunk} sample(s) per batch{', restarts batched' if batched else ''}; "
               + ("float32 products, each leading Ritz pair certified by float64 products)" if mixed
                  else "float64 products)"))
     if K < N:  # the rest are not measured (None), said in the method and the split's measured_samples
@@ -154,7 +156,7 @@ def stage_prop4(at: AtFixedPoint):
                 J=None if dense is None else dense.J,
                 J_spectra=None if spec is None else spec.spectrum.rows(slice(0, K)),
                 fast_model=copy.deepcopy(at.model).float() if mixed else None,
-                chunk=o.eig_batch or (K if at.x_star.device.type == "cuda" else 1), seed=o.seed, tick=at.tick)
+                chunk=o.eig_chunk(K, at.x_star.device.type), seed=o.seed, tick=at.tick, restart=o.eig_restart)
     if out is not None and K < N:
         out.rho_M = list(out.rho_M) + [None] * (N - K)
     return out

@@ -54,6 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _option(p, "noise_std", positive=True)  # the library takes 0 as well
     _option(p, "eig_precision")
     _option(p, "few_samples")
+    _option(p, "batch")
     geo = p.add_argument_group("geometry (the third axis: radii of stability along random directions in "
                                "parameter space, docs/analysis.md)")
     _option(geo, "geometry_directions")

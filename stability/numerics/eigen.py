@@ -16,6 +16,8 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
+from stability.numerics.eigen_batched import batched_krylov_schur, restart_mode
+
 @dataclass
 class Spectrum:
     """ρ and the leading eigenvalues of a batch of operators A_b, per sample in the batch's order: what
@@ -180,7 +182,7 @@ def krylov_schur(apply: Callable[[torch.Tensor], torch.Tensor], shape: tuple, *,
                  keep: Optional[int] = None, seed: int = 0,
                  restrict: Optional[Callable[[torch.Tensor], Callable]] = None,
                  start: Optional[torch.Tensor] = None, return_vectors: bool = False,
-                 nev: Optional[int] = None) -> Spectrum:
+                 nev: Optional[int] = None, restart: str = "auto") -> Spectrum:
     """ρ of B independent operators A_b at once by the Krylov–Schur method (Stewart 2002) in torch.
 
     ``apply(V)`` maps (B, *S) to (B, *S), sample b by its own operator (a batched vjp or jvp of ``step``).
@@ -197,6 +199,9 @@ def krylov_schur(apply: Callable[[torch.Tensor], torch.Tensor], shape: tuple, *,
     ``dtype`` (the basis and H stay in ``dtype``). ``start``: (B, n) start vectors (default random).
     The second Gram–Schmidt pass runs on every vector (CGS2; ARPACK's DGKS test, which skips it when the first
     pass kept most of the norm, would move ρ in its last digits, benchmarks/RESULTS.md).
+    ``restart``: ``per-sample`` (each due sample's ordered Schur form by scipy, in turn; the CPU's default),
+    ``batched`` (every sample's restart at once, the host seen once per restart:
+    :mod:`stability.numerics.eigen_batched`) or ``auto`` (per-sample on the CPU, batched elsewhere).
     """
     B = shape[0]
     S = tuple(shape[1:])
@@ -205,16 +210,33 @@ def krylov_schur(apply: Callable[[torch.Tensor], torch.Tensor], shape: tuple, *,
     keep = min(keep if keep is not None else max(k, m // 2), max(1, m - 2))
     nev = min(nev if nev is not None else NEV, max(1, m - 3))
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    V = torch.zeros(B, m + 1, n, dtype=dtype, device=device)
-    H = torch.zeros(B, m + 1, m, dtype=dtype, device=device)
     v = start.reshape(B, n).to(device=device, dtype=dtype) if start is not None else \
         torch.randn(B, n, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
-    V[:, 0] = v / v.norm(dim=1, keepdim=True).clamp_min(1e-300)
+    v = v / v.norm(dim=1, keepdim=True).clamp_min(1e-300)
+    common = dict(m=m, keep=keep, nev=nev, kk=min(k, m), tol=tol, restarts=restarts, dtype=dtype, device=device,
+                  restrict=restrict, return_vectors=return_vectors)
+    if restart_mode(restart, device) == "batched":
+        rho, eigs, resid, products, vecs = batched_krylov_schur(apply, shape, v, padded=_padded, schur=_schur_restart,
+                                                                slack=NEV_SLACK, **common)
+    else:
+        rho, eigs, resid, products, vecs = _per_sample_iteration(apply, shape, v, **common)
+    return Spectrum(rho=rho, eigenvalues=eigs, ritz_residual=resid, matvecs=int(products.sum()),
+                    products=products, vectors=vecs)
+
+
+def _per_sample_iteration(apply: Callable, shape: tuple, v: torch.Tensor, *, m: int, keep: int, nev: int, kk: int,
+                          tol: float, restarts: int, dtype, device, restrict: Optional[Callable], return_vectors: bool):
+    """:func:`krylov_schur`'s iteration with per-sample restarts (each due sample's ordered Schur form by scipy, in
+    turn) from the unit start vectors ``v`` (B, n). Returns (rho, eigenvalues, ritz_residual, products, vectors)."""
+    B, S, n = shape[0], tuple(shape[1:]), v.shape[1]
+    V = torch.zeros(B, m + 1, n, dtype=dtype, device=device)
+    H = torch.zeros(B, m + 1, m, dtype=dtype, device=device)
+    V[:, 0] = v
     pos = torch.zeros(B, dtype=torch.long)  # the basis index each sample multiplies next (CPU bookkeeping)
     cycles = torch.zeros(B, dtype=torch.long)
     products = torch.zeros(B, dtype=torch.long)
     ids = torch.arange(B)  # original batch index of each row of the (compacted) state
-    found = _Found(B, min(k, m), n, return_vectors)
+    found = _Found(B, kk, n, return_vectors)
     op = apply
     while ids.numel():
         a = ids.numel()
@@ -252,9 +274,8 @@ def krylov_schur(apply: Callable[[torch.Tensor], torch.Tensor], shape: tuple, *,
             pos, cycles, ids = pos[stay], cycles[stay], ids[stay]
             if ids.numel():
                 op = restrict(ids.to(device)) if restrict is not None else _padded(apply, shape, ids)
-    return Spectrum(rho=found.rho.to(device), eigenvalues=found.eigs.to(device), ritz_residual=found.resid.to(device),
-                    matvecs=int(products.sum()), products=products,
-                    vectors=None if found.vecs is None else found.vecs.to(device))
+    return (found.rho.to(device), found.eigs.to(device), found.resid.to(device), products,
+            None if found.vecs is None else found.vecs.to(device))
 
 
 def _ritz_residual(apply: Callable, shape: tuple, theta: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -94,8 +94,8 @@ def spectral_radius(A, *, route: str = "auto", k: int = 6, tol: float = 1e-6, se
     products (module docstring). ``shrink``: finished samples leave the batch by a new Linearisation of the samples
     left (True; the default where the operator allows it) or ride along as zero vectors (False; a linear map's
     samples cannot be separated). ``krylov``: the Krylov–Schur settings (``krylov``, ``restarts``, ``keep``,
-    ``nev``, ``start``, ``return_vectors``, ``dtype``, ``device``; :func:`~stability.numerics.eigen.krylov_schur`).
-    Returns a :class:`~stability.numerics.eigen.Spectrum`.
+    ``nev``, ``start``, ``return_vectors``, ``dtype``, ``device``, ``restart``;
+    :func:`~stability.numerics.eigen.krylov_schur`). Returns a :class:`~stability.numerics.eigen.Spectrum`.
     """
     route = _route(A, route, dense_max)
     if route in ("dense", "dense-krylov"):

@@ -322,7 +322,7 @@ def test_analysis_options_round_trip_through_their_dict_and_read_the_stored_demo
         assert options.replace(samples=2) == AnalysisOptions(**{**d, "samples": 2})
     # the options a committed demo run stored (eig_route, a flag then, included) read back to the same values in
     # the same order; what a stored run may lack is an option written since (the large-state ones of issue 25, the
-    # geometry sample choice of issue 33), at its default
+    # geometry sample choice of issue 33, the batching of issue 35), at its default
     stored = json.loads((ROOT / "docs" / "demo-sample.json").read_text())
     found = [v["options"] for v in stored.values() if isinstance(v, dict) and "options" in v]
     assert found
@@ -330,7 +330,8 @@ def test_analysis_options_round_trip_through_their_dict_and_read_the_stored_demo
         again = AnalysisOptions(**d).to_dict()
         assert json.dumps({k: v for k, v in again.items() if k in d}) == json.dumps(d)
         added = {k: v for k, v in again.items() if k not in d}
-        assert added.items() <= {"few_samples": 8, "few_samples_above": 8192, "geometry_pick": "attracting"}.items()
+        assert added.items() <= {"few_samples": 8, "few_samples_above": 8192, "geometry_pick": "attracting",
+                                 "batch": "auto"}.items()
 
 
 def test_analysis_options_are_frozen_and_refuse_unknown_keys_and_bad_values_in_one_line():
