@@ -22,6 +22,8 @@ from typing import Optional
 
 import torch
 
+from stability.numerics import spectral_radius
+
 #: the statuses of a token (as the solver's, per token; "pad" for a pad position)
 TOKEN_STATUSES = ("converged", "periodic", "stalled", "max-iterations", "non-finite", "pad")
 
@@ -225,7 +227,7 @@ def _diagonal_apply(f, x: torch.Tensor, x0: torch.Tensor, D: int, real: torch.Te
     return apply
 
 
-def _krylov_token_rho(f, x, x0, D, mask, tol):
+def _token_rho_matrix_free(f, x, x0, D, mask, tol):
     """ρ per real token by Krylov–Schur on every diagonal block at once, matrix-free (products: T per Krylov
     step, whatever D); (rho (B, T) NaN at pads, acausal (B,))."""
     from stability.numerics.eigen import krylov_schur
@@ -256,10 +258,11 @@ def token_spectra(model, x: torch.Tensor, x0: torch.Tensor, *, method: str = "au
         method = "blocks" if D <= blocks_max else "krylov"
     if method == "blocks":
         blocks, acausal = token_blocks(model.step, x, x0, D, chunk=chunk)
-        rho = torch.linalg.eigvals(blocks.double()).abs().amax(-1)
+        flat = blocks.double().reshape(-1, D, D)  # every token's block, one batch of dense matrices
+        rho = spectral_radius(flat, route="dense").rho.reshape(blocks.shape[:-2]).to(blocks.device)
         rho = torch.where(mask.to(rho.device), rho, torch.full_like(rho, float("nan")))
     elif method == "krylov":
-        rho, acausal = _krylov_token_rho(model.step, x, x0, D, mask, tol)
+        rho, acausal = _token_rho_matrix_free(model.step, x, x0, D, mask, tol)
     else:
         raise ValueError(f"method must be auto, blocks or krylov, got {method!r}")
     filled = torch.nan_to_num(rho, nan=-1.0)
