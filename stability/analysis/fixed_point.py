@@ -1,6 +1,6 @@
 """The fixed point x* = f(x*, x0) of one batch of inputs (Def. 3.3), and everything the analysis knows there.
 
-:class:`AtFixedPoint` is what every stage of :mod:`stability.analysis.stages` reads and the one place where a stage
+:class:`AtFixedPoint` is what every stage of :mod:`stability.analysis.stages` reads (its ``run``) and the one place where a stage
 leaves a quantity for a later one: the analysis copy of the model (:func:`analysis_model`), the options, the inputs
 with their x0 = embed(inputs) and initial iterate e, the targets and their scoring, and the solve from e (set by
 stage ``reachability``, which runs first). What one stage computes for another is a typed member, so it is by
@@ -26,17 +26,16 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
 if TYPE_CHECKING:
     from stability.analysis.accuracy import AccuracyCurve
-    from stability.analysis.cost import Progress
+    from stability.analysis.progress import Progress
     from stability.analysis.initial_iterate import InitialIterateBatched
     from stability.analysis.options import AnalysisOptions
     from stability.analysis.recall import DenseSpectra
-    from stability.analysis.results import JacobianSpectra
     from stability.solvers import SolveResult
 
 
@@ -61,13 +60,22 @@ class DenseJacobians:
     spectra: DenseSpectra
 
 
+@dataclass
+class JacobianRho:
+    """ρ(J*) and the leading eigenvalues ([re, im] pairs) per sample, as stage ``rho`` measured them (None where it
+    did not: the samples past the first few on large states); what stages prop4, repelling and geometry reuse."""
+
+    spectral_radius: list
+    eigenvalues: list
+
+
 @dataclass(eq=False)
 class AtFixedPoint:
     """One batch of inputs at its fixed point (module docstring). ``model``: the analysis copy; ``inputs``,
     ``x0``, ``e``: (B, ...) on the model's device; ``score(logits, targets) -> (correct, position_accuracy)``
     (None: argmax); ``log``: one line of progress; ``split``: the name the log lines carry."""
 
-    model: Any
+    model: torch.nn.Module  # the analysis copy of a LoopedModel (stability.protocols)
     options: AnalysisOptions
     inputs: torch.Tensor
     x0: torch.Tensor
@@ -79,8 +87,8 @@ class AtFixedPoint:
     solution: Optional[SolveResult] = None  # the solve from e (stage reachability)
     accuracy_curve: Optional[AccuracyCurve] = None  # Fig. 3's curve, scored during that solve
     dense_jacobians: Optional[DenseJacobians] = None
-    jacobian_spectra: Optional[JacobianSpectra] = None  # ρ(J*), σ_max, eigenvalues per sample (Props. 3–4)
-    progress: Optional[Progress] = None  # stage-by-stage progress with the time left (stability.analysis.cost)
+    jacobian_spectra: Optional[JacobianRho] = None  # ρ(J*) and the leading eigenvalues per sample (Props. 3–4)
+    progress: Optional[Progress] = None  # stage-by-stage progress with the time left (stability.analysis.progress)
 
     def tick(self, done: int, total: int, what: str = "samples") -> None:
         """Inside a long stage: ``done`` of ``total`` units finished (a progress line now and then)."""

@@ -19,7 +19,7 @@ def test_median_is_the_mean_of_the_two_middle_values_for_an_even_count():
 
 def _block(rho_J, rho_M, status):
     """One split of an analyze report, built by the analysis' own result classes where they exist."""
-    from stability.analysis.results import JacobianSpectra
+    from stability.analysis.stages.rho import JacobianSpectra
 
     n = len(status)
     jac = JacobianSpectra(method="dense", spectral_radius=rho_J, sigma_max=[r * 1.5 for r in rho_J],
