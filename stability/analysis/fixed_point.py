@@ -1,6 +1,6 @@
 """The fixed point x* = f(x*, x0) of one batch of inputs (Def. 3.3), and everything the analysis knows there.
 
-:class:`AtFixedPoint` is what every stage of :mod:`stability.analysis.stages` reads (its ``run``) and the one place where a stage
+:class:`AtFixedPoint` is what every stage of :mod:`stability.analysis.stages` reads and the one place where a stage
 leaves a quantity for a later one: the analysis copy of the model (:func:`analysis_model`), the options, the inputs
 with their x0 = embed(inputs) and initial iterate e, the targets and their scoring, and the solve from e (set by
 stage ``reachability``, which runs first). What one stage computes for another is a typed member, so it is by
