@@ -2,7 +2,8 @@
 listed once, in run order, by :mod:`~stability.analysis.stages.registry`. A stage's module holds its function
 (``run``: from :class:`~stability.analysis.fixed_point.AtFixedPoint` to its result), its typed result (whose
 ``to_dict()`` is its JSON block), its report rows, its headline numbers and what the verdict reads of it, and
-nothing else. Adding a stage is one module and one registry line (docs/architecture.md, "Adding a stage").
+nothing else. Adding a stage is one module, one registry line and its name in ``config.STAGES``
+(docs/architecture.md, "Adding a stage").
 
 ==================  ====================  ==================================================================
 stage               JSON key              what
