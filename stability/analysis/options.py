@@ -1,11 +1,12 @@
-"""What the analysis runs and how: the stages, their JSON blocks, and :class:`AnalysisOptions`.
+"""What the analysis runs and how: the stage names and :class:`AnalysisOptions`, and the JSON's format.
 
 ``reachability`` always runs (every other stage reads x*); ``repelling`` searches for the fixed points plain
-iteration cannot reach (:mod:`stability.analysis.stages.repelling`). ``geometry`` perturbs the parameters and re-solves, so
-it is not among the library's and the sweep's default stages (:data:`DEFAULT_STAGES`); ``stability analyze`` runs
-every stage (:data:`STAGES`) unless ``--only`` says otherwise. What each stage computes, its JSON block and its
-cost: :mod:`stability.analysis.stages` (the registry). The options and the stage names are part of the one
-configuration schema (:class:`stability.config.AnalysisOptions`), imported here under their names of this module.
+iteration cannot reach (:mod:`stability.analysis.stages.repelling`). ``geometry`` perturbs the parameters and
+re-solves, so it is not among the library's and the sweep's default stages (:data:`DEFAULT_STAGES`); ``stability
+analyze`` runs every stage (:data:`STAGES`) unless ``--only`` says otherwise. What each stage computes, its JSON
+block and its cost: :mod:`stability.analysis.stages` (the registry). The options and the stage names are part of
+the one configuration schema (:class:`stability.config.AnalysisOptions`), imported here under their names of this
+module.
 """
 
 from __future__ import annotations

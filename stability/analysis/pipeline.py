@@ -1,6 +1,6 @@
-"""The analysis of a batch of inputs, of a task's split and of a checkpoint: the stages in order
-(the registry of :mod:`stability.analysis.stages`) on one :class:`~stability.analysis.fixed_point.AtFixedPoint`, gathered into one
-:class:`~stability.analysis.results.Analysis`.
+"""The analysis of a batch of inputs, of a task's split and of a checkpoint: the stages in the registry's order
+(:mod:`stability.analysis.stages`) on one :class:`~stability.analysis.fixed_point.AtFixedPoint`, gathered into
+one :class:`~stability.analysis.results.Analysis`.
 
 * :func:`analyze`: ``stability.analyze``, the one entry: a :class:`~stability.protocols.LoopedModel` with inputs,
   a :class:`~stability.stored.Loaded` (``stability.load``) or a checkpoint's path;

@@ -1,10 +1,11 @@
 """Reporting the analysis: a text report (the verdict, then one table per split), JSON, and PNG plots.
 
-Everything here reads the JSON of an :class:`~stability.analysis.results.Analysis` (``.to_json()``; the object
-itself is accepted too); nothing is recomputed. Stages that did not run (``--only``) are ``null`` and left out of
-the table; a stage that does not apply to the model is ``{"applicable": false, "reason": ...}`` and shown as "not
-applicable". Non-finite numbers become ``null`` in the JSON (strict JSON has no NaN). :func:`publish` is what
-``stability analyze`` and ``stability demo`` print and write.
+Everything here reads the JSON of an :class:`~stability.analysis.results.Analysis` (``.to_json()``; the object itself is
+accepted too); nothing is recomputed. A split's table asks each stage of the registry for its rows
+(:mod:`stability.analysis.stages`); the plots find a stage's block by its module's ``KEY``. Stages that did not run
+(``--only``) are ``null`` and left out of the table; a stage that does not apply to the model is ``{"applicable": false,
+"reason": ...}`` and shown as "not applicable". Non-finite numbers become ``null`` in the JSON (strict JSON has no NaN).
+:func:`publish` is what ``stability analyze`` and ``stability demo`` print and write.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from stability import atomic
 from stability.analysis.publish import publish  # noqa: F401  (what analyze and demo print and write)
 from stability.analysis.stages import accuracy, geometry, prop5, reachability, rho
 from stability.analysis.stages.base import applies
-from stability.analysis.stages.registry import REGISTRY, stage
+from stability.analysis.stages.registry import REGISTRY
 from stability.analysis.text import WIDTH, table_lines, verdict_text  # noqa: F401 (verdict_text: the report's)
 from stability.atomic import atomic_path
 
@@ -26,9 +27,12 @@ def as_report(report) -> dict:
 
 
 def _timings_row(block: dict) -> tuple:
-    """The split's time, and each stage's (a stage scored inside another's work says where: ``scored_in``)."""
+    """The split's time, and each stage's (a stage whose work was done inside another's says where: its block's
+    ``scored_in``)."""
+    keys = {s.name: s.key for s in REGISTRY}
+
     def part(name, seconds):
-        inside = (block.get(stage(name).key) or {}).get("scored_in") if name in {s.name for s in REGISTRY} else None
+        inside = (block.get(keys[name]) or {}).get("scored_in") if name in keys else None
         return f"{name} (in {inside})" if inside else f"{name} {seconds:.1f}"
 
     return ("time", f"{sum(block['timings'].values()):.1f} s",

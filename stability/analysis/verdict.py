@@ -1,9 +1,10 @@
-"""The verdict: the paper's three axes (Section 3.2), reachable, input-dependent and geometry, decided from the
-stages' JSON blocks against stated thresholds (:data:`THRESHOLDS`). Independence of the initial iterate is a fact
-of the reachable line, not an axis, in two parts said apart: local (App. A.8: ‖dx_T/de·u‖ → 0 at the reached x*)
-and global (basins: the x* reached from different starts, compared between converged solves only). So is the
-search for repelling fixed points (ρ(J) > 1, App. A.1 case 2): "none found" is said only when stage ``repelling``
-ran, with its number of root-finder starts per sample; plain iteration alone cannot find one."""
+"""The verdict: the paper's three axes (Section 3.2), reachable, input-dependent and geometry, decided from the stages'
+JSON blocks, each read through its stage's typed ``Evidence`` (:mod:`stability.analysis.stages`), against stated
+thresholds (:data:`THRESHOLDS`, :mod:`stability.analysis.thresholds`). Independence of the initial iterate is a fact
+of the reachable line, not an axis, in two parts said apart: local (App. A.8: ‖dx_T/de·u‖ → 0 at the reached x*) and
+global (basins: the x* reached from different starts, compared between converged solves only). So is the search for
+repelling fixed points (ρ(J) > 1, App. A.1 case 2): "none found" is said only when stage ``repelling`` ran, with its
+number of root-finder starts per sample; plain iteration alone cannot find one."""
 
 from __future__ import annotations
 
@@ -239,9 +240,11 @@ def _input_dependent(ind: Optional[input_stage.Evidence], nums: dict, th: dict) 
     return dep, text, brief, ci
 
 
-def _numbers(fp, jac, ind, p5, a8, rep) -> dict:
-    """The numbers the three axes are decided on (the verdict's ``numbers``; their names are the verdict's own, written
-    before the headline's: docs/architecture.md, "The headline")."""
+def _numbers(fp: reachability_stage.Evidence, jac: Optional[rho_stage.Evidence], ind: Optional[input_stage.Evidence],
+             p5: prop5_stage.Evidence, a8: Optional[a8_stage.Evidence],
+             rep: Optional[repelling_stage.Evidence]) -> dict:
+    """The numbers the three axes are decided on (the verdict's ``numbers``, under the names they were first written
+    with; docs/architecture.md, "The record")."""
     rho = None if jac is None else jac.rho_median
     loc, glo = (None, None) if a8 is None else (a8.local, a8.global_)
     return {"converged_fraction": fp.share, "rho_J_median": rho, "rho_margin": None if rho is None else 1.0 - rho,

@@ -158,11 +158,13 @@ def rows(block: Optional[dict], split: dict) -> list:
 
 def headline(block: Optional[dict], split: dict) -> dict:
     b = block or {}
-    out = {"fixed_point_distance_max": b.get("fixed_point_distance_max"), "dxT_de_norm_last": last(b.get("dxT_de_norm"))}
+    out = {"fixed_point_distance_max": b.get("fixed_point_distance_max"),
+           "dxT_de_norm_last": last(b.get("dxT_de_norm"))}
     loc, glo = b.get("local"), b.get("global")
     if loc is not None:  # App. A.8's local question: ‖dx_T/de·u‖ at the largest T, per converged sample
         out.update({"e_local_exceed": loc.get("exceed"), "e_local_measured": loc.get("measured"),
-                    "e_local_threshold": loc.get("threshold"), "e_local_max": loc.get("max"), "e_local_T": loc.get("T")})
+                    "e_local_threshold": loc.get("threshold"), "e_local_max": loc.get("max"),
+                    "e_local_T": loc.get("T")})
     if glo is not None:  # the global one (basins): x* from different starts, converged solves only
         out.update({"e_global_differ": glo.get("differ"), "e_global_compared": glo.get("compared"),
                     "e_global_tol": glo.get("tol"), "e_global_distance_max": glo.get("max")})

@@ -93,9 +93,10 @@ def rows(block: Optional[dict], split: dict) -> list:
     summ = block.get("summary") or {}
     K, n = block.get("directions"), len(block.get("samples", []))
     att = summ.get("attracting_samples", 0)
+    radii = [r for rs in block.get("radii", []) for r in rs]
     out = [("radius of stability", fmt(summ.get("median_radius"), ".3g") + " (median)",
             f"relative step along ±{K} random directions, {n} sample(s) ({att} attracting at θ*), bracket "
-            f"hi/lo ≤ {1 + block.get('accuracy', 0):g}; all: {spread([r for rs in block.get('radii', []) for r in rs])}"),
+            f"hi/lo ≤ {1 + block.get('accuracy', 0):g}; all: {spread(radii)}"),
            ("anisotropy", f"IQR log r {fmt(summ.get('log_iqr'), '.2g')} · log max/min "
             f"{fmt(summ.get('log_range'), '.2g')} · balance {fmt(summ.get('balance'), '.2g')}",
             f"App. B.2's measures on the radii; {_percent(summ.get('unstable_t0'))} unstable at t → 0, "
