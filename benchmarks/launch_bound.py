@@ -58,10 +58,12 @@ class _Syncs(TorchFunctionMode):
 
 def count_stages(model, inputs, options) -> dict:
     """{stage: {"ops": n, "syncs": n, "seconds": s}} of one analysis of ``inputs``, each stage counted alone."""
+    import dataclasses
+
     from stability.analysis import pipeline
 
     counts = {}
-    originals = dict(pipeline.STAGE_FUNCTIONS)
+    original = pipeline.stage  # the registry's lookup: each stage's run is wrapped by a counting one
 
     def counted(name, fn):
         def run(at):
@@ -74,12 +76,15 @@ def count_stages(model, inputs, options) -> dict:
             return out
         return run
 
+    def stage(name):
+        found = original(name)
+        return dataclasses.replace(found, run=counted(name, found.run))
+
     try:
-        for name, fn in originals.items():
-            pipeline.STAGE_FUNCTIONS[name] = counted(name, fn)
+        pipeline.stage = stage
         pipeline.run_stages(model, inputs, None, options, split="inputs")
     finally:
-        pipeline.STAGE_FUNCTIONS.update(originals)
+        pipeline.stage = original
     return counts
 
 

@@ -51,7 +51,7 @@ def analyze(source, inputs=None, targets=None, options=None, *, splits=None, log
     * ``analyze(stability.load(path))`` / ``analyze(path)``: a checkpoint on its task's ``splits`` (default
       ``("val", "hard")``), scored by the task's own ``score``, as ``stability analyze CKPT`` does.
 
-    ``options``: :class:`~stability.config.AnalysisOptions` (e.g. ``stages=("rho", "prop5")``);
+    ``options``: :class:`~stability.config.AnalysisOptions` (e.g. ``stages=("rho",)``);
     ``log``: a callable for progress lines. Returns an :class:`~stability.analysis.results.Analysis`, read like the
     JSON it writes (``a["val"]["jacobian"]["spectral_radius"]``). A looped language model (a save_pretrained
     directory, its ``stability.load`` or an adapter) on token ids is :func:`stability.lm.analyze_lm`."""

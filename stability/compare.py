@@ -3,10 +3,11 @@
 :func:`compare_files` reads two analysis JSONs written by ``stability analyze --json`` (with or without their
 ``format`` / ``schema_version`` keys) or two checkpoints written by ``stability train`` (their ``final`` accuracy
 blocks), and returns a :class:`Comparison`: the options in which the two runs differ, and per split one row per
-quantity — the converged share of the Picard iteration (Def. 3.1's reachability), the medians of ρ(J*) and σ_max
-(Prop. 3), ρ(W_x) (Prop. 4), the Prop. 5 relative error at the largest T tested, the median ‖dx*/dx0‖_F, the
-initial-iterate distance (App. A.8) and whole-answer accuracy at the tested iterations — with the change B − A.
-See docs/analysis.md for what each quantity means.
+quantity of its headline block (:mod:`stability.analysis.headline`, computed from the stages' blocks, so an
+analysis of any schema reads the same way) — the converged share of the Picard iteration (Def. 3.1's
+reachability), the medians of ρ(J*) and σ_max (Prop. 3), ρ(W_x) (Prop. 4), the Prop. 5 relative error at the
+largest T tested, the median ‖dx*/dx0‖_F, the initial-iterate distance (App. A.8) — and whole-answer accuracy at
+the tested iterations, with the change B − A. See docs/analysis.md for what each quantity means.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
+from stability.analysis.headline import headline
+from stability.analysis.stages import accuracy, prop5
 from stability.errors import StabilityError, first_line
 
 #: iterations at which accuracy is compared (those the runs reached)
@@ -196,32 +199,24 @@ def _num(v: Any) -> Optional[float]:
     return float(v)
 
 
-def _last(v: Any) -> Optional[float]:
-    return _num(v[-1]) if isinstance(v, list) and v else None
-
-
-def _prop5_T(block: dict) -> Optional[int]:
-    T = _get(block, "prop5", "T")
-    return T[-1] if isinstance(T, list) and T else None
-
-
-#: (label, getter, percent) of the per-split analysis quantities
-ANALYSIS_QUANTITIES: list[tuple[str, Callable[[dict], Any], bool]] = [
-    ("samples analysed", lambda b: b.get("samples"), False),
-    ("converged share", lambda b: _get(b, "fixed_point", "converged_fraction"), True),
-    ("distinct fixed points", lambda b: _get(b, "fixed_point", "distinct_fixed_points"), False),
-    ("solver f-evaluations (median)", lambda b: _get(b, "fixed_point", "nfe_median"), False),
-    ("ρ(J*) median", lambda b: _get(b, "jacobian", "spectral_radius_median"), False),
-    ("σ_max(J*) median", lambda b: _get(b, "jacobian", "sigma_max_median"), False),
-    ("ρ(W_x)", lambda b: _get(b, "recall", "rho_Wx"), False),
-    ("Prop. 4 |ρ(M) − autograd| max", lambda b: _get(b, "prop4", "max_abs_diff_vs_autograd"), False),
-    ("Prop. 5 relative error", lambda b: _last(_get(b, "prop5", "rel_error")), False),
-    ("‖dx*/dx0‖_F median", lambda b: _get(b, "input_dependence", "frobenius_median"), False),
-    ("A.8 initial-iterate distance max", lambda b: _get(b, "initial_iterate", "fixed_point_distance_max"), False),
-    ("accuracy at the fixed point", lambda b: _get(b, "accuracy", "at_fixed_point"), True),
+#: (label, headline key, percent) of the per-split analysis quantities, read from each split's headline block
+#: (:mod:`stability.analysis.headline`)
+ANALYSIS_QUANTITIES: list[tuple[str, str, bool]] = [
+    ("samples analysed", "samples", False),
+    ("converged share", "converged_fraction", True),
+    ("distinct fixed points", "distinct_fixed_points", False),
+    ("solver f-evaluations (median)", "nfe_median", False),
+    ("ρ(J*) median", "rho_J_median", False),
+    ("σ_max(J*) median", "sigma_max_median", False),
+    ("ρ(W_x)", "rho_Wx", False),
+    ("Prop. 4 |ρ(M) − autograd| max", "prop4_max_abs_diff", False),
+    ("Prop. 5 relative error", "prop5_rel_error_last", False),
+    ("‖dx*/dx0‖_F median", "input_grad_norm_median", False),
+    ("A.8 initial-iterate distance max", "fixed_point_distance_max", False),
+    ("accuracy at the fixed point", "accuracy_at_fixed_point", True),
     # schema 3 (an analysis of schema 2 has no geometry block: these rows show "–" on its side)
-    ("geometry: median radius of stability", lambda b: _get(b, "geometry", "summary", "median_radius"), False),
-    ("geometry: IQR of log r (anisotropy)", lambda b: _get(b, "geometry", "summary", "log_iqr"), False),
+    ("geometry: median radius of stability", "geometry_median_radius", False),
+    ("geometry: IQR of log r (anisotropy)", "geometry_log_iqr", False),
 ]
 
 
@@ -262,14 +257,16 @@ def compare_analyses(a: dict, b: dict, name_a: str = "A", name_b: str = "B") -> 
     cmp.analysis_changes = analysis_changes(a, b)
     for s in splits:
         ba, bb = a.get(s) or {}, b.get(s) or {}
-        for label, get, pct in ANALYSIS_QUANTITIES:
-            if label == "Prop. 5 relative error":  # at the largest T each analysis unrolled (a side without: none)
-                ts = [t for t in (_prop5_T(ba), _prop5_T(bb)) if t is not None]
+        ha, hb = headline(ba), headline(bb)
+        for label, key, pct in ANALYSIS_QUANTITIES:
+            if key == "prop5_rel_error_last":  # at the largest T each analysis unrolled (a side without: none)
+                ts = [t for t in (prop5.largest_T(ba.get(prop5.KEY)), prop5.largest_T(bb.get(prop5.KEY)))
+                      if t is not None]
                 label += "" if not ts else f" (T = {ts[0]})" if len(set(ts)) == 1 else f" (T = {ts[0]} vs {ts[1]})"
-            row = Row(s, label, _num(get(ba)), _num(get(bb)), percent=pct)
+            row = Row(s, label, _num(ha.get(key)), _num(hb.get(key)), percent=pct)
             if row.a is not None or row.b is not None:
                 cmp.rows.append(row)
-        cmp.rows += _accuracy_rows(s, _get(ba, "accuracy", "accuracy"), _get(bb, "accuracy", "accuracy"))
+        cmp.rows += _accuracy_rows(s, accuracy.curve(ba.get(accuracy.KEY)), accuracy.curve(bb.get(accuracy.KEY)))
     return cmp
 
 

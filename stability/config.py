@@ -537,11 +537,16 @@ class SweepSummary(_Config):
 
 
 # ---- the analysis ----------------------------------------------------------------------------------------
-#: the analysis stages, in the order they run (what each computes: :mod:`stability.analysis.stages`)
+#: the analysis stages, in the order they run: the names only (this module stays torch-free); each stage is a
+#: module of :mod:`stability.analysis.stages`, listed once by its registry, which tests/house/test_stages.py holds
+#: this tuple to
 STAGES = ("reachability", "rho", "prop4", "rho_wx", "prop5", "input", "a8", "repelling", "accuracy", "geometry")
+#: the stage run only when asked for (it perturbs the parameters and re-solves): a grid's ``analyze_geometry``, a
+#: caller's ``stages``, ``stability figures region``
+GEOMETRY_STAGE = "geometry"
 #: the stages of ``AnalysisOptions()`` (the library's and the sweep's default): all but geometry, which a grid or
 #: a caller asks for (``stability analyze`` runs :data:`STAGES`)
-DEFAULT_STAGES = tuple(s for s in STAGES if s != "geometry")
+DEFAULT_STAGES = tuple(s for s in STAGES if s != GEOMETRY_STAGE)
 #: the one route of the ρ(J*) eigensolver (the Krylov–Schur method), under the name it had when it was an option:
 #: ``AnalysisOptions.to_dict`` still writes it as ``eig_route`` (the key of every analysis written then), and that
 #: key is read back when it holds this value; the value is a file format's word, not the method's name
@@ -579,8 +584,8 @@ class AnalysisOptions(_Config):
     model of one's own). ``stages``: which stages to run (:data:`STAGES`, or ``"rho,prop5"``; ``reachability``
     always runs). ``workers``: 1 in the library, since a spawned process re-imports the caller's main module,
     which a script without ``if __name__ == "__main__":`` cannot survive (``stability analyze`` and ``demo`` use
-    None). ``geometry_*``: the geometry stage (stability/analysis/geometry.py); ``repelling_*``: the repelling
-    stage (stability/analysis/repelling.py).
+    None). ``geometry_*``: the geometry stage (stability/analysis/stages/geometry.py); ``repelling_*``: the
+    repelling stage (stability/analysis/stages/repelling.py).
     """
 
     #: the fields with a flag of ``stability analyze`` (``--only``, ``--workers`` and ``--geometry-plane`` are the
@@ -646,7 +651,8 @@ class AnalysisOptions(_Config):
     repelling_budget: int = _f(100, "repelling: Broyden iterations per start", metavar="N", ge=1,
                                le=MAX_ITERATIONS)
     # large states (issue 25): above few_samples_above (the state size n, above every committed record's) the
-    # stages whose cost is per sample (analysis.options.FEW_SAMPLE_STAGES) measure the first few_samples only
+    # stages whose cost is per sample (a Stage's per_sample: analysis.stages.registry.FEW_SAMPLE_STAGES) measure the
+    # first few_samples only
     few_samples: int = _f(8, "on states above n = 8,192: the stages whose cost is per sample (rho and σ_max, prop4, "
                           "input, a8, repelling) measure the first K samples only, said in the report; 0: all",
                           metavar="K", ge=0, le=MAX_SAMPLES)

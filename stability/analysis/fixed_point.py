@@ -32,16 +32,16 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 import torch
 
 if TYPE_CHECKING:
     from stability.analysis.accuracy import AccuracyCurve
-    from stability.analysis.cost import Progress
+    from stability.analysis.progress import Progress
     from stability.analysis.initial_iterate import InitialIterateBatched
     from stability.analysis.options import AnalysisOptions
-    from stability.analysis.results import JacobianSpectra
+    from stability.numerics import Spectrum
     from stability.solvers import SolveResult
 
 
@@ -54,6 +54,17 @@ def analysis_model(model: torch.nn.Module, dtype: torch.dtype = torch.float64, d
     for p in m.parameters():
         p.requires_grad_(False)
     return m
+
+
+class JacobianSpectra(Protocol):
+    """What stage ``rho`` leaves for later stages: its result (:class:`stability.analysis.stages.rho.JacobianSpectra`,
+    named here by what the readers use, so that this module does not import the stage's), the spectrum of J* of the
+    measured samples in the numerics' one type and ρ(J*) per sample (None where not measured)."""
+
+    spectrum: Spectrum
+
+    @property
+    def rhos(self) -> list: ...
 
 
 @dataclass
@@ -80,7 +91,7 @@ class FixedPoint:
     embed(inputs) and the first iterate ``e``, (B, ...) on the model's device, and ``solution``, the solve from e
     (:meth:`solve`)."""
 
-    model: Any
+    model: torch.nn.Module  # a LoopedModel (stability.protocols); the analysis' copy in AtFixedPoint
     x0: torch.Tensor
     e: torch.Tensor
     solution: Optional[SolveResult] = None
@@ -132,7 +143,7 @@ class AtFixedPoint(FixedPoint):
     accuracy_curve: Optional[AccuracyCurve] = None  # Fig. 3's curve, scored during that solve
     dense_jacobians: Optional[DenseJacobians] = None
     jacobian_spectra: Optional[JacobianSpectra] = None  # ρ(J*), σ_max, eigenvalues per sample (Props. 3–4)
-    progress: Optional[Progress] = None  # stage-by-stage progress with the time left (stability.analysis.cost)
+    progress: Optional[Progress] = None  # stage-by-stage progress with the time left (stability.analysis.progress)
 
     def tick(self, done: int, total: int, what: str = "samples") -> None:
         """Inside a long stage: ``done`` of ``total`` units finished (a progress line now and then)."""

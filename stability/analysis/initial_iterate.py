@@ -156,31 +156,3 @@ def global_dependence(starts: Sequence[str], xs: Sequence[torch.Tensor], converg
                         "converged (basins; a start that did not converge is not compared)", "starts": list(starts),
             "tol": tol, "distance": dist, "converged_starts": n_conv, "basins": basins, "compared": len(compared),
             "differ": sum(1 for d in compared if d > tol), "max": max(compared, default=None)}
-
-
-def report_rows(a8: Optional[dict]) -> list:
-    """The text report's rows of stage ``a8`` (quantity, value, meaning): the global (basins) and the local (A.8)
-    questions on rows of their own, then ‖dx_T/de‖ against T on the first converged sample (a report without the
-    two, written before them: its largest distance where every start converged, as it was shown then)."""
-    if a8 is None:
-        return []
-    rows = []
-    glo, loc = a8.get("global"), a8.get("local")
-    if glo is not None:
-        rows.append(("x* across starts (global)", f"{glo['differ']} of {glo['compared']} samples differ",
-                     f"basins: e ∈ {{{', '.join(glo['starts'])}}}, converged starts only, > {glo['tol']:g} relative "
-                     f"L∞ (max {glo['max']:.3g})" if glo.get("max") is not None else
-                     "basins: no sample converged from two starts"))
-    else:
-        d = a8.get("fixed_point_distance_max")
-        rows.append(("x* distance across e", "—" if d is None else f"{d:.3g}",
-                     f"max over samples, e ∈ {{{', '.join(a8.get('starts', []))}}} (A.8)"))
-    if loc is not None:
-        rows.append(("x* sensitivity to e (local)",
-                     f"{loc['exceed']} of {loc['measured']} samples > {loc['threshold']:g}",
-                     f"A.8: ‖dx_T/de·u‖ at T = {loc['T']} per converged sample"
-                     + (f" (median {loc['median']:.3g}, max {loc['max']:.3g})" if loc.get("max") is not None else "")))
-    if a8.get("dxT_de_norm"):
-        rows.append(("‖dx_T/de‖", f"{a8['dxT_de_norm'][0]:.3g} (T={a8['T'][0]}) → {a8['dxT_de_norm'][-1]:.3g} "
-                     f"(T={a8['T'][-1]})", "A.8: → 0 in the stable regime"))
-    return rows

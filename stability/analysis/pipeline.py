@@ -1,6 +1,6 @@
-"""The analysis of a batch of inputs, of a task's split and of a checkpoint: the stages in order
-(:mod:`stability.analysis.stages`) on one :class:`~stability.analysis.fixed_point.AtFixedPoint`, gathered into one
-:class:`~stability.analysis.results.Analysis`.
+"""The analysis of a batch of inputs, of a task's split and of a checkpoint: the stages in the registry's order
+(:mod:`stability.analysis.stages`) on one :class:`~stability.analysis.fixed_point.AtFixedPoint`, gathered into
+one :class:`~stability.analysis.results.Analysis`.
 
 * :func:`analyze`: ``stability.analyze``, the one entry: a :class:`~stability.protocols.LoopedModel` with inputs,
   a :class:`~stability.stored.Loaded` (``stability.load``) or a checkpoint's path;
@@ -22,10 +22,10 @@ import torch
 
 from stability.analysis.cost import Progress, forecast, predict
 from stability.analysis.fixed_point import AtFixedPoint, analysis_model
-from stability.analysis.options import FEW_SAMPLE_STAGES, AnalysisOptions
+from stability.analysis.options import AnalysisOptions
 from stability.analysis.pool import parallel_splits
-from stability.analysis.results import STAGE_FIELDS, Analysis, SplitResult
-from stability.analysis.stages import STAGE_FUNCTIONS
+from stability.analysis.results import Analysis, SplitResult
+from stability.analysis.stages.registry import FEW_SAMPLE_STAGES, stage
 from stability.errors import StabilityError
 
 
@@ -65,7 +65,7 @@ def _run_stages(model, inputs: torch.Tensor, targets: Optional[torch.Tensor], op
     for name in options.stages:
         t = time.perf_counter()
         progress.begin(name)
-        setattr(out, STAGE_FIELDS[name], STAGE_FUNCTIONS[name](at))
+        out.results[name] = stage(name).run(at)
         progress.end(name)
         out.timings[name] = time.perf_counter() - t
     few = [s for s in FEW_SAMPLE_STAGES if s in options.stages]

@@ -1,25 +1,24 @@
 """Reporting the analysis: a text report (the verdict, then one table per split), JSON, and PNG plots.
 
-Everything here reads the JSON of an :class:`~stability.analysis.results.Analysis` (``.to_json()``; the object
-itself is accepted too); nothing is recomputed. Stages that did not run (``--only``) are ``null`` and left out of
-the table; a stage that does not apply to the model is ``{"applicable": false, "reason": ...}`` and shown as "not
-applicable". Non-finite numbers become ``null`` in the JSON (strict JSON has no NaN). :func:`publish` is what
-``stability analyze`` and ``stability demo`` print and write.
+Everything here reads the JSON of an :class:`~stability.analysis.results.Analysis` (``.to_json()``; the object itself is
+accepted too); nothing is recomputed. A split's table asks each stage of the registry for its rows
+(:mod:`stability.analysis.stages`); the plots find a stage's block by its module's ``KEY``. Stages that did not run
+(``--only``) are ``null`` and left out of the table; a stage that does not apply to the model is ``{"applicable": false,
+"reason": ...}`` and shown as "not applicable". Non-finite numbers become ``null`` in the JSON (strict JSON has no NaN).
+:func:`publish` is what ``stability analyze`` and ``stability demo`` print and write.
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
-from typing import Any, Optional
 
 from stability import atomic
-from stability.analysis.initial_iterate import report_rows as initial_iterate_rows
-from stability.analysis.repelling import report_rows as repelling_rows
-from stability.analysis.text import WIDTH, table_lines, verdict_text  # noqa: F401 (verdict_text: the report's)
-from stability.stats import FIXED_POINT_STATUSES, median
-from stability.atomic import atomic_path
 from stability.analysis.publish import publish  # noqa: F401  (what analyze and demo print and write)
+from stability.analysis.stages import accuracy, geometry, prop5, reachability, rho
+from stability.analysis.stages.base import applies
+from stability.analysis.stages.registry import REGISTRY
+from stability.analysis.text import WIDTH, table_lines, verdict_text  # noqa: F401 (verdict_text: the report's)
+from stability.atomic import atomic_path
 
 
 def as_report(report) -> dict:
@@ -27,134 +26,34 @@ def as_report(report) -> dict:
     return report if isinstance(report, dict) else report.to_json()
 
 
-def _fmt(v: Any, spec: str = ".4g") -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, float):
-        return "nan" if not math.isfinite(v) else format(v, spec)
-    return str(v)
+def _timings_row(block: dict) -> tuple:
+    """The split's time, and each stage's (a stage whose work was done inside another's says where: its block's
+    ``scored_in``)."""
+    keys = {s.name: s.key for s in REGISTRY}
 
+    def part(name, seconds):
+        inside = (block.get(keys[name]) or {}).get("scored_in") if name in keys else None
+        return f"{name} (in {inside})" if inside else f"{name} {seconds:.1f}"
 
-def _spread(values: list) -> str:
-    vals = sorted(v for v in values if v is not None and math.isfinite(v))
-    if not vals:
-        return "—"
-    return f"{vals[0]:.4g} … {vals[-1]:.4g}"
-
-
-def _applies(block) -> bool:
-    return isinstance(block, dict) and block.get("applicable", True)
+    return ("time", f"{sum(block['timings'].values()):.1f} s",
+            ", ".join(part(k, v) for k, v in block["timings"].items()))
 
 
 def split_table(block: dict) -> str:
-    """One split's table: quantity, value, and what it means (rows of stages that did not run are left out)."""
-    fp = block["fixed_point"]
-    counts = ", ".join(f"{k} {v}" for k, v in fp["status_counts"].items() if v)
-    cycles = ", ".join(f"period {k}: {v}" for k, v in fp.get("cycles", {}).items()) or "none"
+    """One split's table: quantity, value, and what it means; each stage of the registry gives its rows, in run
+    order (a stage that did not run gives none)."""
     few = block.get("measured_samples")
     rows = [
         ("samples", f"{block['samples']}  (state {' × '.join(map(str, block['state_shape']))})", ""),
         *([("measured by", f"{', '.join(few['stages'])}: the first {few['samples']} of {few['of']}", few["why"])]
           if few else []),
-        ("converged", f"{fp['converged_fraction']:.1%}  ({counts})",
-         f"{fp['solver']}, τ = {fp['tol']:g}, ≤ {fp['max_iter']} iterations"),
-        ("cycles", cycles, "period-k orbits among unconverged samples"),
-        ("nfe median", _fmt(fp["nfe_median"]), "evaluations of f per sample"),
-        ("residual median", _fmt(fp["residual_median"]), "lowest ‖f(x)−x‖∞/‖f(x)‖∞"),
-        ("distinct fixed points", _fmt(fp.get("distinct_fixed_points")), "among converged samples (Prop. 2)"),
     ]
-    jac = block.get("jacobian")
-    if jac is not None:
-        rows += [("ρ(J*) median", _fmt(jac["spectral_radius_median"]),
-                  f"converged samples; all: {_spread(jac['spectral_radius'])}"),
-                 ("σ_max(J*) median", _fmt(jac["sigma_max_median"]), "‖J*‖₂, converged samples")]
-    p4 = block.get("prop4")
-    if _applies(p4):
-        conv_rho_M = [r for r, st in zip(p4["rho_M"], fp["status"]) if st in FIXED_POINT_STATUSES]
-        rows.append(("ρ(M) median", _fmt(_med(conv_rho_M)),
-                     f"{p4['form']}; max |M − J_autograd| = {_fmt(p4['max_abs_diff_vs_autograd'], '.2e')}"
-                     + (f" on {p4['probes_checked']} Gaussian probes a sample" if p4.get("probes_checked") else "")
-                     + (("; M = J on every probe (to rounding), so J's spectra" if p4.get("probes_checked")
-                         else "; M = J entry by entry, so J's spectra") if p4.get("spectra_of_J") == len(p4["rho_M"])
-                        else "")))
-    elif p4 is not None:
-        rows.append(("ρ(M) (Prop. 4)", "not applicable", p4.get("reason", "")))
-    rec = block.get("recall")
-    if _applies(rec):
-        rows.append(("ρ(W_x)", _fmt(rec["rho_Wx"]), "recall weight (bias ignored)"))
-    elif rec is not None:
-        rows.append(("ρ(W_x)", "not applicable", rec.get("reason", "")))
-    p5 = block.get("prop5")
-    if p5 is not None and p5.get("rel_error"):
-        rows.append(("Prop. 5 error", f"{p5['rel_error'][0]:.3g} (T={p5['T'][0]}) → {p5['rel_error'][-1]:.3g} "
-                     f"(T={p5['T'][-1]})", f"‖dx_T/dx0·u − dx*/dx0·u‖/‖·‖; GMRES residual {_fmt(p5['gmres_residual'], '.2e')}"))
-    elif p5 is not None:
-        rows.append(("Prop. 5 error", "—", p5.get("skipped", "")))
-    ind = block.get("input_dependence")
-    if ind is not None:
-        rows.append(("‖dx*/dx0‖_F median", _fmt(ind.get("frobenius_median")), f"Hutchinson, {ind.get('probes')} probes"))
-    rows += initial_iterate_rows(block.get("initial_iterate")) + repelling_rows(block.get("repelling"))
-    acc = block.get("accuracy")
-    if _applies(acc):
-        curve = acc["accuracy"]
-        pos = acc.get("position_accuracy") or []
-        if curve:
-            best_t = max(range(len(curve)), key=lambda i: curve[i])
-            rows.append(("accuracy", f"{curve[0]:.1%} (T=1) · best {curve[best_t]:.1%} (T={best_t + 1}) · "
-                         f"{curve[-1]:.1%} (T={len(curve)})", f"whole answer right, n = {block['samples']}"))
-        if pos:
-            rows.append(("per-position accuracy", f"{pos[0]:.1%} (T=1) · {pos[-1]:.1%} (T={len(pos)})",
-                         "share of positions right"))
-        rows.append(("accuracy at x*", _fmt(acc["at_fixed_point"], ".1%") if acc["at_fixed_point"] is not None else "—",
-                     f"converged only: {_fmt(acc.get('at_fixed_point_converged'), '.1%') if acc.get('at_fixed_point_converged') is not None else '—'}"))
-    elif acc is not None:
-        rows.append(("accuracy", "not applicable", acc.get("reason", "")))
-    geo = block.get("geometry")
-    if geo is not None:
-        rows += geometry_rows(geo)
+    for s in REGISTRY:
+        rows += s.rows(block.get(s.key), block)
     if block.get("timings"):
-        inside = (block.get("accuracy") or {}).get("scored_in")  # the curve came from that stage's solve
-        rows.append(("time", f"{sum(block['timings'].values()):.1f} s",
-                     ", ".join(f"{k} (in {inside})" if k == "accuracy" and inside else f"{k} {v:.1f}"
-                               for k, v in block["timings"].items())))
+        rows.append(_timings_row(block))
     line = "-" * WIDTH
     return "\n".join([f"split: {block['split']}", line, *table_lines(rows), line])
-
-
-def geometry_rows(geo: dict) -> list:
-    """The geometry stage's rows of a split's table."""
-    summ = geo.get("summary") or {}
-    K, n = geo.get("directions"), len(geo.get("samples", []))
-    att = summ.get("attracting_samples", 0)
-    rows = [("radius of stability", _fmt(summ.get("median_radius"), ".3g") + " (median)",
-             f"relative step along ±{K} random directions, {n} sample(s) ({att} attracting at θ*), bracket "
-             f"hi/lo ≤ {1 + geo.get('accuracy', 0):g}; all: {_spread([r for rs in geo.get('radii', []) for r in rs])}")]
-    rows.append(("anisotropy", f"IQR log r {_fmt(summ.get('log_iqr'), '.2g')} · log max/min "
-                 f"{_fmt(summ.get('log_range'), '.2g')} · balance {_fmt(summ.get('balance'), '.2g')}",
-                 f"App. B.2's measures on the radii; {_fmt(summ.get('unstable_t0'), '.0%') if summ.get('unstable_t0') is not None else '—'} "
-                 f"unstable at t → 0, {_fmt(summ.get('censored'), '.0%') if summ.get('censored') is not None else '—'} "
-                 f"censored at {geo.get('t_max', 0):g}"))
-    groups = [g for g in geo.get("groups") or [] if g.get("median_radius") is not None]
-    if groups:
-        t_max = geo.get("t_max", 0)
-        parts = [f"{g['name'].split(' (')[0]} {'≥' if g['median_radius'] >= t_max else ''}{g['median_radius']:.2g}"
-                 for g in sorted(groups, key=lambda g: g["median_radius"])]
-        rows.append(("radius by part", " · ".join(parts), "directions within one parameter group (median)"))
-    reasons = [x for rs in geo.get("reasons", []) for x in rs if x]
-    if reasons:
-        counts = {}
-        for x in reasons:
-            counts[x] = counts.get(x, 0) + 1
-        gap = geo.get("estimate_gap_max")
-        rows.append(("radius set by", ", ".join(f"{k} {v}" for k, v in counts.items()),
-                     "what failed at the outer end (rho: ρ(J*) ≥ 1; a status: the continued solve)"
-                     + (f"; certified ρ within {gap:.2g} of the estimate" if gap is not None else "")))
-    return rows
-
-
-def _med(values) -> Optional[float]:
-    """The median of the finite values (:func:`stability.stats.median`)."""
-    return median(values)
 
 
 def _head(report: dict) -> str:
@@ -223,7 +122,7 @@ def _write_plots(report: dict, directory: Path) -> list[Path]:
     # residual traces
     fig, axes, plt = _figure(len(splits))
     for ax, s in zip(axes, splits):
-        fp = report[s]["fixed_point"]
+        fp = report[s][reachability.KEY]
         seen = set()
         for trace, status in zip(fp["residual_trace"], fp["status"]):
             y = [float("nan") if v is None else v for v in trace]
@@ -237,15 +136,15 @@ def _write_plots(report: dict, directory: Path) -> list[Path]:
     save(fig, plt, "residuals.png")
 
     def ran(key):
-        return [sp for sp in splits if _applies(report[sp].get(key))]
+        return [sp for sp in splits if applies(report[sp].get(key))]
 
-    if ran("jacobian"):
-        _eigen_plot(report, ran("jacobian"), save)
-    if ran("accuracy"):
-        _accuracy_plot(report, ran("accuracy"), save)
-    if ran("prop5"):
-        _prop5_plot(report, ran("prop5"), save)
-    planes = [sp for sp in splits if (report[sp].get("geometry") or {}).get("plane")]
+    if ran(rho.KEY):
+        _eigen_plot(report, ran(rho.KEY), save)
+    if ran(accuracy.KEY):
+        _accuracy_plot(report, ran(accuracy.KEY), save)
+    if ran(prop5.KEY):
+        _prop5_plot(report, ran(prop5.KEY), save)
+    planes = [sp for sp in splits if (report[sp].get(geometry.KEY) or {}).get("plane")]
     if planes:
         _region_plot(report, planes, save)
     return paths
@@ -256,7 +155,7 @@ def _eigen_plot(report, splits, save):
 
     fig, axes, plt = _figure(len(splits), 4.6, 4.6)
     for ax, s in zip(axes, splits):
-        jac, fp = report[s]["jacobian"], report[s]["fixed_point"]
+        jac, fp = report[s][rho.KEY], report[s][reachability.KEY]
         th = np.linspace(0, 2 * np.pi, 400)
         ax.plot(np.cos(th), np.sin(th), color="k", lw=0.8, label="unit circle")
         for conv in (True, False):
@@ -277,7 +176,7 @@ def _accuracy_plot(report, splits, save):
     fig, axes, plt = _figure(1, 6.0, 4.0)
     ax = axes[0]
     for s in splits:
-        acc = report[s]["accuracy"]
+        acc = report[s][accuracy.KEY]
         line, = ax.plot(acc["iterations"], acc["accuracy"], label=f"{s}")
         ax.plot(acc["iterations"], acc["position_accuracy"], color=line.get_color(), ls="--", lw=0.8,
                 label=f"{s} (per position)")
@@ -293,7 +192,7 @@ def _accuracy_plot(report, splits, save):
 def _prop5_plot(report, splits, save):
     fig, axes, plt = _figure(len(splits))
     for ax, s in zip(axes, splits):
-        p5 = report[s]["prop5"]
+        p5 = report[s][prop5.KEY]
         if p5.get("rel_error"):
             errs = [max(v, 1e-300) if v is not None else float("nan") for v in p5["rel_error"]]
             ax.loglog(p5["T"], errs, "o-", label="‖dx_T/dx0·u − dx*/dx0·u‖ / ‖dx*/dx0·u‖")
@@ -348,6 +247,6 @@ def region_axes(ax, geo: dict, title: str) -> None:
 def _region_plot(report, splits, save):
     fig, axes, plt = _figure(len(splits), 5.6, 5.6)
     for ax, s in zip(axes, splits):
-        geo = report[s]["geometry"]
+        geo = report[s][geometry.KEY]
         region_axes(ax, geo, f"{s}: stability region around θ* (sample {geo['plane'].get('sample')})")
     save(fig, plt, "geometry_region.png")

@@ -3,7 +3,10 @@ and a split's table in three columns (:mod:`stability.analysis.report` prints th
 
 from __future__ import annotations
 
-_AXES = (("reachable", "reachable"), ("input_dependent", "input-dependent"), ("geometry", "geometry"))
+from stability.analysis.verdict import AXES
+
+#: the verdict's axes as the report labels them
+_AXES = tuple((axis, axis.replace("_", "-")) for axis in AXES)
 #: the printed report's width: no line of the verdict or of a split's table is longer
 WIDTH = 100
 #: where the verdict's rule is stated in full
@@ -30,7 +33,7 @@ def verdict_text(report: dict) -> str:
         if not v:
             continue
         th, conf = v["thresholds"], v.get("confidence") or conf
-        axes = _AXES if "geometry" in v else (*_AXES[:2], ("independent_of_e", "independent of e"))
+        axes = _AXES if AXES[2] in v else (*_AXES[:2], ("independent_of_e", "independent of e"))
         for key, label in axes:
             why = (v.get("brief") or {}).get(key) or v["reasons"].get(key, "")
             lines += _wrap(why, f"  {split:<6} {label + ':':<17} {v[key].upper():<7} ")

@@ -68,15 +68,16 @@ def _region(out: Path, args) -> list[Path]:
     from stability.analysis.options import AnalysisOptions
     from stability.analysis.pipeline import analyze_checkpoint
     from stability.analysis.report import region_axes
+    from stability.analysis.stages import geometry
     from stability.theory.figures import _figure, save_figure
 
     ckpt = Path(args.region)
-    opts = AnalysisOptions(samples=1, stages=("geometry",), geometry_plane=21, geometry_group_directions=0)
+    opts = AnalysisOptions(samples=1, stages=(geometry.NAME,), geometry_plane=21, geometry_group_directions=0)
     report = analyze_checkpoint(ckpt, splits=("val", "hard"), options=opts).to_json()
     fig = _figure(figsize=(11.5, 5.0), layout="constrained")
     axes = fig.subplots(1, 2, squeeze=False)[0]
     for ax, split in zip(axes, ("val", "hard")):
-        geo = report[split]["geometry"]
+        geo = report[split][geometry.KEY]
         if geo.get("plane"):
             region_axes(ax, geo, f"{split}: stability region around θ* (sample {geo['plane'].get('sample')})")
         else:

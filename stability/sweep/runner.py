@@ -34,11 +34,11 @@ from pathlib import Path
 from typing import Optional
 
 from stability import atomic, hardware
-from stability.analysis.options import DEFAULT_STAGES, AnalysisOptions
-from stability.config import SweepSummary
+from stability.analysis.headline import headlines
+from stability.analysis.options import AnalysisOptions
+from stability.config import DEFAULT_STAGES, GEOMETRY_STAGE, SweepSummary
 from stability.errors import EXIT_TERMINATED, DivergenceError, StabilityError, Terminated
 from stability.processes import die_with_parent
-from stability.stats import FIXED_POINT_STATUSES, median
 from stability.sweep.grid import Cell
 from stability.tasks import make_task
 # the record's format and its loaders live in stability.sweep.record; named here as well, where the sweep's other
@@ -113,56 +113,9 @@ def final_metrics(final: Optional[dict]) -> Optional[dict]:
 
 
 def analysis_summary(report: dict) -> dict:
-    """The compact per-split summary of an ``analyze`` report that goes into the record."""
-    out = {}
-    for split in report.get("splits", []):
-        b = report[split]
-        fp, jac, p4 = b.get("fixed_point", {}), b.get("jacobian", {}), b.get("prop4")
-        # ρ(M) over the converged samples, as the report's "ρ(M) median" row and as rho_J_median
-        rho_M = [r for r, st in zip((p4 or {}).get("rho_M", []), fp.get("status") or []) if st in FIXED_POINT_STATUSES]
-        out[split] = {
-            "samples": b.get("samples"),
-            "converged_fraction": fp.get("converged_fraction"),
-            "status_counts": fp.get("status_counts"),
-            "nfe_median": fp.get("nfe_median"),
-            "rho_J_median": jac.get("spectral_radius_median"),
-            "rho_J_median_all": jac.get("spectral_radius_median_all"),
-            "sigma_max_median": jac.get("sigma_max_median"),
-            "rho_M_median": median(rho_M),
-            "prop4_max_abs_diff": (p4 or {}).get("max_abs_diff_vs_autograd"),
-            "rho_Wx": (b.get("recall") or {}).get("rho_Wx"),
-            "input_grad_norm_median": (b.get("input_dependence") or {}).get("frobenius_median"),
-            "distinct_fixed_points": fp.get("distinct_fixed_points"),
-            "fixed_point_distance_max": (b.get("initial_iterate") or {}).get("fixed_point_distance_max"),
-            "dxT_de_norm_last": _last((b.get("initial_iterate") or {}).get("dxT_de_norm")),
-            "prop5_rel_error_last": _last((b.get("prop5") or {}).get("rel_error")),
-            "accuracy_at_fixed_point": (b.get("accuracy") or {}).get("at_fixed_point"),
-            "timings_s": b.get("timings_s") or b.get("timings"),
-        }
-        a8 = b.get("initial_iterate") or {}
-        loc, glo, rep = a8.get("local"), a8.get("global"), b.get("repelling")
-        if loc is not None:  # App. A.8's local question: ‖dx_T/de·u‖ at the largest T, per converged sample
-            out[split].update({"e_local_exceed": loc.get("exceed"), "e_local_measured": loc.get("measured"),
-                               "e_local_threshold": loc.get("threshold"), "e_local_max": loc.get("max"),
-                               "e_local_T": loc.get("T")})
-        if glo is not None:  # the global one (basins): x* from different starts, converged solves only
-            out[split].update({"e_global_differ": glo.get("differ"), "e_global_compared": glo.get("compared"),
-                               "e_global_tol": glo.get("tol"), "e_global_distance_max": glo.get("max")})
-        if rep is not None:  # the root-finder search for repelling fixed points (stage repelling)
-            out[split].update({"repelling_found": rep.get("samples_with_repelling"),
-                               "repelling_searched": rep.get("searched"), "repelling_starts": rep.get("starts"),
-                               "repelling_budget": rep.get("budget"), "repelling_ran_out": rep.get("samples_ran_out"),
-                               "repelling_roots": rep.get("roots_total")})
-        geo = (b.get("geometry") or {}).get("summary")
-        if geo:  # only where the grid asked for the geometry stage: other records keep their shape
-            out[split].update({f"geometry_{k}": geo.get(k) for k in ("median_radius", "log_iqr", "log_range",
-                                                                        "balance", "unstable_t0")})
-    return out
-
-
-def _last(values):
-    """The last entry of a list (the largest T of a T grid), None for an empty or missing one."""
-    return values[-1] if isinstance(values, list) and values else None
+    """The compact per-split summary of an ``analyze`` report that goes into the record: each split's headline block
+    (:mod:`stability.analysis.headline`, the documented key set)."""
+    return headlines(report)
 
 
 def _stability_from_analysis(summary: dict) -> dict:
@@ -390,7 +343,7 @@ def analysis_options(options, test_iterations: int, device: str):
     :class:`~stability.config.SweepSummary`): its samples, budget and stages, the geometry stage's sample choice
     pinned (:data:`SWEEP_GEOMETRY`), one split after the other (the sweep runs cells side by side)."""
     return AnalysisOptions(samples=options.analyze_samples, max_iter=options.analyze_max_iter,
-                           stages=DEFAULT_STAGES + (("geometry",) if options.analyze_geometry else ()),
+                           stages=DEFAULT_STAGES + ((GEOMETRY_STAGE,) if options.analyze_geometry else ()),
                            iterations=test_iterations, device=device, workers=1, **SWEEP_GEOMETRY)
 
 

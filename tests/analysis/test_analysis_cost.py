@@ -3,7 +3,7 @@ said before a long analysis, and the stage-by-stage time left, rescaled by the s
 
 import pytest
 
-from stability.analysis import cost
+from stability.analysis import cost, progress
 
 
 def test_the_prediction_grows_as_each_stages_fitted_power_of_the_state_size():
@@ -31,7 +31,7 @@ def test_clock_says_seconds_minutes_and_hours_as_people_do():
 
 def test_time_left_is_the_rest_of_the_prediction_rescaled_by_the_stages_so_far(monkeypatch):
     now = [0.0]
-    monkeypatch.setattr(cost.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: now[0])
     lines = []
     p = cost.Progress("val", {"rho": 10.0, "prop4": 10.0, "input": 20.0}, lines.append, quiet_below=0, every=5)
     p.begin("rho")

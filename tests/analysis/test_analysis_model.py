@@ -16,7 +16,7 @@ from stability.analysis.fixed_point import analysis_model
 from stability.analysis.initial_iterate import fixed_point_distance
 from tests.reference_numerics import JacobianOperator, arpack_rho, arpack_sigma_max, dense_rho
 from stability.analysis.prop5 import default_T_grid, prop5_check_batched
-from stability.analysis.reachability import reachability
+from stability.analysis.stages.reachability import reachability
 from stability.analysis.recall import RecallMatrixOperator, prop4, recall_form, rho_W_x
 from stability.config import ModelConfig, TaskConfig
 from stability.model import build_model
@@ -204,17 +204,19 @@ def test_the_accuracy_scored_during_the_picard_solve_is_the_curve_of_the_models_
         logits = m(xs.double(), 9)  # (T, B, L, C)
     expected = [float(task.score(logits[t], ys)[0].double().mean()) for t in range(9)]
     expected_pos = [float(task.score(logits[t], ys)[1].double().mean()) for t in range(9)]
-    assert out.accuracy.iterations == list(range(1, 10))
-    assert out.accuracy.accuracy == expected and out.accuracy.position_accuracy == expected_pos
+    acc = out.results["accuracy"]
+    assert acc.iterations == list(range(1, 10))
+    assert acc.accuracy == expected and acc.position_accuracy == expected_pos
     assert out.timings["accuracy"] < out.timings["reachability"]  # its evaluations were the solve's
-    assert out.accuracy.scored_in == "reachability"
+    assert acc.scored_in == "reachability"
     line = next(l for l in split_table(out.to_dict()).splitlines() if l.startswith("time"))
     assert "accuracy (in reachability)" in line
     # and the solve itself is the one without the curve
     x0 = m.embed(xs.double())
     alone = solve(m.step, m.initial_state(x0), x0, tol=opts.tol, max_iter=5)
     assert torch.equal(alone.x_best, out.x_star)
-    assert out.reachability.status == alone.status and out.reachability.nfe == alone.nfe.tolist()
+    reach = out.results["reachability"]
+    assert reach.status == alone.status and reach.nfe == alone.nfe.tolist()
 
 
 def test_analysis_of_a_split_agrees_with_per_sample_arpack():

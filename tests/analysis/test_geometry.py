@@ -264,7 +264,7 @@ def test_a_grid_can_ask_the_sweep_for_the_geometry_stage(tmp_path):
 # ---- which samples the geometry stage measures (issue 33) ---------------------------------------------------------
 
 def test_by_default_the_geometry_stage_measures_up_to_four_attracting_samples():
-    from stability.analysis.stages import pick_geometry_samples
+    from stability.analysis.stages.geometry import pick_geometry_samples
 
     status = ["stalled", "converged", "converged", "converged", "stalled", "converged", "converged", "converged"]
     rho = [1.2, 0.5, 1.1, 0.7, None, None, 0.6, 0.4]
@@ -288,7 +288,7 @@ def test_the_sweep_measures_geometry_as_the_committed_replication_records_were_m
     """The replication records (rerun bit for bit by tests/e2e/test_replication.py) were measured on the first sample
     of each split: the options a replication cell's summary runs with are the ones it ran with before the library's
     default changed, field by field, and they pick sample 0 even where its x* does not attract."""
-    from stability.analysis.stages import pick_geometry_samples
+    from stability.analysis.stages.geometry import pick_geometry_samples
     from stability.config import SweepSummary
     from stability.sweep import grid as gridlib
     from stability.sweep.runner import analysis_options

@@ -11,7 +11,7 @@ from torch import nn
 
 import stability
 from stability.analysis.options import DEFAULT_STAGES, STAGES, AnalysisOptions
-from stability.analysis.repelling import search
+from stability.analysis.stages.repelling import search
 from stability.errors import StabilityError
 from stability.sweep.runner import analysis_summary
 
@@ -86,7 +86,7 @@ def test_picard_cannot_reach_a_repelling_fixed_point_but_the_search_finds_it_wit
     for b in range(3):
         assert rep["rho"][b][0] == pytest.approx(rho_ref, rel=1e-10)
         x_ref = np.linalg.solve(np.eye(2) - A, inputs[b, :, 0].numpy())  # (I − A) x* = x0
-        got = a.splits["inputs"].repelling.points[b][0][:, 0].numpy()
+        got = a.splits["inputs"].results["repelling"].points[b][0][:, 0].numpy()
         np.testing.assert_allclose(got, x_ref, rtol=1e-6, atol=1e-8)
     v = block["verdict"]
     assert v["numbers"]["repelling_found"] == 3 and v["numbers"]["repelling_searched"] == 3

@@ -139,7 +139,7 @@ def test_inputs_go_with_a_model_and_splits_with_a_checkpoint(tiny):
 
 def test_the_json_is_built_once_however_often_the_analysis_is_read(tiny, tmp_path, monkeypatch, capsys):
     from stability.analysis.report import publish
-    from stability.analysis.results import JacobianSpectra
+    from stability.analysis.stages.rho import JacobianSpectra
 
     made = []
     to_dict = JacobianSpectra.to_dict

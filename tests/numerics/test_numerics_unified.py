@@ -19,7 +19,7 @@ def test_median_is_the_mean_of_the_two_middle_values_for_an_even_count():
 
 def _block(rho_J, rho_M, status):
     """One split of an analyze report, built by the analysis' own result classes where they exist."""
-    from stability.analysis.results import JacobianSpectra
+    from stability.analysis.stages.rho import JacobianSpectra
     from stability.numerics import Spectrum
 
     n = len(status)
@@ -167,9 +167,9 @@ def test_stage_rho_prop4_and_rho_W_x_keep_their_spectra_in_the_one_spectrum_type
     inputs = torch.randint(0, 2, (3, 5, 1)).float()
     split = analyze_model(model, inputs, options=AnalysisOptions(samples=3, stages=("rho", "prop4", "rho_wx"))).splits[
         "inputs"]
-    rho, prop4 = split.spectra, split.prop4
+    rho, prop4 = split.results["rho"], split.results["prop4"]
     assert isinstance(rho.spectrum, Spectrum) and rho.spectrum.route == ("dense", 3)
     assert isinstance(prop4.spectra, Spectrum) and prop4.spectra_of_J == 3  # M = J entry by entry: J's spectra
     assert prop4.rho_M == rho.rhos and prop4.to_dict()["eigenvalues"] == rho.to_dict()["eigenvalues"]
     w = rho_W_x(model)
-    assert isinstance(w, Spectrum) and len(w) == 1 and split.recall.rho_Wx == float(w.rho[0])
+    assert isinstance(w, Spectrum) and len(w) == 1 and split.results["rho_wx"].rho_Wx == float(w.rho[0])

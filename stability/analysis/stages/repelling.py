@@ -1,5 +1,5 @@
-"""The search for repelling fixed points (stage ``repelling``): roots of g(x) = f(x, x0) − x that plain iteration
-cannot reach.
+"""Stage ``repelling`` (App. A.1 case 2): the search for repelling fixed points, roots of g(x) = f(x, x0) − x that
+plain iteration cannot reach.
 
 Why a search: a fixed point x* with ρ(J*) > 1, J* = ∂f/∂x at x* (App. A.1, case 2: the center-stable manifold has
 measure zero, so almost every start is repelled; Props. 3–4), is practically never reached by Picard iteration,
@@ -17,17 +17,28 @@ Krylov–Schur on Jᵀ above); at the Picard x* itself stage ``rho``'s value is 
 root after spending its budget (max-iterations or stalled) makes the sample ``ran_out``: the search there is
 incomplete. Finding no repelling root is evidence only up to these starts and
 this budget, which is what the report says.
+
+A torch-free module (:mod:`stability.analysis.stages.base`): torch, the solver and the numerics are imported where
+the search runs.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
-import torch
-
+from stability.analysis.stages.base import Cost, Stage
+from stability.analysis.thresholds import distinct_tol
 from stability.stats import distinct_clusters
+
+if TYPE_CHECKING:
+    import torch
+
+    from stability.analysis.fixed_point import AtFixedPoint
+
+NAME = "repelling"
+KEY = "repelling"
 
 #: the band |ρ − 1| ≤ max(MARGIN, 10 τ) of roots classified marginal (neither repelling nor attracting)
 MARGIN = 1e-4
@@ -86,6 +97,8 @@ class RepellingSearch:
 def perturbed_starts(x_best: torch.Tensor, starts: int, scale: float, seed: int) -> torch.Tensor:
     """(1 + starts, B, *S): x_best, then ``starts`` Gaussian perturbations of relative size ``scale`` each
     (‖δ‖₂ = scale · max(‖x_best‖₂, √n) per sample; ξ from ``Generator().manual_seed(seed)``, drawn on the CPU)."""
+    import torch  # a torch-free module: torch where the search runs
+
     B, n = x_best.shape[0], x_best[0].numel()
     gen = torch.Generator().manual_seed(seed)
     ref = x_best.flatten(1).double().norm(dim=1).clamp_min(math.sqrt(n)).cpu()  # (B,)
@@ -103,6 +116,8 @@ def search(f: Callable, x_best: torch.Tensor, x0: torch.Tensor, *, starts: int =
     """Roots of f(x, x0) − x from x_best and ``starts`` perturbations of it, per sample, classified by ρ(J)
     (module docstring). ``rho_at_best``: ρ(J) at x_best per sample where already known (stage ``rho``), reused
     for a root that is x_best itself. Every start of every sample is one row of one batched Broyden solve."""
+    import torch  # a torch-free module: torch, the numerics and the solver where the search runs
+
     from stability.numerics import Linearisation, spectral_radius
     from stability.solvers import solve
 
@@ -149,7 +164,15 @@ def search(f: Callable, x_best: torch.Tensor, x0: torch.Tensor, *, starts: int =
     return out
 
 
-def report_rows(block: Optional[dict]) -> list:
+def run(at: AtFixedPoint) -> RepellingSearch:
+    """The search on the first K samples (a few on large states); stage rho's ρ is reused at x* itself."""
+    o, spec, K = at.options, at.jacobian_spectra, at.few
+    return search(at.f, at.x_star[:K], at.x0[:K], starts=o.repelling_starts, scale=o.repelling_scale,
+                  budget=o.repelling_budget, tol=o.tol, distinct_tol=distinct_tol(o.tol), seed=o.seed,
+                  rho_at_best=None if spec is None else spec.rhos[:K], eig_tol=o.eig_tol, eig_k=o.eig_k)
+
+
+def rows(block: Optional[dict], split: dict) -> list:
     """The text report's row of the stage (quantity, value, meaning); none when the stage did not run."""
     if block is None:
         return []
@@ -162,3 +185,40 @@ def report_rows(block: Optional[dict]) -> list:
              f"Broyden on f(x) − x from x_best + {block.get('starts', 1) - 1} perturbations (relative size "
              f"{block.get('perturbation_scale', 0):g}), ≤ {block.get('budget')} iterations each; ρ(J) > 1 + "
              f"{block.get('margin', 0):g} at the root" + (f"; {out} sample(s) ran out of budget" if out else ""))]
+
+
+def headline(block: Optional[dict], split: dict) -> dict:
+    if block is None:  # the root-finder search for repelling fixed points, where the stage ran
+        return {}
+    return {"repelling_found": block.get("samples_with_repelling"), "repelling_searched": block.get("searched"),
+            "repelling_starts": block.get("starts"), "repelling_budget": block.get("budget"),
+            "repelling_ran_out": block.get("samples_ran_out"), "repelling_roots": block.get("roots_total")}
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the verdict reads of the stage: of ``searched`` samples, ``found`` with a repelling root and ``ran_out``
+    of budget, by ``starts`` root-finder starts each; the marginal roots (|ρ − 1| ≤ ``margin``)."""
+
+    searched: Optional[int]
+    found: Optional[int]
+    ran_out: Optional[int]
+    starts: Optional[int]
+    marginal_total: Optional[int]
+    samples_with_marginal: Optional[int]
+    margin: Optional[float]
+
+    @classmethod
+    def from_block(cls, block: Optional[dict]) -> Optional[Evidence]:
+        if block is None:
+            return None
+        return cls(searched=block.get("searched"), found=block.get("samples_with_repelling"),
+                   ran_out=block.get("samples_ran_out"), starts=block.get("starts"),
+                   marginal_total=block.get("marginal_total"), samples_with_marginal=block.get("samples_with_marginal"),
+                   margin=block.get("margin"))
+
+
+#: not in the cost fit: measured on two width-32 prefix-sums checkpoints, 4 samples, n = 256 and 1,024, one thread
+#: (0.13–1.1 s a split; the ρ(J) at every distinct root found dominates where there are many)
+STAGE = Stage(NAME, KEY, per_sample=True, cost=Cost(0.12, 0.8, "sample"), run=run, rows=rows, headline=headline,
+              what="repelling fixed points: roots of f(x) − x by Broyden, classified by ρ(J) (App. A.1)")
