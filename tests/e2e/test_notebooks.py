@@ -41,8 +41,10 @@ def dict_after(text: str, label: str) -> dict:
 
 def check_quickstart(text: str) -> None:
     # the accuracy table: iterations increase up to test_iterations = 20, accuracies are percentages
-    lines = text.split("accuracy (%) against iteration count", 1)[1].strip().splitlines()
-    rows = [numbers(line) for line in lines[1:]]
+    lines = text.split("accuracy (%) against iteration count", 1)[1].splitlines()
+    head = next(i for i, line in enumerate(lines) if line.split()[:1] == ["iteration"])  # after the n line
+    assert "n = val" in lines[0]  # the table says how many strings it scored
+    rows = [numbers(line) for line in lines[head + 1:]]
     rows = rows[:next((i for i, r in enumerate(rows) if len(r) != 3), len(rows))]
     assert len(rows) >= 2
     iterations = [r[0] for r in rows]
