@@ -71,7 +71,10 @@ from stability.errors import ConfigError
 from stability.numerics import Linearisation, exact, spectral_radius
 from stability.stats import FIXED_POINT_STATUSES, median
 
-STATUSES = ("converged", "max-iterations", "stalled", "diverged", "non-finite", "repelling")
+#: the status of a converged sample whose fixed point repels (ρ(J*) > 1): stability.stats names it once
+REPELLING = FIXED_POINT_STATUSES[1]
+
+STATUSES = ("converged", "max-iterations", "stalled", "diverged", "non-finite", REPELLING)
 _CONV, _MAXIT, _STALL, _DIV, _NONFIN, _REPEL = range(6)
 
 
@@ -99,7 +102,7 @@ class SolveResult:
     @property
     def repelling(self) -> torch.Tensor:
         """(B,) bool: status repelling (a certified fixed point with ρ(J*) > 1)."""
-        return torch.tensor([s == "repelling" for s in self.status], dtype=torch.bool)
+        return torch.tensor([s == REPELLING for s in self.status], dtype=torch.bool)
 
     def status_counts(self) -> dict[str, int]:
         return {s: sum(1 for t in self.status if t == s) for s in STATUSES}
@@ -591,7 +594,7 @@ def classify(result: SolveResult, f: Callable, x0: Optional[torch.Tensor], *, to
         rho[idx] = spec.rho.detach().double().cpu()
         products = int(spec.matvecs)
         for i, b in enumerate(idx.tolist()):
-            result.status[b] = "repelling" if float(rho[b]) > 1.0 else "converged"
+            result.status[b] = REPELLING if float(rho[b]) > 1.0 else "converged"
     result.rho = rho
     result.info["rho_products"] = products
     result.info["rho_tol"] = tol

@@ -19,8 +19,8 @@ STAGES_DIR = ROOT / "analysis" / "stages"
 
 #: the same spelling for something else, outside the stage's files: file -> what it is there
 SAME_SPELLING = {
-    "repelling": {"stability/solvers.py": "the solver's status of a root with ρ(J) > 1",
-                  "stability/stats.py": "that status among FIXED_POINT_STATUSES"},
+    "repelling": {"stability/stats.py": "the solver's status of a root with ρ(J) > 1, among FIXED_POINT_STATUSES "
+                                        "(stability.solvers.REPELLING names it from there)"},
 }
 
 
