@@ -145,16 +145,9 @@ def generate_rows(task: str, split: str, rows: int, seed: int, options: dict) ->
     return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
 
 
-def build(task: str, root: Path, seed: int, sizes: dict, *, workers: int = 1, options: Optional[dict] = None,
-          progress: bool = True) -> dict:
-    """Build (or finish building) the dataset ``<root>/<task>-seed<seed>`` up to ``sizes``; returns the manifest.
-
-    Shards already in the manifest with a matching checksum are kept; the rest are generated, ``workers`` at a
-    time (separate processes), each written as soon as it is done.
-    """
-    gen = _generator(task)
-    options = gen.resolve_options(options or {})
-    directory = dataset_dir(root, task, seed)
+def _manifest(gen, task: str, seed: int, directory: Path, options: dict, sizes: dict) -> dict:
+    """The dataset's manifest, new or read back (refused where another generator or other options built it),
+    with its sizes raised to ``sizes``."""
     manifest = read_manifest(directory)
     signature = {"generator": gen.GENERATOR, "options": gen.signature(options), "shard_rows": gen.SHARD_ROWS}
     if manifest is None:
@@ -167,22 +160,46 @@ def build(task: str, root: Path, seed: int, sizes: dict, *, workers: int = 1, op
                             f"{signature['generator']} with {signature['options']}; choose another --out or delete it")
     manifest["sizes"] = {s: max(int(sizes[s]), int(manifest["sizes"].get(s, 0))) for s in SPLITS}
     manifest["describe"] = gen.describe_options(options)
+    return manifest
+
+
+def _kept_shards(directory: Path, manifest: dict) -> dict:
+    """{split: {index: entry}} of the manifest's shards whose file is there with its checksum."""
     done = {s: {e["index"]: e for e in manifest["shards"][s]} for s in SPLITS}
     for s in SPLITS:  # drop entries whose file vanished or changed
         for k, e in list(done[s].items()):
             path = directory / e["file"]
             if not path.is_file() or sha256_file(path) != e["sha256"]:
                 del done[s][k]
-    todo, have = [], 0
+    return done
+
+
+def _todo(gen, manifest: dict, done: dict) -> list:
+    """The shards still to generate, (split, index, rows) each."""
+    todo = []
     for s in SPLITS:
         per = gen.SHARD_ROWS[s]
         size = manifest["sizes"][s]
         for k in range(math.ceil(size / per)):
             need = min(per, size - k * per)  # the last shard may stop short; a later, larger build redoes it
-            if k in done[s] and done[s][k]["rows"] >= need:
-                have += need
-            else:
+            if not (k in done[s] and done[s][k]["rows"] >= need):
                 todo.append((s, k, need))
+    return todo
+
+
+def build(task: str, root: Path, seed: int, sizes: dict, *, workers: int = 1, options: Optional[dict] = None,
+          progress: bool = True) -> dict:
+    """Build (or finish building) the dataset ``<root>/<task>-seed<seed>`` up to ``sizes``; returns the manifest.
+
+    Shards already in the manifest with a matching checksum are kept; the rest are generated, ``workers`` at a
+    time (separate processes), each written as soon as it is done.
+    """
+    gen = _generator(task)
+    options = gen.resolve_options(options or {})
+    directory = dataset_dir(root, task, seed)
+    manifest = _manifest(gen, task, seed, directory, options, sizes)
+    done = _kept_shards(directory, manifest)
+    todo = _todo(gen, manifest, done)
 
     def record(split: str, index: int, arrays: dict) -> int:
         name = f"{split}-{index:05d}.npz"
