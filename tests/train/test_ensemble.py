@@ -136,3 +136,19 @@ def test_existing_members_are_not_overwritten_without_resume(tmp_path, cli):
     cli("train", *SMALL, "--epochs", "1", "--seeds", "0", "--out", tmp_path / "e")
     proc = cli("train", *SMALL, "--epochs", "1", "--seeds", "0", "--out", tmp_path / "e", check=False)
     assert proc.returncode == 2 and "exists" in proc.stderr
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_the_dense_attention_the_members_run_equals_sdpa(window):
+    from stability.model import build_model
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(width=16, heads=2, attention_window=window)).double()
+    x = torch.randn(3, 11, 1, dtype=torch.float64)
+    model.attention_impl = "sdpa"
+    a = model(x, 4)
+    model.attention_impl = "dense"
+    b = model(x, 4)
+    model.attention_impl = "math"
+    c = model(x, 4)
+    assert torch.allclose(a, b, atol=1e-12) and torch.allclose(b, c, atol=1e-12)
