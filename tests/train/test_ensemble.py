@@ -152,3 +152,25 @@ def test_the_dense_attention_the_members_run_equals_sdpa(window):
     model.attention_impl = "math"
     c = model(x, 4)
     assert torch.allclose(a, b, atol=1e-12) and torch.allclose(b, c, atol=1e-12)
+
+
+def test_a_member_behind_the_others_catches_up_on_resume(tmp_path):
+    """A kill between two members' checkpoints leaves one an epoch behind: resumed, it trains on alone until it
+    catches up (another batch shape, so close to, not bitwise, the uninterrupted run)."""
+    import shutil
+
+    whole = train_ensemble(small_config(epochs=2, cooldown_at=1.0), tmp_path / "whole", [0, 1], progress=False)
+    train_ensemble(small_config(epochs=1, cooldown_at=1.0), tmp_path / "cut", [0, 1], progress=False)
+    for suffix in (".pt", ".metrics.jsonl", ".metrics.csv", ".accuracy.csv"):  # s0 finished, s1 one epoch behind
+        shutil.copyfile(tmp_path / "whole" / f"s0{suffix}", tmp_path / "cut" / f"s0{suffix}")
+    # the cut run's s1 was written by a 1-epoch run: extend it to 2 (s0 is already at 2; no cooldown, so the
+    # extension changes no learning rate)
+    resumed = train_ensemble(small_config(epochs=2, cooldown_at=1.0), tmp_path / "cut", [0, 1], resume=True,
+                             progress=False)
+    a, b = (torch.load(r.path, weights_only=True) for r in (whole[1], resumed[1]))
+    assert b["epoch"] == 2 and len(b["history"]) == 2
+    for key in a["model"]:
+        assert torch.allclose(a["model"][key], b["model"][key], rtol=1e-3, atol=1e-5), key
+    s0 = torch.load(resumed[0].path, weights_only=True)
+    done = torch.load(whole[0].path, weights_only=True)["model"]
+    assert all(torch.equal(s0["model"][k], v) for k, v in done.items())  # the member already done is untouched
