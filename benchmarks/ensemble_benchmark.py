@@ -74,7 +74,8 @@ def main(argv=None) -> int:
           "training")
     for m in members:
         print(f"seed {m['seed']}: first-epoch loss rel diff {m['first_epoch_rel_diff']:.1e} (all epochs max "
-              f"{m['max_rel_loss_diff_all_epochs']:.1e}); val {m['val_accuracy'][0]:.3f} vs {m['val_accuracy'][1]:.3f}, "
+              f"{m['max_rel_loss_diff_all_epochs']:.1e}); val {m['val_accuracy'][0]:.3f} vs "
+              f"{m['val_accuracy'][1]:.3f}, "
               f"hard {m['hard_accuracy'][0]:.3f} vs {m['hard_accuracy'][1]:.3f}")
     return 0
 

@@ -88,7 +88,8 @@ def member_name(seed: int, lr: Optional[float] = None) -> str:
     return f"lr{_short_value(float(lr))}-s{seed}.pt"
 
 
-def members(config: RunConfig, seeds: Sequence[int], lrs: Optional[Sequence[float]] = None) -> list[tuple[str, RunConfig]]:
+def members(config: RunConfig, seeds: Sequence[int],
+            lrs: Optional[Sequence[float]] = None) -> list[tuple[str, RunConfig]]:
     """(file name, config) of every member: learning rates outer, seeds inner."""
     out = []
     for lr in (lrs if lrs else [None]):
