@@ -121,6 +121,11 @@ SUITE = (
               _script("launch_bound.py", "--samples", "2", "--factor", "2", "--out", "{out}/launch-bound.json"),
               "ops dispatched and host syncs per analysis stage at N and 8N samples (the ratio a batched stage "
               "keeps near 1)"),
+    Benchmark("ensemble", "Ensembles (`benchmarks/ensemble_benchmark.py`, issue 37)",
+              _script("ensemble_benchmark.py", "--out", "{out}"),
+              _script("ensemble_benchmark.py", "--seeds", "2", "--epochs", "1", "--out", "{out}"),
+              "a 5-seed ensemble (`stability train --seeds`) against the 5 solo runs in sequence at the demo's size: "
+              "speed, loss and accuracy agreement"),
     Benchmark("busy-machine", "Busy machine (issue 25)",
               _script("busy_machine.py", "--ckpt", CKPT, "--json", "{out}/busy-machine.json"),
               _script("busy_machine.py", "--quick", "--ckpt", CKPT, "--json", "{out}/busy-machine.json"),

@@ -87,6 +87,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, metavar="PATH",
                    help="checkpoint file to write (metrics go beside it: PATH's stem + .metrics.jsonl, .metrics.csv, "
                         ".accuracy.csv)")
+    p.add_argument("--seeds", metavar="SEEDS",
+                   help="train an ensemble: one member per seed (0-4, or 0,2,7) in one process and one batched step; "
+                        "--out is then a directory of member checkpoints s{seed}.pt (docs/training.md, \"Ensembles\")")
+    p.add_argument("--lrs", metavar="RATES",
+                   help="with --seeds: also one member per learning rate (1e-3,2.5e-3), files lr{rate}-s{seed}.pt")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out if it exists (its stored options; with a larger --epochs: "
                         "extend a finished run)")
@@ -186,6 +191,8 @@ def run(args: argparse.Namespace) -> int:
     check_maxima(args, [(f.flag, f.dest, f.info) for f in flags()])  # a count past its maximum names its flag
     config = config_from_args(args)  # validated before anything heavy is imported
     check_float32(config)
+    if getattr(args, "seeds", None) is not None or getattr(args, "lrs", None) is not None:
+        return _run_ensemble(args, config)
     out = check_writable(args.out, "file", "--out")
     tensorboard = check_writable(args.tensorboard, "dir", "--tensorboard") if args.tensorboard else None
     if tensorboard is not None:
@@ -225,4 +232,50 @@ def run(args: argparse.Namespace) -> int:
     print(f"checkpoint: {result.path}")
     if result.final:
         print(accuracy_table(result.final))
+    return 0
+
+
+def _run_ensemble(args: argparse.Namespace, config) -> int:
+    """``stability train --seeds ... [--lrs ...] --out DIR``: the ensemble (stability/train/ensemble.py)."""
+    import sys
+
+    from stability.errors import ConfigError, DivergenceError
+    from stability.train import ensemble
+
+    if args.seeds is None:
+        raise ConfigError("--lrs needs --seeds (the ensemble's members are its seeds × rates)")
+    if args.tensorboard:
+        raise ConfigError("--tensorboard with --seeds: not for ensembles; leave it out")
+    seeds = ensemble.parse_seeds(args.seeds)
+    lrs = ensemble.parse_lrs(args.lrs) if args.lrs is not None else None
+    if lrs:
+        check_float32(config.replace(train=config.train.replace(lr=max(lrs))))
+    ensemble.check_ensemble(config)
+    plan = ensemble.members(config, seeds, lrs)
+    out = ensemble.check_outputs(args.out, [name for name, _ in plan])
+    if args.resume:  # the stored options, with the flags given now on top (as a solo --resume)
+        from stability import checkpoint as ckpt
+
+        stored_path = next((out / name for name, _ in plan if (out / name).exists()), None)
+        if stored_path is not None:
+            stored = ckpt.run_config(ckpt.read(stored_path), stored_path)
+            config = config_from_args(args, base=stored)
+            check_float32(config)
+    from stability.tasks import make_task
+    from stability.train.loop import EXIT_DIVERGED, schedule_warning
+    from stability.train.report import accuracy_table
+
+    make_task(config.task)
+    warning = schedule_warning(config.train)
+    if warning:
+        print(f"stability train: warning: {warning}", file=sys.stderr, flush=True)
+    try:
+        results = ensemble.train_ensemble(config, out, seeds, lrs, resume=args.resume, progress=not args.quiet)
+    except DivergenceError as exc:
+        print(f"stability train: diverged: {exc}", file=sys.stderr, flush=True)
+        return EXIT_DIVERGED
+    for result in results:
+        print(f"checkpoint: {result.path}")
+        if result.final:
+            print(accuracy_table(result.final))
     return 0

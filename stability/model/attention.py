@@ -1,11 +1,13 @@
 """Attention of the looped block (App. B.1.2; docs/release-differences.md): 8 heads, multidimensional RoPE,
 QK-norm, full or local.
 
-Two implementations that give the same numbers (tested):
+Three implementations that give the same numbers to rounding (math and sdpa tested):
 
 * ``math``: explicit softmax(QKᵀ/√d_h)V. Works under torch.func (jvp, vjp, vmap, jacrev, jacfwd), which the
   fused kernels do not (forward-mode AD is not implemented for them). With a local window it computes only the
   scores of each query's neighbours, (L × window) instead of (L × L), so 512-bit prefix sums stay cheap.
+* ``dense``: the ``math`` route's dense softmax(QKᵀ/√d_h + mask)V with sdpa's mask, batched by torch.vmap
+  (ensembles: torch has no vmap rule for the CPU's fused sdpa).
 * ``sdpa``: torch's fused ``scaled_dot_product_attention`` for training speed (flash / memory-efficient kernels
   on CUDA), with the local window as a boolean mask.
 
@@ -32,7 +34,7 @@ import torch.nn.functional as F
 
 from stability.model.parts import RMSNorm
 
-ATTENTION_IMPLS = ("math", "sdpa")
+ATTENTION_IMPLS = ("math", "sdpa", "dense")
 WINDOW_EDGES = ("shift", "cut")
 ROPE_PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
 
@@ -109,6 +111,18 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Opt
     return scores.softmax(-1) @ v
 
 
+def _dense_exp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """:func:`dense_attention` with the softmax written as exp / sum: the ``dense`` implementation (ensembles,
+    stability/train/ensemble.py), since torch's CPU softmax over short rows (L = 11) is several times slower than
+    one exp over the whole tensor."""
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    e = (scores - scores.amax(-1, keepdim=True).detach()).exp()
+    return (e / e.sum(-1, keepdim=True)) @ v
+
+
 def window_mask(L: int, window: int, device) -> torch.Tensor:
     """Bool (L, L), True = may attend: the cut band |i − j| ≤ window//2 over flattened positions."""
     idx = torch.arange(L, device=device)
@@ -179,6 +193,9 @@ class Attention(nn.Module):
         if self.impl == "sdpa":
             mask = self._window("mask", spatial, x.device) if self.window is not None else None
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        elif self.impl == "dense":  # sdpa's computation written out (torch.vmap batches it: ensembles)
+            y = _dense_exp_attention(q, k, v, self._window("mask", spatial, x.device) if self.window is not None
+                                     else None)
         elif self.window is not None and self.window_edges == "cut":
             y = banded_attention(q, k, v, self.window)
         elif self.window is not None:

@@ -555,6 +555,7 @@ class _Run:
     start_epoch: int = 0
     step: int = 0
     signature: Optional[dict] = None  # what computed these weights (stability.hardware)
+    ensemble: Optional[dict] = None  # a member of an ensemble run (stability.train.ensemble): its note
 
     def save(self, epoch: int) -> None:
         """The checkpoint after ``epoch`` epochs, and the metrics files."""
@@ -574,6 +575,7 @@ class _Run:
             "step": self.step,
             "history": self.history,
             "final": self.final,
+            **({"ensemble": self.ensemble} if self.ensemble is not None else {}),
         }, self.out)
         _write_metrics(metrics_path(self.out), self.history, self.final)
 

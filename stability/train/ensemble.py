@@ -1,0 +1,340 @@
+"""Ensembles: the K members of one architecture (seeds × learning rates) trained in one process, one batched step.
+
+``stability train --seeds 0-4 [--lrs 1e-3,2.5e-3] --out DIR`` writes one ordinary checkpoint per member,
+``DIR/s{seed}.pt`` (``DIR/lr{rate}-s{seed}.pt`` with ``--lrs``, the rate as the sweep's grid writes it), each the
+checkpoint its solo run would write plus an ``ensemble`` note (the members, this one's index).
+
+Each member is a solo run's state (:class:`stability.train.loop._Run`): its model initialised from
+``torch.manual_seed(seed)``, its own data generator (so its data order and its progressive loss's (n, k) draws are
+its solo run's), its learning-rate schedule, its own AdamW (its state exactly a solo run's) and its gradient clipping.
+Only the forward and backward pass are shared: the members' parameters are stacked and the progressive loss is
+evaluated under :func:`torch.vmap` with :func:`torch.func.functional_call`; the members' losses are summed, so each
+member's gradient is its own loss's. Members draw different depths (n, k): the batched loop runs to the deepest
+member, and a member outside its gradient window keeps its state (``torch.where``), detached during its first n
+iterations, exactly as the solo loss computes it.
+
+Not bitwise a solo run: the batched matrix products reduce in other shapes, so losses agree to float32 rounding at
+first and drift apart slowly (benchmarks/RESULTS.md, "Ensembles" measures how far). In reproducible mode an ensemble
+run is deterministic per machine, and a killed ensemble resumed with ``--resume`` ends with bitwise the weights of
+an uninterrupted one (when every member had written the same epoch; a member behind the others is trained on with
+the members at its epoch until it catches up, which is a different batch shape).
+
+Stays solo: deep supervision and implicit training (per-sample halting and solver iterations make a batched step
+unnatural), ``--compile``, and the ``noise`` initial state (drawn from the global generator each batch).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+from stability import hardware
+from stability.atomic import check_writable
+from stability.config import RunConfig
+from stability.errors import ConfigError, DivergenceError
+from stability.protocols import is_looped
+from stability.train import loop
+from stability.train.loop import TrainResult, _Run, evaluate, lr_factor
+
+#: the most members one ensemble may have
+MAX_MEMBERS = 256
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``0-4`` -> [0, 1, 2, 3, 4]; ``0,2,7``; ``0-2,9``. One ConfigError line for anything else."""
+    seeds: list[int] = []
+    for part in str(text).split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if not m:
+            raise ConfigError(f"--seeds {text!r}: expected seeds like 0-4 or 0,2,7 (non-negative integers)")
+        a, b = int(m.group(1)), int(m.group(2)) if m.group(2) is not None else int(m.group(1))
+        if b < a:
+            raise ConfigError(f"--seeds {text!r}: the range {a}-{b} is empty (write it low-high, e.g. {b}-{a})")
+        seeds += range(a, b + 1)
+        if len(seeds) > MAX_MEMBERS:
+            raise ConfigError(f"--seeds {text!r}: more than {MAX_MEMBERS} seeds")
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"--seeds {text!r}: a seed is given twice")
+    return seeds
+
+
+def parse_lrs(text: str) -> list[float]:
+    """``1e-3,2.5e-3`` -> [0.001, 0.0025]; one ConfigError line for anything else."""
+    out = []
+    for part in str(text).split(","):
+        try:
+            v = float(part)
+        except ValueError:
+            raise ConfigError(f"--lrs {text!r}: expected learning rates like 1e-3,2.5e-3") from None
+        if not (v > 0 and v < float("inf")):
+            raise ConfigError(f"--lrs {text!r}: a learning rate must be positive and finite, got {part.strip()}")
+        out.append(v)
+    if len(set(out)) != len(out):
+        raise ConfigError(f"--lrs {text!r}: a rate is given twice")
+    return out
+
+
+def member_name(seed: int, lr: Optional[float] = None) -> str:
+    """The member's file name: ``s3.pt``, or ``lr2.5e-3-s3.pt`` (the rate as the sweep's grid writes it)."""
+    if lr is None:
+        return f"s{seed}.pt"
+    from stability.sweep.grid import _short_value
+
+    return f"lr{_short_value(float(lr))}-s{seed}.pt"
+
+
+def members(config: RunConfig, seeds: Sequence[int],
+            lrs: Optional[Sequence[float]] = None) -> list[tuple[str, RunConfig]]:
+    """(file name, config) of every member: learning rates outer, seeds inner."""
+    out = []
+    for lr in (lrs if lrs else [None]):
+        for seed in seeds:
+            train = config.train.replace(seed=int(seed), **({"lr": float(lr)} if lr is not None else {}))
+            out.append((member_name(seed, lr), config.replace(train=train)))
+    return out
+
+
+def check_ensemble(config: RunConfig) -> None:
+    """Refuse (one line) what the batched step does not cover."""
+    cfg = config.train
+    if cfg.method.name != "progressive":
+        raise ConfigError(f"--seeds with --method {cfg.method.name}: ensembles train the progressive loss only "
+                          "(deep supervision's and implicit training's per-sample halting stay solo); train each "
+                          "seed with its own `stability train`, or use `stability sweep`")
+    if cfg.compile:
+        raise ConfigError("--seeds with --compile: ensembles are not compiled; leave --compile out")
+    if config.model.initial_state == "noise":
+        raise ConfigError("--seeds with --initial-state noise: the noise is drawn from one global generator per "
+                          "batch, so ensembles refuse it; train the seeds solo")
+
+
+class _Call(torch.nn.Module):
+    """``functional_call``'s entry: calls ``fn(model)`` with the model's parameters swapped for the given ones."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, fn):
+        return fn(self.model)
+
+
+def batched_losses(runs: Sequence[_Run], inputs: torch.Tensor, targets: torch.Tensor,
+                   depths: Sequence[tuple[int, int]]) -> torch.Tensor:
+    """The members' progressive losses, shape (K,): ``inputs``/``targets`` (K, B, ...), ``depths`` the members'
+    (n, k). The members' parameters are stacked here (per call), so gradients reach each member's own.
+
+    Each iteration t runs, under :func:`torch.vmap`, once without gradient for the members still in their first n
+    iterations and once with gradient for those in their k; a member past n + k keeps its state. So every member
+    computes what its solo loss computes (:func:`stability.train.loop.progressive_loss`), and no more."""
+    model, task, cfg = runs[0].model, runs[0].task, runs[0].config.train
+    K, device = len(runs), inputs.device
+    named = [dict(r.model.named_parameters()) for r in runs]
+    params = {f"model.{n}": torch.stack([p[n] for p in named]) for n, _ in model.named_parameters()}
+    bufs = [dict(r.model.named_buffers()) for r in runs]
+    buffers = {f"model.{n}": torch.stack([b[n] for b in bufs]) for n, _ in model.named_buffers()}
+    wrapper = _Call(model)
+    everyone = list(range(K))
+
+    def call(sub: list[int], fn, *args):
+        """``fn(model, *args)`` of the members ``sub`` (args already theirs, stacked), vmapped."""
+        if len(sub) == K:
+            p, b = params, buffers
+        else:
+            index = torch.tensor(sub, device=device)
+            p = {k: v.index_select(0, index) for k, v in params.items()}
+            b = {k: v.index_select(0, index) for k, v in buffers.items()}
+
+        def one(p, b, *a):
+            return torch.func.functional_call(wrapper, (p, b), (lambda m: fn(m, *a),))
+
+        return torch.vmap(one)(p, b, *args)
+
+    losses = torch.vmap(task.loss)
+    if not is_looped(model):
+        return losses(call(everyone, lambda m, i: m(i, 1)[0], inputs), targets)
+    step = lambda m, x, x0: m.step(x, x0)  # noqa: E731
+    x0 = call(everyone, lambda m, i: m.embed(i), inputs)
+    x = call(everyone, lambda m, e: m.initial_state(e), x0)
+    for t in range(max(n + k for n, k in depths)):
+        frozen = [i for i, (n, _) in enumerate(depths) if t < n]
+        active = [i for i, (n, k) in enumerate(depths) if n <= t < n + k]
+        if frozen:
+            with torch.no_grad():
+                index = torch.tensor(frozen, device=device)
+                xf = call(frozen, step, x.index_select(0, index), x0.index_select(0, index))
+            x = xf if len(frozen) == K else x.index_put((index,), xf)
+        if active:
+            if len(active) == K:
+                x = call(everyone, step, x, x0)
+            else:
+                index = torch.tensor(active, device=device)
+                x = x.index_put((index,), call(active, step, x.index_select(0, index), x0.index_select(0, index)))
+    loss = losses(call(everyone, lambda m, s: m.readout(s), x), targets)
+    alpha = cfg.method.alpha
+    if alpha < 1.0:
+        xT = call(everyone, lambda m, e: m.initial_state(e), x0)
+        for _ in range(cfg.iterations):
+            xT = call(everyone, step, xT, x0)
+        loss = (1.0 - alpha) * losses(call(everyone, lambda m, s: m.readout(s), xT), targets) + alpha * loss
+    return loss
+
+
+def _draw_depth(run: _Run) -> tuple[int, int]:
+    """(n, k) from the member's generator, as :func:`stability.train.loop.training_loss` draws them."""
+    if not is_looped(run.model):
+        return 0, 1
+    T = run.config.train.iterations
+    n = int(torch.randint(0, T, (1,), generator=run.gen))
+    k = int(torch.randint(1, T - n + 1, (1,), generator=run.gen))
+    return n, k
+
+
+def _ensemble_epoch(runs: list[_Run], epoch: int, inputs, targets, bar) -> list[dict]:
+    """One epoch of the members in ``runs`` (all at ``epoch``), batched; their records (without evaluations)."""
+    cfg0, device = runs[0].config.train, runs[0].device
+    N = inputs.shape[0]
+    lrs = []
+    for run in runs:
+        lr = run.config.train.lr * lr_factor(epoch, run.config.train)
+        for group in run.optimizer.param_groups:
+            group["lr"] = lr
+        run.model.train()
+        lrs.append(lr)
+    t0 = time.perf_counter()
+    perms = [torch.randperm(N, generator=run.gen).to(device) for run in runs]
+    totals, count = [0.0] * len(runs), 0
+    for i in range(0, N, cfg0.batch_size):
+        idx = [p[i:i + cfg0.batch_size] for p in perms]
+        xb = torch.stack([inputs[j] for j in idx])
+        yb = torch.stack([targets[j] for j in idx])
+        depths = [_draw_depth(run) for run in runs]
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=runs[0].use_bf16):
+            losses = batched_losses(runs, xb, yb, depths)
+        values = losses.detach().tolist()
+        for run, v in zip(runs, values):
+            if not torch.isfinite(torch.tensor(v)):
+                raise DivergenceError(loop._diverged("loss", epoch, run.step, run.out))
+            run.optimizer.zero_grad(set_to_none=True)
+        losses.sum().backward()
+        for run in runs:
+            norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.config.train.grad_clip)
+            if not torch.isfinite(norm):
+                raise DivergenceError(loop._diverged("gradient", epoch, run.step, run.out))
+        for run in runs:
+            run.optimizer.step()
+            run.step += 1
+        b = idx[0].numel()
+        totals = [t + v * b for t, v in zip(totals, values)]
+        count += b
+        bar.update(1)
+        bar.set_postfix_str(f"epoch {epoch + 1}/{cfg0.epochs}, {len(runs)} members, mean loss "
+                            f"{sum(totals) / len(totals) / count:.4f}", refresh=False)
+    seconds = time.perf_counter() - t0
+    return [{"epoch": epoch + 1, "step": run.step, "loss": total / count, "lr": lr, "seconds": seconds,
+             "samples_per_s": count / seconds} for run, total, lr in zip(runs, totals, lrs)]
+
+
+def _evaluations(run: _Run, record: dict, epoch: int, progress: bool) -> None:
+    """The evaluations a solo run's epoch record has (training fit, periodic val/hard), added to ``record``."""
+    cfg, model, task, device, bf16 = run.config.train, run.model, run.task, run.device, run.use_bf16
+    if cfg.train_accuracy_samples:
+        fit = evaluate(model, task, "train", cfg.iterations, limit=cfg.train_accuracy_samples,
+                       batch_size=cfg.eval_batch_size, device=device, bf16=bf16)
+        record["train_accuracy"] = fit["accuracy"][-1]
+    if cfg.eval_every and (epoch + 1) % cfg.eval_every == 0 and epoch + 1 < cfg.epochs:
+        record["eval"] = {s: loop._summary(evaluate(model, task, s, cfg.eval_iterations, batch_size=cfg.eval_batch_size,
+                                                    device=device, bf16=bf16,
+                                                    progress=progress and f"{run.out.name} epoch {epoch + 1} eval"))
+                          for s in ("val", "hard")}
+
+
+def check_outputs(out_dir: Path | str, names: Sequence[str]) -> Path:
+    """Refuse (one line) an ``--out`` that is not a directory that can be written, or member files that cannot."""
+    out_dir = check_writable(out_dir, "dir", "--out")
+    for name in names:
+        path = out_dir / name
+        for p in (path, loop.metrics_path(path), loop.csv_path(path), loop.accuracy_csv_path(path)):
+            check_writable(p, "file", "checkpoint" if p == path else "metrics file")
+    return out_dir
+
+
+def train_ensemble(config: RunConfig, out_dir: Path | str, seeds: Sequence[int], lrs: Optional[Sequence[float]] = None,
+                   *, resume: bool = False, progress: bool = True) -> list[TrainResult]:
+    """Train the ensemble's members (:func:`members`) into ``out_dir`` in one batched step; one ordinary checkpoint
+    per member, written after every epoch. ``resume`` continues each member from its checkpoint (as a solo
+    ``--resume`` does; a larger ``config.train.epochs`` extends them). Holds :func:`stability.train.loop.run_lock`
+    on ``out_dir`` throughout."""
+    check_ensemble(config)
+    plan = members(config, seeds, lrs)
+    out_dir = check_outputs(out_dir, [name for name, _ in plan])
+    with loop.sigterm_unwinds(), loop.run_lock(out_dir):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return _train_ensemble(plan, out_dir, seeds, lrs, resume=resume, progress=progress)
+
+
+def _train_ensemble(plan, out_dir: Path, seeds, lrs, *, resume: bool, progress: bool) -> list[TrainResult]:
+    names = [name for name, _ in plan]
+    runs: list[_Run] = []
+    torch_states = []  # each member's global generator state, as its solo run leaves it after initialisation
+    for i, (name, member_config) in enumerate(plan):
+        run = loop._start(member_config, out_dir / name, resume=resume, progress=progress)
+        run.ensemble = {"members": names, "index": i, "seeds": [int(s) for s in seeds],
+                        "lrs": [float(r) for r in lrs] if lrs else None, "batched": True}
+        run.signature = hardware.signature()
+        torch_states.append(torch.get_rng_state())
+        runs.append(run)
+    shapes = {tuple((n, tuple(p.shape)) for n, p in r.model.named_parameters()) for r in runs}
+    if len(shapes) != 1:
+        raise ConfigError("--seeds: the members' models differ in shape; train them solo")
+    cfg, task, device = runs[0].config.train, runs[0].task, runs[0].device
+    inputs, targets = task.dataset("train")
+    inputs, targets = inputs.to(device), targets.to(device)
+    N = inputs.shape[0]
+    for run in runs:
+        run.model.attention_impl = "dense"  # sdpa written out: torch.vmap has no batching rule for sdpa on the CPU
+    monitors = [None] * len(runs)
+    if cfg.monitor_every and is_looped(runs[0].model):
+        from stability.train.monitor import StabilityMonitor
+
+        monitors = [StabilityMonitor(task, every=cfg.monitor_every, samples=cfg.monitor_samples, device=device)
+                    for _ in runs]
+
+    def save(i: int, epoch: int) -> None:
+        torch.set_rng_state(torch_states[i])  # the checkpoint's "rng" is the member's own
+        runs[i].save(epoch)
+
+    per_epoch = -(-N // cfg.batch_size)
+    start = min(r.start_epoch for r in runs)
+    if progress:
+        print(f"ensemble: {len(runs)} members ({', '.join(names)}) in {out_dir}, one batched step", file=sys.stderr,
+              flush=True)
+    bar = loop._bar(progress, cfg.epochs * per_epoch, "train", "batch", initial=start * per_epoch, leave=True)
+    try:
+        for epoch in range(start, cfg.epochs):
+            active = [i for i, r in enumerate(runs) if r.start_epoch <= epoch]  # a member behind catches up
+            records = _ensemble_epoch([runs[i] for i in active], epoch, inputs, targets, bar)
+            for i, record in zip(active, records):
+                _evaluations(runs[i], record, epoch, progress)
+                if monitors[i] is not None:
+                    monitors[i](runs[i].model, task, record)
+                runs[i].history.append(record)
+                runs[i].start_epoch = epoch + 1
+            for i in active:
+                save(i, epoch + 1)
+        bar.close()
+        for i, run in enumerate(runs):
+            if run.final is None:
+                run.final = {s: evaluate(run.model, task, s, cfg.test_iterations, batch_size=cfg.eval_batch_size,
+                                         device=device, bf16=run.use_bf16,
+                                         progress=progress and f"{names[i]} final eval")
+                             for s in ("val", "hard")}
+                save(i, cfg.epochs)
+    finally:
+        bar.close()
+    return [TrainResult(path=r.out, epochs=cfg.epochs, history=r.history, final=r.final) for r in runs]

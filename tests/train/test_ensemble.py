@@ -1,0 +1,176 @@
+"""Ensembles (stability/train/ensemble.py, ``stability train --seeds``): members against their solo runs, their
+checkpoints, resume after a real kill, bad input."""
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import stability
+from stability.config import AnalysisOptions, ModelConfig, RunConfig, TaskConfig, TrainConfig
+from stability.errors import ConfigError
+from stability.train.ensemble import member_name, parse_lrs, parse_seeds, train_ensemble
+from stability.train.loop import metrics_path, train
+
+SMALL = ["--task", "prefix-sums", "--width", "16", "--heads", "2", "--train-size", "200", "--val-size", "20",
+         "--hard-size", "20", "--train-length", "8", "--hard-length", "12", "--batch-size", "50",
+         "--iterations", "6", "--test-iterations", "8", "--quiet"]
+
+
+def small_config(epochs=2, **train) -> RunConfig:
+    return RunConfig(model=ModelConfig(width=16, heads=2),
+                     task=TaskConfig(train_size=200, val_size=20, hard_size=20, train_length=8, hard_length=12),
+                     train=TrainConfig(epochs=epochs, batch_size=50, iterations=6, test_iterations=8, device="cpu",
+                                       **train))
+
+
+def test_seeds_and_rates_parse_and_name_the_members():
+    assert parse_seeds("0-4") == [0, 1, 2, 3, 4]
+    assert parse_seeds("0,2,7") == [0, 2, 7] and parse_seeds("0-1,9") == [0, 1, 9]
+    assert parse_lrs("1e-3,2.5e-3") == [1e-3, 2.5e-3]
+    assert member_name(3) == "s3.pt" and member_name(3, 2.5e-3) == "lr2.5e-3-s3.pt"
+    for bad in ("3-1", "a", "1,1", "-1", ""):
+        with pytest.raises(ConfigError):
+            parse_seeds(bad)
+    for bad in ("x", "0", "-1e-3", "1e-3,1e-3"):
+        with pytest.raises(ConfigError):
+            parse_lrs(bad)
+
+
+def test_members_agree_with_their_solo_runs(tmp_path):
+    """Same initialisation, data order and (n, k) draws as the solo run; only the reduction shapes differ: the
+    first epoch's loss within 1e-4 relative, the weights after it close."""
+    cfg = small_config(epochs=2)
+    results = train_ensemble(cfg, tmp_path / "ens", [0, 1], [1e-3, 3e-3], progress=False)
+    assert [r.path.name for r in results] == ["lr1e-3-s0.pt", "lr1e-3-s1.pt", "lr3e-3-s0.pt", "lr3e-3-s1.pt"]
+    for r in results:
+        obj = torch.load(r.path, weights_only=True)
+        seed, lr = obj["config"]["train"]["seed"], obj["config"]["train"]["lr"]
+        solo = train(cfg.replace(train=cfg.train.replace(seed=seed, lr=lr)), tmp_path / f"solo-{r.path.name}",
+                     progress=False)
+        for a, b in zip(r.history, solo.history):
+            assert abs(a["loss"] - b["loss"]) <= 1e-4 * b["loss"], (r.path.name, a["loss"], b["loss"])
+            assert a["lr"] == b["lr"] and a["step"] == b["step"]
+        s = torch.load(solo.path, weights_only=True)
+        for key in s["model"]:
+            assert torch.allclose(obj["model"][key], s["model"][key], rtol=1e-3, atol=1e-5), key
+        # an ordinary checkpoint: the solo run's keys plus the ensemble note
+        assert set(obj) == set(s) | {"ensemble"}
+        assert obj["ensemble"]["members"] == [x.path.name for x in results]
+        assert obj["rng"]["data"].shape == s["rng"]["data"].shape
+        assert torch.equal(obj["optimizer"]["state"][0]["step"], s["optimizer"]["state"][0]["step"])
+
+
+def test_a_member_loads_and_analyses_like_a_solo_checkpoint(tmp_path):
+    results = train_ensemble(small_config(epochs=1), tmp_path / "ens", [0, 1], progress=False)
+    loaded = stability.load(results[1].path)
+    assert loaded.config.train.seed == 1
+    a = stability.analyze(results[1].path, options=AnalysisOptions(samples=2, stages=("reachability",), max_iter=20),
+                          splits=("val",))
+    assert a["val"]["samples"] == 2 and a["val"]["fixed_point"] is not None
+
+
+def test_an_ensemble_is_deterministic(tmp_path):
+    cfg = small_config(epochs=1)
+    a = train_ensemble(cfg, tmp_path / "a", [0, 1], progress=False)
+    b = train_ensemble(cfg, tmp_path / "b", [0, 1], progress=False)
+    for x, y in zip(a, b):
+        p, q = torch.load(x.path, weights_only=True)["model"], torch.load(y.path, weights_only=True)["model"]
+        assert all(torch.equal(p[k], q[k]) for k in p)
+
+
+@pytest.mark.slow
+def test_a_killed_ensemble_resumes_to_the_uninterrupted_result(tmp_path, cli):
+    args = SMALL + ["--epochs", "10", "--train-size", "400", "--train-length", "10", "--seeds", "0-1"]
+    cli("train", *args, "--out", tmp_path / "whole")
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "stability", "train", *args, "--out", str(killed)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    metrics = metrics_path(killed / "s1.pt")
+    while time.time() < deadline:  # during epoch 2 or soon after
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 1:
+            break
+        time.sleep(0.02)
+    time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    epochs = [torch.load(killed / n, weights_only=True)["epoch"] for n in ("s0.pt", "s1.pt")]
+    assert all(1 <= e < 10 for e in epochs)
+    cli("train", *args, "--out", killed, "--resume")
+    for name in ("s0.pt", "s1.pt"):
+        a = torch.load(tmp_path / "whole" / name, weights_only=True)
+        b = torch.load(killed / name, weights_only=True)
+        assert b["epoch"] == 10 and b["ensemble"] == a["ensemble"]
+        same = epochs[0] == epochs[1]  # a kill between the two members' saves: the lagging one catches up alone
+        for key in a["model"]:
+            if same:
+                assert torch.equal(a["model"][key], b["model"][key]), key
+            else:
+                assert torch.allclose(a["model"][key], b["model"][key], rtol=1e-3, atol=1e-5), key
+        if same:
+            assert [r["loss"] for r in a["history"]] == [r["loss"] for r in b["history"]]
+            assert a["final"]["val"]["accuracy"] == b["final"]["val"]["accuracy"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--seeds", "3-1", "--out", "{tmp}/d"], "--seeds '3-1': the range 3-1 is empty"),
+    (["--seeds", "0-1", "--out", "{tmp}/file"], "is a file, expected a directory"),
+    (["--lrs", "1e-3", "--out", "{tmp}/d"], "--lrs needs --seeds"),
+    (["--seeds", "0-1", "--method", "deep-supervision", "--out", "{tmp}/d"], "progressive loss only"),
+])
+def test_bad_ensemble_input_is_one_line_exit_2(tmp_path, cli, extra, message):
+    (tmp_path / "file").write_text("x")
+    proc = cli("train", *SMALL, *[e.format(tmp=tmp_path) for e in extra], check=False)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert not (tmp_path / "d").exists()
+
+
+def test_existing_members_are_not_overwritten_without_resume(tmp_path, cli):
+    cli("train", *SMALL, "--epochs", "1", "--seeds", "0", "--out", tmp_path / "e")
+    proc = cli("train", *SMALL, "--epochs", "1", "--seeds", "0", "--out", tmp_path / "e", check=False)
+    assert proc.returncode == 2 and "exists" in proc.stderr
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_the_dense_attention_the_members_run_equals_sdpa(window):
+    from stability.model import build_model
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(width=16, heads=2, attention_window=window)).double()
+    x = torch.randn(3, 11, 1, dtype=torch.float64)
+    model.attention_impl = "sdpa"
+    a = model(x, 4)
+    model.attention_impl = "dense"
+    b = model(x, 4)
+    model.attention_impl = "math"
+    c = model(x, 4)
+    assert torch.allclose(a, b, atol=1e-12) and torch.allclose(b, c, atol=1e-12)
+
+
+def test_a_member_behind_the_others_catches_up_on_resume(tmp_path):
+    """A kill between two members' checkpoints leaves one an epoch behind: resumed, it trains on alone until it
+    catches up (another batch shape, so close to, not bitwise, the uninterrupted run)."""
+    import shutil
+
+    whole = train_ensemble(small_config(epochs=2, cooldown_at=1.0), tmp_path / "whole", [0, 1], progress=False)
+    train_ensemble(small_config(epochs=1, cooldown_at=1.0), tmp_path / "cut", [0, 1], progress=False)
+    for suffix in (".pt", ".metrics.jsonl", ".metrics.csv", ".accuracy.csv"):  # s0 finished, s1 one epoch behind
+        shutil.copyfile(tmp_path / "whole" / f"s0{suffix}", tmp_path / "cut" / f"s0{suffix}")
+    # the cut run's s1 was written by a 1-epoch run: extend it to 2 (s0 is already at 2; no cooldown, so the
+    # extension changes no learning rate)
+    resumed = train_ensemble(small_config(epochs=2, cooldown_at=1.0), tmp_path / "cut", [0, 1], resume=True,
+                             progress=False)
+    a, b = (torch.load(r.path, weights_only=True) for r in (whole[1], resumed[1]))
+    assert b["epoch"] == 2 and len(b["history"]) == 2
+    for key in a["model"]:
+        assert torch.allclose(a["model"][key], b["model"][key], rtol=1e-3, atol=1e-5), key
+    s0 = torch.load(resumed[0].path, weights_only=True)
+    done = torch.load(whole[0].path, weights_only=True)["model"]
+    assert all(torch.equal(s0["model"][k], v) for k, v in done.items())  # the member already done is untouched
