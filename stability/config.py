@@ -133,6 +133,16 @@ def to_dict(cfg: Any) -> dict:
     return {name: _plain(getattr(cfg, name)) for name in type(cfg).model_fields}
 
 
+def shortest_e(v: float) -> str:
+    """v in e-notation with the fewest significant digits that give it back: ``2.5e-03`` (not ``3e-03``)."""
+    return next((t for t in (f"{v:.{d}e}" for d in range(17)) if float(t) == v), repr(v))
+
+
+def short_number(v: float) -> str:
+    """A rate as cell ids and file names write it: ``1e-3``, ``2.5e-3`` (not ``3e-3``)."""
+    return shortest_e(v).replace("e-0", "e-").replace("e+0", "e")
+
+
 def from_dict(cls, data: dict):
     """Build ``cls`` from a dict, refusing unknown keys (the error names the allowed ones)."""
     if not isinstance(data, dict):

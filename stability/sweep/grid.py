@@ -77,6 +77,7 @@ from typing import Any, Optional
 
 from stability.config import (METHOD_CLASSES, METHOD_KEYS, SECTIONS, RunConfig, SweepSummary, dotted, from_dict,
                               option_names, parse_toml, section_options, to_dict)
+from stability.config import short_number, shortest_e  # noqa: F401 - shortest_e: the tables' import
 from stability.errors import ConfigError
 
 try:
@@ -167,14 +168,9 @@ def _label(key: str) -> str:
     return _SHORT.get(key, key.rsplit(".", 1)[1])
 
 
-def shortest_e(v: float) -> str:
-    """v in e-notation with the fewest significant digits that give it back: ``2.5e-03`` (not ``3e-03``)."""
-    return next((t for t in (f"{v:.{d}e}" for d in range(17)) if float(t) == v), repr(v))
-
-
 def _short_value(v: Any) -> str:
     if isinstance(v, float):  # 1e-3, 2.5e-3 (not "3e-3")
-        return shortest_e(v).replace("e-0", "e-").replace("e+0", "e")
+        return short_number(v)
     if isinstance(v, bool):
         return "on" if v else "off"
     if isinstance(v, (list, tuple)):

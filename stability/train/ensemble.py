@@ -35,7 +35,7 @@ import torch
 
 from stability import hardware
 from stability.atomic import check_writable
-from stability.config import RunConfig
+from stability.config import RunConfig, short_number
 from stability.errors import ConfigError, DivergenceError
 from stability.protocols import is_looped
 from stability.train import loop
@@ -83,9 +83,7 @@ def member_name(seed: int, lr: Optional[float] = None) -> str:
     """The member's file name: ``s3.pt``, or ``lr2.5e-3-s3.pt`` (the rate as the sweep's grid writes it)."""
     if lr is None:
         return f"s{seed}.pt"
-    from stability.sweep.grid import _short_value
-
-    return f"lr{_short_value(float(lr))}-s{seed}.pt"
+    return f"lr{short_number(float(lr))}-s{seed}.pt"
 
 
 def members(config: RunConfig, seeds: Sequence[int],
