@@ -56,8 +56,24 @@ class SplitResult:
                 "verdict": verdict(blocks, tol=self.options.tol).to_dict(), "timings": dict(self.timings)}
 
 
+class JsonView(Mapping):
+    """A result read like the JSON it writes: ``result[key]``, iteration and length are its :meth:`to_json`'s."""
+
+    def to_json(self) -> dict:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    def __getitem__(self, key):
+        return self.to_json()[key]
+
+    def __iter__(self):
+        return iter(self.to_json())
+
+    def __len__(self):
+        return len(self.to_json())
+
+
 @dataclass(eq=False)
-class Analysis(Mapping):
+class Analysis(JsonView):
     """The result of ``stability.analyze`` and of ``stability analyze``: one :class:`SplitResult` per split
     (``splits``; ``"inputs"`` for a model analysed on inputs of one's own) and where they came from. Read like the
     JSON file it writes (``analysis["val"]["jacobian"]["spectral_radius"]``); :meth:`to_json` is that JSON, built
@@ -99,15 +115,6 @@ class Analysis(Mapping):
 
     def __post_init__(self):
         self._json = None
-
-    def __getitem__(self, key):
-        return self.to_json()[key]
-
-    def __iter__(self):
-        return iter(self.to_json())
-
-    def __len__(self):
-        return len(self.to_json())
 
     def summary(self) -> str:
         """The text report ``stability analyze`` prints: the verdict, then one table per split."""

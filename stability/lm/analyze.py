@@ -20,12 +20,12 @@ model at float32, with the tolerances scaled to it (said in the JSON and the rep
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
 
+from stability.analysis.results import JsonView
 from stability.errors import StabilityError
 
 #: the LM numbers :func:`analyze_lm` computes (each can be left out with ``lm_stages``)
@@ -35,7 +35,7 @@ FLOAT32_TOLERANCES = {"tol": 1e-4, "gmres_tol": 1e-5, "eig_tol": 1e-4}
 
 
 @dataclass
-class LMAnalysis(Mapping):
+class LMAnalysis(JsonView):
     """What :func:`analyze_lm` returns: ``analysis`` (the stages, an :class:`~stability.analysis.results.Analysis`)
     and ``lm`` (the language-model numbers, the JSON's ``lm`` block); read like the JSON it writes
     (``a["lm"]["token_rho"]["rho"]``, ``a["inputs"]["jacobian"]``), printed by :meth:`summary`."""
@@ -47,15 +47,6 @@ class LMAnalysis(Mapping):
         from stability.atomic import clean
 
         return {**self.analysis.to_json(), "lm": clean(self.lm)}
-
-    def __getitem__(self, key):
-        return self.to_json()[key]
-
-    def __iter__(self):
-        return iter(self.to_json())
-
-    def __len__(self):
-        return len(self.to_json())
 
     def plot(self, directory) -> list:
         """The stages' plots (:meth:`stability.analysis.results.Analysis.plot`)."""
