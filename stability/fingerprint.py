@@ -238,6 +238,7 @@ ROUTED = {
     "adamw foreach": "the toolkit's AdamW is the fused kernel (IEEE arithmetic: 'toolkit: adamw fused' rows)",
     "log float64": "MKL's vector-math log; the toolkit takes no torch log of a reported number (numpy's, math's)",
     "stability: demo model, 3 AdamW steps": "the probe's foreach AdamW; the toolkit's own: 'toolkit: demo model'",
+    "aten sqrt (MKL vector math)": "MKL's vector-math sqrt (not correctly rounded); the toolkit's roots are exact.sqrt",
 }
 
 

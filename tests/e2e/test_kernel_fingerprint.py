@@ -33,6 +33,17 @@ def test_the_toolkits_adamw_and_sqrt_equal_ieee_arithmetic_when_pinned(tmp_path)
     assert apart and all(fingerprint.routed(n) for n in apart), apart
 
 
+def test_the_toolkits_own_rows_agree_between_the_amd_and_the_intel_reference():
+    """Both references were made by `stability doctor --kernels` on the machines (an AMD EPYC, an Intel Xeon with
+    AMX): every 'toolkit:' row, the demo model's fused-AdamW training included, has the same digest on both."""
+    refs = fingerprint.references()
+    amd, intel = refs["amd-epyc-pinned"][1], refs["intel-xeon-amx-pinned"][1]
+    ours = [n for n in amd if n.startswith("toolkit:")]
+    assert len(ours) == 5 and set(ours) <= set(intel)
+    assert [n for n in ours if amd[n] != intel[n]] == []
+    assert amd["aten sqrt (MKL vector math) float64"] != intel["aten sqrt (MKL vector math) float64"]
+
+
 def test_the_reference_adamw_is_torchs_step_by_step_in_numpy():
     """The IEEE reference is AdamW itself: with numpy's square root replaced by nothing else, it equals torch's
     fused step here to rounding (independently of the pinned mode), and torch's single-tensor step to 1e-6."""
