@@ -19,6 +19,8 @@ import os
 import sys
 from pathlib import Path
 
+from stability.analysis.publish import publish
+from stability.atomic import check_writable
 from stability.commands._types import check_maxima, schema_argument
 from stability.config import STAGES, AnalysisOptions, parse_stages
 from stability.errors import ConfigError, StabilityError, first_line
@@ -122,6 +124,7 @@ def build_from_spec(spec: str):
 
 
 def _torch_load(path: str, what: str):
+    # lazy: torch; `stability --help` imports this module without it
     from stability.stored import load_plain
 
     p = Path(path)
@@ -177,6 +180,7 @@ def load_weights(model, path: str) -> None:
 
 
 def _own_model(args, options, log):
+    # lazy: torch; `stability --help` imports this module without it
     from stability.analysis.pipeline import analyze_model
 
     if args.checkpoint:
@@ -193,7 +197,7 @@ def _own_model(args, options, log):
     if args.weights:
         load_weights(model, args.weights)
     if getattr(model, "lm_adapter", False) is True:  # a looped language model: token ids, scored per token
-        from stability.lm.analyze import analyze_inputs_file
+        from stability.lm.analyze import analyze_inputs_file  # lazy: torch, as above
 
         return analyze_inputs_file(model, args.inputs, args.targets, options, log=log)
     if token_dict:
@@ -217,9 +221,8 @@ def _pretrained(args) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    # lazy: torch; `stability --help` imports this module without it
     from stability.analysis.pipeline import analyze_checkpoint
-    from stability.analysis.publish import publish
-    from stability.atomic import check_writable
 
     if not args.checkpoint and not args.model:
         raise StabilityError("give a checkpoint (CKPT) or a model of one's own (--model PACKAGE.MODULE:FACTORY "
@@ -238,13 +241,14 @@ def run(args: argparse.Namespace) -> int:
     if args.plots:
         check_writable(args.plots, "dir", "--plots")
     log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    # lazy: torch; `stability --help` imports this module without it
     from stability.analysis.pool import keep_freed_memory
 
     keep_freed_memory()  # this process only analyses from here on: keep its large blocks for reuse
     if args.model:
         analysis = _own_model(args, options, log)
     elif pretrained:
-        from stability.lm.analyze import analyze_inputs_file
+        from stability.lm.analyze import analyze_inputs_file  # lazy: torch, as above
 
         analysis = analyze_inputs_file(args.checkpoint, args.inputs, args.targets, options, log=log)
     else:
