@@ -38,6 +38,7 @@ def load(path, *, device: str = "cpu", release_config=None):
         if release_config is not None:
             raise CheckpointError(f"release_config {release_config}: {path} is a Hugging Face model directory")
         return load_pretrained(path, device=device)
+    # lazy: torch; this module imports without it
     from stability.checkpoint import load as _load
 
     return _load(path, device=device, release_config=release_config)
@@ -55,15 +56,18 @@ def analyze(source, inputs=None, targets=None, options=None, *, splits=None, log
     ``log``: a callable for progress lines. Returns an :class:`~stability.analysis.results.Analysis`, read like the
     JSON it writes (``a["val"]["jacobian"]["spectral_radius"]``). A looped language model (a save_pretrained
     directory, its ``stability.load`` or an adapter) on token ids is :func:`stability.lm.analyze_lm`."""
+    # lazy: torch; this module imports without it
     from stability.lm.analyze import analyze_lm, is_lm_source
 
     if is_lm_source(source):  # a looped language model (stability.lm): token ids, scored per token
         if splits is not None or release_config is not None:
+            # kept out of the package's namespace (stability.__all__), as the other names of its functions
             from stability.errors import StabilityError
 
             raise StabilityError("splits and release_config do not apply to a language model: it is analysed on "
                                  "token ids (inputs)")
         return analyze_lm(source, inputs, targets=targets, options=options, log=log)
+    # lazy: torch; this module imports without it
     from stability.analysis.pipeline import analyze as _analyze
 
     return _analyze(source, inputs, targets, options, splits=splits, log=log, release_config=release_config)

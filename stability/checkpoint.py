@@ -38,6 +38,9 @@ from typing import Any, Optional
 from stability.config import ModelConfig, RunConfig, from_dict
 from stability.errors import CheckpointError, ConfigError, first_line
 from stability.stored import Loaded, atomic_save, read_torch  # noqa: F401 - re-exported: ckpt.read_torch, ...
+from stability import release
+from stability.model import build_model
+from stability.tasks import make_task
 
 FORMAT = "stability-checkpoint"
 SCHEMA_VERSION = 2
@@ -102,10 +105,6 @@ def load(path: Path | str, *, device: str = "cpu", release_config: Optional[Path
     """Load a checkpoint written by the trainer (see the module docstring for the format), or one of the paper's
     release checkpoints (a ``{"net": state_dict, ...}`` ``.pth``), whose Hydra config is ``release_config`` or
     ``RUN_DIR/.hydra/config.yaml`` beside ``RUN_DIR/model_best.pth`` (stability/release.py)."""
-    from stability import release
-    from stability.model import build_model
-    from stability.tasks import make_task
-
     raw = read_torch(path)
 
     if release.is_release_checkpoint(raw):

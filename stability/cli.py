@@ -14,6 +14,9 @@ import argparse
 import importlib
 import sys
 
+from stability import __version__, hardware, threads
+from stability.errors import EXIT_TERMINATED, StabilityError, Terminated
+
 #: every command, from one place: name -> its module in :mod:`stability.commands`
 COMMANDS = {
     "demo": "stability.commands.demo",
@@ -46,8 +49,6 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser; with ``only`` set, just that command's module is imported (fast start-up)."""
-    from stability import __version__
-
     parser = _Parser(prog="stability", description="Train looped transformers and test their fixed points.")
     parser.add_argument("--version", action="version", version=f"stability {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -67,12 +68,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from stability import threads
-
     threads.apply()  # the OpenMP wait for a busy machine, before anything loads torch (stability/threads.py)
-    from stability import hardware
-    from stability.errors import StabilityError
-
     top = argv is None  # the command line itself (re-executed when pinning), not a call from Python
     argv = sys.argv[1:] if argv is None else list(argv)
     first = next((a for a in argv if not a.startswith("-")), None)
@@ -96,8 +92,6 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except KeyboardInterrupt as exc:
-        from stability.errors import EXIT_TERMINATED, Terminated
-
         if isinstance(exc, Terminated):  # SIGTERM during training (stability.train.loop.sigterm_unwinds)
             print(f"stability {args.command}: terminated", file=sys.stderr)
             return EXIT_TERMINATED

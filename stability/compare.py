@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from stability import hardware
 from stability.analysis.headline import headline
 from stability.analysis.stages import accuracy, prop5
+from stability.config import changes, is_flat_config
 from stability.errors import StabilityError, first_line
 
 #: iterations at which accuracy is compared (those the runs reached)
@@ -101,13 +103,9 @@ class Comparison:
 
     @property
     def hardware_changes(self) -> list:
-        from stability import hardware
-
         return hardware.differences(self.hardware_a, self.hardware_b)
 
     def same_bits_possible(self) -> tuple:
-        from stability import hardware
-
         return hardware.same_bits_possible(self.hardware_a, self.hardware_b)
 
     def to_dict(self) -> dict:
@@ -138,8 +136,6 @@ def _sniff(path: Path) -> str:
 
 def load_analysis(path: Path | str) -> dict:
     """An analysis JSON, checked to be one (``splits`` and one block per split with its ``fixed_point``)."""
-    from stability.config import is_flat_config
-
     path = Path(path)
     try:
         obj = json.loads(path.read_text(encoding="utf-8"))
@@ -165,6 +161,7 @@ def load_checkpoint_final(path: Path | str) -> dict:
     """A checkpoint's config, epoch and ``final`` accuracy blocks. An imported release checkpoint (``stability
     import``) is a finished model without a final evaluation of this toolkit: its ``final`` is empty and
     ``note`` says so. A toolkit run without one is refused: its training has not finished."""
+    # lazy: torch; this module imports without it
     from stability import checkpoint as ckpt
 
     path = Path(path)
@@ -244,8 +241,6 @@ def analysis_changes(a: dict, b: dict) -> list[tuple[str, Any, Any]]:
 def config_changes(a: dict, b: dict) -> list[tuple[str, Any, Any]]:
     """The options (``section.name``, ``train.method.name``) whose values differ between two stored RunConfig
     dicts (:func:`stability.config.changes`)."""
-    from stability.config import changes
-
     return changes(a, b)
 
 
@@ -324,8 +319,6 @@ def change_text(row: Row) -> str:
 def format_comparison(cmp: Comparison, only_changed: bool = False) -> str:
     """The side-by-side table: what computed each side first (stability.hardware), the differing options, then
     per split one row per quantity."""
-    from stability import hardware
-
     lines = [f"A: {cmp.a}", f"B: {cmp.b}"]
     possible, why = cmp.same_bits_possible()
     lines.append(f"hardware: {'the same bits are possible' if possible else 'the bits may differ'} ({why})")

@@ -585,6 +585,17 @@ def _device(value: Any) -> Any:
     return value
 
 
+class Flag(typing.NamedTuple):
+    """How a field of :class:`AnalysisOptions` is a flag of ``stability analyze`` (:attr:`AnalysisOptions.FLAGS`):
+    ``group``, the heading it is listed under (a key of ``FLAG_GROUPS``; None: the main list); ``positive``: the
+    flag refuses 0 where the library takes it; ``command_default``: where the command's default differs from the
+    library's, what the help says of it (the flag then defaults to None and the command decides)."""
+
+    group: Optional[str] = None
+    positive: bool = False
+    command_default: Optional[str] = None
+
+
 class AnalysisOptions(_Config):
     """What the analysis runs and how (:func:`stability.analyze`, ``stability analyze``; reported in the JSON's
     ``options``). The fields of :attr:`FLAGS` are ``stability analyze``'s flags, with the default, help and
@@ -598,12 +609,26 @@ class AnalysisOptions(_Config):
     repelling stage (stability/analysis/stages/repelling.py).
     """
 
-    #: the fields with a flag of ``stability analyze`` (``--only``, ``--workers`` and ``--geometry-plane`` are the
-    #: command's own: their defaults differ from the library's)
-    FLAGS: typing.ClassVar[tuple[str, ...]] = (
-        "samples", "solver", "tol", "max_iter", "iterations", "device", "probes", "eig_precision", "noise_std",
-        "geometry_directions", "geometry_samples", "geometry_accuracy", "geometry_group_directions",
-        "geometry_certify", "repelling_starts", "repelling_scale", "repelling_budget", "few_samples", "batch")
+    #: ``stability analyze``'s flags of this schema, the one table of them (stability/commands/analyze.py adds a
+    #: ``--NAME`` for each, in this order, with its type, choices, metavar and help from the field): the field's
+    #: name → its :class:`Flag`. ``--only`` (``stages``) is the command's own; the other fields are the library's.
+    FLAGS: typing.ClassVar[dict[str, Flag]] = {
+        "samples": Flag(), "solver": Flag(), "tol": Flag(), "max_iter": Flag(), "iterations": Flag(), "probes": Flag(),
+        "noise_std": Flag(positive=True), "eig_precision": Flag(), "few_samples": Flag(), "batch": Flag(),
+        "device": Flag(), "workers": Flag(command_default="one per split, up to the thread count; 1: one split after "
+                                                          "the other; the numbers do not depend on it"),
+        "geometry_directions": Flag("geometry"), "geometry_samples": Flag("geometry"),
+        "geometry_accuracy": Flag("geometry"), "geometry_group_directions": Flag("geometry"),
+        "geometry_certify": Flag("geometry"),
+        "geometry_plane": Flag("geometry", command_default="15 with --plots, otherwise none"),
+        "repelling_starts": Flag("repelling"), "repelling_scale": Flag("repelling"),
+        "repelling_budget": Flag("repelling")}
+    #: the headings of the flags' groups in ``stability analyze --help``
+    FLAG_GROUPS: typing.ClassVar[dict[str, str]] = {
+        "geometry": "geometry (the third axis: radii of stability along random directions in parameter space, "
+                    "docs/analysis.md)",
+        "repelling": "repelling (the root-finder search for fixed points with ρ(J) > 1, which plain iteration "
+                     "cannot reach; docs/analysis.md)"}
 
     samples: int = _f(32, "analyse the first N samples of each split (or of --inputs), in order", metavar="N",
                       ge=1, le=MAX_SAMPLES)
@@ -633,8 +658,8 @@ class AnalysisOptions(_Config):
     noise_std: Optional[float] = _f(None, "std of the noise start of App. A.8 (default: the checkpoint's "
                                     "noise_std; 1 for --model)", metavar="F", ge=0.0)
     workers: Optional[int] = _f(1, "splits analysed side by side on the CPU, one process each, sharing torch's "
-                                "threads (none: one per split, up to the thread count)", ge=1,
-                                le=MAX_WORKERS)
+                                "threads (none: one per split, up to the thread count)", metavar="N",
+                                ge=1, le=MAX_WORKERS)
     stages: Annotated[tuple[str, ...], BeforeValidator(_stages)] = _f(
         DEFAULT_STAGES, "the stages to run, of STAGES (reachability always runs)")
     geometry_directions: int = _f(8, "geometry: random directions in all loop parameters, each measured with both "
@@ -674,7 +699,7 @@ class AnalysisOptions(_Config):
         "batched too, as on a GPU) or auto (per device: the CPU's per-sample eigensolver batches and restarts)")
     # not a flag with this default: `stability analyze --geometry-plane N` defaults to 15 with --plots, else 0
     geometry_plane: int = _f(0, "geometry: the ρ(J*) picture over the plane of two directions, N × N cells (0: "
-                             "none)", ge=0, le=1000)
+                             "none)", metavar="N", ge=0, le=1000)
 
     @model_validator(mode="before")
     @classmethod

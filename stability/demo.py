@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from typing import Optional
 
+from stability.analysis.report import text_report
+from stability.config import RunConfig, preset
+from stability.errors import StabilityError
+from stability.train.report import accuracy_table
+
 
 def demo_config():
     """The demo's run: external recall, pre-norm, width 32, 45 epochs of 1,000 11-bit strings at LR 3e-3 (no
     warm-up, cooldown at 80 %), val 200 other 11-bit strings (1,200 distinct strings need 11 bits: val never holds
     a training string), hard split of 16-bit strings, final evaluation to 60 iterations, on the CPU."""
-    from stability.config import RunConfig, preset
-
     sections = preset("cpu", "prefix-sums")  # the demo's size is the cpu preset (stability train --preset cpu)
     sections["model"].update(recall="external", norm="pre")
     sections["task"].update(name="prefix-sums")
@@ -56,9 +59,6 @@ def readme_sample(record: dict) -> str:
     """The README's sample of what ``stability demo`` prints: its accuracy table, the analysis report's head,
     verdict and the val split's table (the hard split's table, the JSON and plot lines follow in a real run),
     rendered by the code that prints them."""
-    from stability.analysis.report import text_report
-    from stability.train.report import accuracy_table
-
     report = text_report(record["analysis"])
     head, sep, _ = report.partition("\n\nsplit: hard")
     lines = [f"checkpoint: {record['analysis']['checkpoint']}", accuracy_table(record["final"]), head.rstrip("\n")]
@@ -69,8 +69,6 @@ def readme_sample(record: dict) -> str:
 
 def readme_block(text: str) -> str:
     """The README's sample: the code block between :data:`SAMPLE_MARKERS` (a StabilityError without them)."""
-    from stability.errors import StabilityError
-
     begin, end = SAMPLE_MARKERS
     if begin not in text or end not in text:
         raise StabilityError(f"README.md: the markers {begin!r} … {end!r} are missing")

@@ -24,6 +24,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from stability import hardware
+from stability.config import ModelConfig
+from stability.model import build_model
+from stability.numerics import exact
+
 
 def digest(x) -> str:
     """The first 16 hex digits of the sha256 of an array's (or tensor's) bytes."""
@@ -134,9 +139,6 @@ def _python_libraries() -> list:
 
 def _demo_steps(optimizer) -> torch.Tensor:
     """Three training steps of the demo's model (width 32, external recall, pre-norm), 8 iterations each."""
-    from stability.config import ModelConfig
-    from stability.model import build_model
-
     torch.manual_seed(0)
     m = build_model(ModelConfig(recall="external", norm="pre", width=32, heads=4))
     opt = optimizer(m)
@@ -175,8 +177,6 @@ def _ieee_sqrt_reference(x: torch.Tensor) -> np.ndarray:
 def toolkit_rows() -> list:
     """(name, output, IEEE reference or None) of the toolkit's own routes (the ``ieee`` kernel set) and of the
     ATen kernel they replace."""
-    from stability.numerics import exact
-
     rows = []
     for dt in (torch.float32, torch.float64):
         t = str(dt).split(".")[-1]
@@ -200,8 +200,6 @@ class Row:
 
 def measure() -> tuple:
     """(header line, rows) of this process: the probe's rows, then the toolkit's."""
-    from stability import hardware
-
     rows = [Row(n, digest(v)) for n, v in probe_rows()]
     for name, value, ref in toolkit_rows():
         ok = None if ref is None else bool(np.array_equal(value.numpy(), ref))

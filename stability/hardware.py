@@ -52,6 +52,8 @@ import subprocess
 import sys
 from typing import Optional
 
+from stability.errors import StabilityError
+
 #: the marker of the mode: set in a pinned process, read by :func:`apply_in_process` and :func:`pinned`
 MARKER = "STABILITY_REPRODUCIBLE"
 
@@ -90,8 +92,6 @@ def kernels(env: Optional[dict] = None) -> str:
     """The kernel set in force (``STABILITY_KERNELS``; default ``ieee``). An unknown value is one error line."""
     value = (os.environ if env is None else env).get(KERNELS) or "ieee"
     if value not in KERNEL_SETS:
-        from stability.errors import StabilityError
-
         raise StabilityError(f"{KERNELS}={value!r}: the kernel sets are {', '.join(KERNEL_SETS)}")
     return value
 

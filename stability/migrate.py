@@ -188,6 +188,7 @@ def _foreign(path: Path, what: str = "") -> str:
 def _checkpoint_steps(path: Path, target: Path, obj: Any = None, strict: bool = True) -> list:
     """The step converting the checkpoint ``path`` (written to ``target``) if it is of schema 1; none if it is
     current. ``strict``: anything else is an error (else: left alone)."""
+    # lazy: torch; this module imports without it
     from stability import checkpoint as ckpt
     from stability import release
     from stability.stored import atomic_save, read_torch

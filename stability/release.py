@@ -29,6 +29,9 @@ import torch
 
 from stability.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
 from stability.errors import CheckpointError, ConfigError, first_line
+from stability.model import build_model
+from stability.stored import Loaded, read_torch
+from stability.tasks import make_task
 
 #: the release's semantics of the three places where the toolkit's earlier model differed
 RELEASE_SEMANTICS = {"window_edges": "shift", "norm_eps": None, "rope_precision": "float32"}
@@ -283,8 +286,6 @@ def to_release_layout(logits: torch.Tensor) -> torch.Tensor:
 # ---- loading --------------------------------------------------------------------------------------------------
 def model_from_release(obj: dict, cfg: RunConfig, where: str = "release checkpoint") -> torch.nn.Module:
     """Build the toolkit model of ``cfg`` and load the release weights into it (eval mode)."""
-    from stability.model import build_model
-
     model = build_model(cfg.model)
     state = state_dict_from_release(obj["net"], cfg.model, where)
     try:
@@ -298,9 +299,6 @@ def model_from_release(obj: dict, cfg: RunConfig, where: str = "release checkpoi
 def load_release(path: Path | str, obj: Optional[dict] = None, *, release_config: Optional[Path | str] = None,
                  device: str = "cpu"):
     """Load a release checkpoint (and its Hydra config) as a :class:`stability.stored.Loaded`."""
-    from stability.stored import Loaded, read_torch
-    from stability.tasks import make_task
-
     path = Path(path)
     if obj is None:
         obj = read_torch(path)

@@ -36,6 +36,10 @@ from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 import torch
 
+from stability.analysis.initial_iterate import initial_iterate_sensitivity_batched
+from stability.analysis.prop5 import default_T_grid
+from stability.solvers import solve
+
 if TYPE_CHECKING:
     from stability.analysis.accuracy import AccuracyCurve
     from stability.analysis.progress import Progress
@@ -106,8 +110,6 @@ class FixedPoint:
     def solve(self, how, **kwargs) -> SolveResult:
         """x* from e by :func:`stability.solvers.solve` with the options ``how`` (a :class:`~stability.solvers.Solve`
         preset; ``kwargs``: solve's other arguments); kept as :attr:`solution`."""
-        from stability.solvers import solve
-
         self.solution = solve(self.f, self.e, self.x0, how, **kwargs)
         return self.solution
 
@@ -165,8 +167,6 @@ class AtFixedPoint(FixedPoint):
     @property
     def T_grid(self) -> list:
         """The iteration counts T of the unrolled checks (Prop. 5, App. A.8): 1, 2, 5, 10, … up to max_iter."""
-        from stability.analysis.prop5 import default_T_grid
-
         return default_T_grid(self.options.max_iter)
 
     @cached_property
@@ -174,8 +174,6 @@ class AtFixedPoint(FixedPoint):
         """App. A.8's ‖dx_T/de · u‖ on :attr:`first_converged` for T in :attr:`T_grid` (u a seeded unit direction of
         e, x0 held fixed). Stage ``prop5`` sets it from its own unroll from e, which carries this tangent beside
         Prop. 5's; otherwise it is computed here by an unroll of its own (the same numbers to rounding)."""
-        from stability.analysis.initial_iterate import initial_iterate_sensitivity_batched
-
         sl = slice(self.first_converged, self.first_converged + 1)
         return initial_iterate_sensitivity_batched(self.f, self.e[sl], self.x0[sl], self.T_grid,
                                                    seed=self.options.seed)

@@ -53,6 +53,7 @@ def halt(model, inputs: torch.Tensor, *, tol: float = 0.1, max_iter: int = 100, 
 
 
 def _halt(model, inputs, tol, max_iter, eps) -> HaltResult:
+    # lazy: torch; this module imports without it
     import torch
 
     from stability.analysis.fixed_point import FixedPoint

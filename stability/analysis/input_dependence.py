@@ -14,7 +14,7 @@ import torch
 
 from stability.analysis.prop5 import KrylovError, krylov_message
 from stability.errors import ConfigError
-from stability.numerics import Linearisation
+from stability.numerics import Linearisation, solve_I_minus_J
 
 
 @dataclass
@@ -64,8 +64,6 @@ def input_dependence_frobenius_batched(f: Callable, x_star: torch.Tensor, x0: to
     The probes u_1 … u_P are seeded Gaussians of one sample's shape, the same for every sample, so sample b's value
     equals a per-sample estimate with those probes to the GMRES tolerance.
     """
-    from stability.numerics import solve_I_minus_J
-
     if probes < 1:
         raise ConfigError("probes must be ≥ 1")
     B = x_star.shape[0]

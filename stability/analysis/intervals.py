@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Iterable, Optional
 
-from stability.stats import finite_values
+from stability.stats import finite_values, median
 
 __all__ = ["CONFIDENCE", "LEVEL", "share_interval", "median_interval", "side", "format_interval"]
 
@@ -51,8 +51,6 @@ def median_interval(values: Iterable, *, confidence: float = CONFIDENCE) -> Opti
     hi, level (the nominal two-sided level), coverage (its exact one), method}; lo, hi None when n is too
     small for any j (then no finite interval has the coverage); None for no values."""
     from scipy.stats import binom
-
-    from stability.stats import median
 
     x = sorted(finite_values(values))
     n = len(x)

@@ -38,8 +38,12 @@ from typing import Optional
 
 import torch
 
+from stability.analysis.fixed_point import FixedPoint
+from stability.analysis.prop5 import implicit_input_jvp_batched
+from stability.analysis.recall import rho_W_x
 from stability.errors import ConfigError
-from stability.numerics import exact
+from stability.numerics import Linearisation, exact, spectral_radius
+from stability.protocols import is_looped
 from stability.solvers import MONITOR
 from stability.stats import median
 
@@ -62,8 +66,6 @@ def measure(model, inputs: torch.Tensor, *, max_iter: int = 200, tol: float = 1e
     residual criterion). ``krylov`` / ``restarts``: the batched Krylov–Schur iteration for ρ(J*). ``probes``: Hutchinson
     directions for ‖dx*/dx0‖_F. The model's mode and attention path are restored afterwards.
     """
-    from stability.protocols import is_looped
-
     if not is_looped(model):
         raise ConfigError("a fixed-depth baseline has no loop map: nothing to monitor")
     t0 = time.perf_counter()
@@ -92,8 +94,6 @@ def input_gradient_norms(f, x_star: torch.Tensor, x0: torch.Tensor, *, probes: i
     directions u of ‖(dx*/dx0) u‖², each (dx*/dx0) u = (I − J*)⁻¹ (∂f/∂x0) u by the batched Neumann series of
     :func:`stability.numerics.gmres.solve_I_minus_J` to relative residual ``tol`` within ``max_iter`` products.
     Returns the (B,) norms (float64) and a (B,) bool of the samples whose every solve met ``tol``."""
-    from stability.analysis.prop5 import implicit_input_jvp_batched
-
     g = torch.Generator(device="cpu").manual_seed(seed)
     sq = torch.zeros(x_star.shape[0], dtype=torch.float64, device=x_star.device)
     ok = torch.ones(x_star.shape[0], dtype=torch.bool, device=x_star.device)
@@ -106,10 +106,6 @@ def input_gradient_norms(f, x_star: torch.Tensor, x0: torch.Tensor, *, probes: i
 
 
 def _measure(model, inputs: torch.Tensor, *, max_iter, tol, krylov, restarts, probes, seed) -> dict:
-    from stability.analysis.fixed_point import FixedPoint
-    from stability.analysis.recall import rho_W_x
-    from stability.numerics import Linearisation, spectral_radius
-
     spec = rho_W_x(model) if getattr(model, "W_x", None) is not None else None
     # x0, e (its noise from a CPU generator seeded by ``seed``) and the solve, as the analysis builds them
     fp = FixedPoint.of(model, inputs, generator=torch.Generator(device="cpu").manual_seed(seed))

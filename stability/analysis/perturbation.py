@@ -24,6 +24,8 @@ from typing import Optional
 
 import torch
 
+from stability.protocols import has_recall_parts
+
 
 class _Method(torch.nn.Module):
     """``model.<name>(*args)`` as a module's forward, so that ``functional_call`` can swap the model's parameters."""
@@ -161,8 +163,6 @@ def parameter_groups(model, names: list, inputs: torch.Tensor, x: torch.Tensor, 
     (h2), norm gains, residual (R), embedding, other — each part found by calling it under ``functional_call`` and
     asking autograd which parameters it reached. Otherwise by the first component of the parameter name (the
     first two when that gives a single group)."""
-    from stability.protocols import has_recall_parts
-
     params = {k: v for k, v in model.named_parameters() if k in names}
     groups: dict[str, list] = {}
     if has_recall_parts(model):

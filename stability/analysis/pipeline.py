@@ -26,7 +26,11 @@ from stability.analysis.options import AnalysisOptions
 from stability.analysis.pool import parallel_splits
 from stability.analysis.results import Analysis, SplitResult
 from stability.analysis.stages.registry import FEW_SAMPLE_STAGES, stage
+from stability.checkpoint import load
+from stability.config import resolve_device
 from stability.errors import StabilityError
+from stability.protocols import check_contract, check_model, differentiable_attention, is_looped
+from stability.stored import Loaded
 
 
 def run_stages(model, inputs: torch.Tensor, targets: Optional[torch.Tensor], options: AnalysisOptions, *,
@@ -37,8 +41,6 @@ def run_stages(model, inputs: torch.Tensor, targets: Optional[torch.Tensor], opt
     position_accuracy)`` defaults to :func:`~stability.analysis.accuracy.argmax_score`. Every model call runs under
     :func:`~stability.protocols.differentiable_attention` (SDPA's math backend, no nn.MultiheadAttention fast path),
     so that a model built on torch's attention can be differentiated by jvp and double backward."""
-    from stability.protocols import differentiable_attention
-
     with differentiable_attention():
         return _run_stages(model, inputs, targets, options, score=score, split=split, log=log)
 
@@ -103,8 +105,6 @@ def analyze(source, inputs: Optional[torch.Tensor] = None, targets: Optional[tor
     (:class:`~stability.analysis.options.AnalysisOptions`). Returns an :class:`Analysis`."""
     import os
 
-    from stability.stored import Loaded
-
     checkpoint = isinstance(source, (str, os.PathLike, Loaded))
     if checkpoint and (inputs is not None or targets is not None):
         raise StabilityError("inputs and targets go with a model; a checkpoint is analysed on its task's splits "
@@ -131,8 +131,6 @@ def analyze_model(model, inputs: torch.Tensor, targets: Optional[torch.Tensor] =
     axis of ``readout``), when ``targets`` are given. The model is checked against the contract first
     (:func:`~stability.protocols.check_model`) and analysed as a float64 copy. ``source``: what the JSON says was
     analysed (default ``{"model": its class name}``). One split, named ``"inputs"``."""
-    from stability.protocols import check_contract, check_model
-
     if options is None:
         options = AnalysisOptions(samples=int(inputs.shape[0]) if isinstance(inputs, torch.Tensor) else 1)
     options = _on_device(options)
@@ -168,8 +166,6 @@ def check_finite_weights(model, what: str) -> None:
 def _on_device(options: AnalysisOptions) -> AnalysisOptions:
     """The options with ``device`` resolved (``auto`` → cpu or cuda; a CUDA device that is not here: one line),
     so that the JSON records where the analysis ran."""
-    from stability.config import resolve_device
-
     return options.replace(device=str(resolve_device(options.device)))
 
 
@@ -186,8 +182,6 @@ def analyze_checkpoint(path, *, splits=("val", "hard"), options: AnalysisOptions
     """Load a checkpoint of this toolkit (or a release checkpoint, ``release_config``: its Hydra config) and
     analyse each split, scored by its task; on the CPU the splits run side by side, one process each that loads
     the file again (``options.workers``; the numbers do not depend on it: tests/analysis/test_parallel_splits.py)."""
-    from stability.checkpoint import load
-
     options = _on_device(options)
     loaded = load(path, device=options.device, release_config=release_config)
     return _checkpoint_splits(loaded, path, tuple(splits), options, log, pool=True, release_config=release_config)
@@ -197,8 +191,6 @@ def _checkpoint_splits(loaded, path, splits: tuple, options: AnalysisOptions, lo
                        release_config=None) -> Analysis:
     """``splits`` of a loaded checkpoint (``path``: where it was loaded from), with the A.8 noise std of the run
     unless ``options`` give one; side by side in processes of :mod:`~stability.analysis.pool` when ``pool``."""
-    from stability.protocols import is_looped
-
     if not is_looped(loaded.model):
         raise StabilityError(f"{path}: a fixed-depth baseline has no loop map, so it has no fixed points to analyse")
     check_finite_weights(loaded.model, str(path))

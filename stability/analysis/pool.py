@@ -15,7 +15,9 @@ import torch
 
 from stability.analysis.fixed_point import analysis_model
 from stability.analysis.options import AnalysisOptions
+from stability.checkpoint import load
 from stability.errors import StabilityError, first_line
+from stability.processes import die_with_parent
 
 
 def keep_freed_memory() -> bool:
@@ -78,15 +80,11 @@ def _split_worker(analyze_split: Callable, path, release_config, split: str, opt
     import multiprocessing
     import pickle
 
-    from stability.processes import die_with_parent
-
     parent = multiprocessing.parent_process()
     die_with_parent(parent.pid if parent is not None else None)  # no orphan when `analyze` is killed
     limit_threads(threads)
     keep_freed_memory()
     try:
-        from stability.checkpoint import load
-
         loaded = load(path, device=options.device, release_config=release_config)
         model = analysis_model(loaded.model, torch.float64, options.device)
         res = analyze_split(model, loaded.task, split, options, log=lambda m: queue.put(("log", m)))

@@ -23,7 +23,7 @@ import torch
 
 from stability.analysis.tangents import Unroll, seeded_direction, unroll_tangents_batched
 from stability.errors import ConfigError, StabilityError
-from stability.numerics import Linearisation
+from stability.numerics import Linearisation, solve_I_minus_J
 
 
 class KrylovError(StabilityError):
@@ -97,8 +97,6 @@ def implicit_input_jvp_batched(f: Callable, x_star: torch.Tensor, x0: torch.Tens
     """Prop. 5 on a batch: w_b = (I − J_b)⁻¹ K_b u_b for every sample (J, K = ∂f/∂x, ∂f/∂x0 at (x*_b, x0_b)),
     by one batched solve. ``linearisation``: J and K at (x_star, x0) when already built (``inputs=True``). Returns
     :class:`stability.numerics.gmres.IJSolve` (w, residual per sample, products)."""
-    from stability.numerics import solve_I_minus_J
-
     lin = linearisation or Linearisation(f, x_star, x0, inputs=True)
     return solve_I_minus_J(lin.J, lin.K(u), method=method, tol=tol, max_iter=max_iter, restart=restart)
 

@@ -34,6 +34,7 @@ import torch
 
 from stability.analysis.continuation import continuation, solve_rows
 from stability.analysis.perturbation import Family
+from stability.numerics import Linearisation, spectral_radius
 
 #: first t tried (relative perturbation) and the factor between bracket steps
 T_START, GROWTH = 0.1, math.sqrt(2.0)
@@ -47,8 +48,6 @@ def rho_estimate(fam: Family, x: torch.Tensor, rows: torch.Tensor, seed: int = 0
     """The cheap ρ(J*) of the search for the rows ``rows`` at states ``x``: Krylov–Schur on Jᵀ with a basis of
     :data:`KRYLOV` vectors, at most :data:`RESTARTS` restarts, to Ritz residual :data:`ESTIMATE_TOL`. Returns
     (ρ (A,), Ritz residual (A,), products)."""
-    from stability.numerics import Linearisation, spectral_radius
-
     spec = spectral_radius(Linearisation(fam.step, x, rows), route="krylov", krylov=KRYLOV, restarts=RESTARTS,
                            tol=ESTIMATE_TOL, k=3, seed=seed)
     return spec.rho.double().cpu(), spec.ritz_residual.double().cpu(), int(spec.matvecs)
@@ -58,8 +57,6 @@ def rho_certified(fam: Family, x: torch.Tensor, rows: torch.Tensor, *, tol: floa
                   seed: int = 0) -> torch.Tensor:
     """ρ(J*) of the rows by :func:`stability.numerics.spectra.spectral_radius`, route ``auto`` (dense LAPACK for
     n ≤ DENSE_MAX, Krylov–Schur to Ritz residual ``tol`` above)."""
-    from stability.numerics import Linearisation, spectral_radius
-
     return spectral_radius(Linearisation(fam.step, x, rows), tol=tol, k=k, seed=seed).rho.double().cpu()
 
 

@@ -33,7 +33,9 @@ from typing import Optional
 import torch
 
 from stability.numerics import Linearisation, spectral_radius
+from stability.numerics.jacobian import DENSE_BUDGET
 from stability.numerics.spectra import Spectrum
+from stability.protocols import damping
 
 
 def _tile(p: torch.Tensor, k: int) -> torch.Tensor:
@@ -79,8 +81,6 @@ class RecallMatrixOperator:
     """
 
     def __init__(self, model, x_star: torch.Tensor, x0: torch.Tensor):
-        from stability.protocols import damping
-
         self.model = m = model
         x, X0 = x_star.detach(), x0.detach()
         self.x_in, self.X0 = x, X0
@@ -219,8 +219,6 @@ def prop4_dense(model, x_star: torch.Tensor, x0: torch.Tensor, *, k: int = 3, J:
     J entry by entry (as it does for this toolkit's models, whose M is built from the same forward-mode products)
     takes it instead of computing the same eigenvalues of the same matrices again, when it was computed by the
     same route (its ``route``)."""
-    from stability.numerics.jacobian import DENSE_BUDGET
-
     B = x_star.shape[0]
     n = int(torch.tensor(x_star.shape[1:]).prod())
     g = sample_chunk or max(1, (DENSE_BUDGET // 4) // (8 * n * n))
@@ -338,6 +336,7 @@ def prop4(model, x_star: torch.Tensor, x0: torch.Tensor, *, probes: int = 4, k: 
     on the dense M. Larger states: :func:`prop4_matrix_free` (``probes`` Gaussian probe products per sample).
     ``J_spectra``: stage rho's spectrum of J at these x*, taken where M = J (and, on the dense routes, where it was
     computed by the same route). None without recall."""
+    # read at call time, not at import: the tests lower these bounds (monkeypatch on stability.numerics.spectra)
     from stability.numerics.spectra import DENSE_KRYLOV_MAX, DENSE_MAX
 
     if model.recall not in ("external", "internal"):

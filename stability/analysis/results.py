@@ -12,11 +12,14 @@ from typing import Optional
 
 import torch
 
+from stability import hardware
 from stability.analysis.headline import headlines
 from stability.analysis.options import FORMAT, SCHEMA_VERSION, AnalysisOptions
+from stability.analysis.report import text_report, write_plots
 from stability.analysis.stages.base import StageResult
 from stability.analysis.stages.registry import REGISTRY
 from stability.analysis.verdict import verdict
+from stability.atomic import clean, write_json
 
 # ---- one split, and the analysis ----------------------------------------------------------------------
 
@@ -41,8 +44,6 @@ class SplitResult:
 
     def to_dict(self) -> dict:
         """The split's JSON block, as the report holds it under the split's name (non-finite numbers as null)."""
-        from stability.atomic import clean
-
         return clean(self._block())
 
     def _block(self) -> dict:
@@ -100,12 +101,8 @@ class Analysis(JsonView):
         return self._json
 
     def _build(self) -> dict:
-        from stability.atomic import clean
-
         blocks = {name: split._block() for name, split in self.splits.items()}  # cleaned once, below
         if self.checkpoint is not None:
-            from stability import hardware
-
             head = {"checkpoint": self.checkpoint, "config": self.config, "options": self.options.to_dict(),
                     "epoch": self.epoch, "splits": list(blocks), "hardware": hardware.signature()}
         else:
@@ -118,8 +115,6 @@ class Analysis(JsonView):
 
     def summary(self) -> str:
         """The text report ``stability analyze`` prints: the verdict, then one table per split."""
-        from stability.analysis.report import text_report
-
         return text_report(self.to_json())
 
     def headline(self) -> dict:
@@ -129,13 +124,9 @@ class Analysis(JsonView):
 
     def write_json(self, path) -> Path:
         """Write :meth:`to_json` to ``path`` (atomically, :func:`stability.atomic.write_json`)."""
-        from stability.atomic import write_json
-
         return write_json(path, self.to_json())
 
     def plot(self, directory) -> list:
         """Write the PNG plots (residuals, eigenvalues, accuracy, Prop. 5, the geometry stage's region) into
         ``directory``; returns their paths."""
-        from stability.analysis.report import write_plots
-
         return write_plots(self.to_json(), directory)

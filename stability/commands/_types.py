@@ -12,6 +12,9 @@ import argparse
 import math
 import typing
 
+from stability.config import bounds, field_extra, is_device_name, limits, unwrap
+from stability.errors import ConfigError
+
 
 def _number(kind, text: str, ok, what: str):
     try:
@@ -64,8 +67,6 @@ def open_unit_float(text: str) -> float:
 
 def device_name(text: str) -> str:
     """argparse type: ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (whether it exists is checked before the work)."""
-    from stability.config import is_device_name
-
     if not is_device_name(text):
         raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda or cuda:N, got {text!r}")
     return text
@@ -121,8 +122,6 @@ def schema_argument(flag: str, name: str, info, *, dest: str, positive: bool = F
     choices of a ``Literal``, ``--flag/--no-flag`` of a bool, the type of a number from its bounds (``none``
     accepted where the field is optional), metavar from the field, help ``description (default X)`` and default
     None (the caller overrides either where its command differs)."""
-    from stability.config import field_extra, limits, unwrap
-
     tp = unwrap(info.annotation)
     optional = type(None) in typing.get_args(info.annotation)
     extra = field_extra(info)
@@ -147,9 +146,6 @@ def check_maxima(args: argparse.Namespace, fields) -> None:
     """Refuse, in one line and before any work, a flag's count above its schema field's upper bound (the ``le`` of
     :mod:`stability.config`: ``--epochs 99999999999999999999999`` would otherwise grow memory without a word).
     ``fields``: ``(flag, dest, FieldInfo)`` of each schema flag of the command."""
-    from stability.config import bounds, field_extra
-    from stability.errors import ConfigError
-
     for flag, dest, info in fields:
         value = getattr(args, dest, None)
         hi = bounds(info)[1]

@@ -14,17 +14,22 @@ docs/analysis.md and docs/python-api.md.
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
 import sys
+from pathlib import Path
 
-from stability.commands._types import nonneg_int, positive_int
+from stability.analysis.publish import publish
+from stability.atomic import check_writable
+from stability.commands._types import check_maxima, schema_argument
+from stability.config import STAGES, AnalysisOptions, parse_stages
+from stability.errors import ConfigError, StabilityError, first_line
 
 HELP = ("analyse a looped model's fixed points on the paper's three axes: reachability (spectra, Props. 3-4), "
         "input-dependence (Prop. 5) and geometry (radii of stability in parameter space), and accuracy")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from stability.analysis.options import STAGES
-
     p.add_argument("checkpoint", metavar="CKPT", nargs="?", help="a checkpoint written by `stability train`, "
                    "one of the paper's release checkpoints (RUN_DIR/model_best.pth), or a Hugging Face "
                    "save_pretrained directory of a looped language model (with --inputs: its token ids; "
@@ -43,40 +48,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="class indices (B, *positions) for the accuracy (argmax of readout, per position and "
                           "whole answer)")
     p.add_argument("--split", choices=["val", "hard", "both"], default=None, help="which split(s) of CKPT (both)")
-    _option(p, "samples")
     p.add_argument("--only", metavar="STAGES",
                    help=f"comma-separated stages to run, of: {', '.join(STAGES)} (reachability always runs)")
-    _option(p, "solver")
-    _option(p, "tol")
-    _option(p, "max_iter")
-    _option(p, "iterations")
-    _option(p, "probes")
-    _option(p, "noise_std", positive=True)  # the library takes 0 as well
-    _option(p, "eig_precision")
-    _option(p, "few_samples")
-    _option(p, "batch")
-    geo = p.add_argument_group("geometry (the third axis: radii of stability along random directions in "
-                               "parameter space, docs/analysis.md)")
-    _option(geo, "geometry_directions")
-    _option(geo, "geometry_samples")
-    _option(geo, "geometry_accuracy")
-    _option(geo, "geometry_group_directions")
-    _option(geo, "geometry_certify")
-    geo.add_argument("--geometry-plane", metavar="N", type=nonneg_int, default=None,
-                     help="the ρ(J*) picture over the plane of two directions, N × N cells (default: 15 with "
-                          "--plots, otherwise none; 0: none)")
-    rep = p.add_argument_group("repelling (the root-finder search for fixed points with ρ(J) > 1, which plain "
-                               "iteration cannot reach; docs/analysis.md)")
-    _option(rep, "repelling_starts")
-    _option(rep, "repelling_scale")
-    _option(rep, "repelling_budget")
     p.add_argument("--json", metavar="PATH", help="write the full results as JSON")
     p.add_argument("--plots", metavar="DIR", help="write PNG plots (residuals, eigenvalues, accuracy, Prop. 5, "
                    "and the geometry stage's stability region)")
-    _option(p, "device")
-    p.add_argument("--workers", metavar="N", type=positive_int, default=None,
-                   help="processes on the CPU, one split each, sharing torch's threads (default: one per split, up "
-                        "to the thread count; 1: one split after the other); the numbers do not depend on it")
+    _schema_flags(p)
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
@@ -84,31 +61,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 PLOT_PLANE = 15
 
 
-def _option(p: argparse.ArgumentParser, name: str, positive: bool = False) -> None:
-    """``--NAME`` of the AnalysisOptions field ``name`` (one of its ``FLAGS``), as train's and sweep's flags
-    (:func:`~stability.commands._types.schema_argument`): type, choices and metavar from the schema, the field's
-    default, help ``description (default)``."""
-    from stability.commands._types import schema_argument
-    from stability.config import AnalysisOptions
-
-    info = AnalysisOptions.model_fields[name]
-    args, kw = schema_argument(name.replace("_", "-"), name, info, dest=name, positive=positive)
-    d = info.default
-    kw["default"] = d
-    kw["help"] = info.description + ("" if d is None else f" ({d:g})" if isinstance(d, float) else f" ({d})")
-    p.add_argument(*args, **kw)
+def _schema_flags(p: argparse.ArgumentParser) -> None:
+    """A ``--NAME`` for each field of ``AnalysisOptions.FLAGS`` (the one table of them, stability/config.py), as
+    train's and sweep's flags (:func:`~stability.commands._types.schema_argument`): type, choices and metavar from
+    the schema, the field's default (None where the command decides it), help ``description (default)``; each in
+    its group."""
+    groups = {key: p.add_argument_group(title) for key, title in AnalysisOptions.FLAG_GROUPS.items()}
+    for name, flag in AnalysisOptions.FLAGS.items():
+        info = AnalysisOptions.model_fields[name]
+        args, kw = schema_argument(name.replace("_", "-"), name, info, dest=name, positive=flag.positive)
+        d = None if flag.command_default else info.default
+        kw["default"] = d
+        kw["help"] = info.description + (f" (default: {flag.command_default})" if flag.command_default
+                                         else "" if d is None else f" ({d:g})" if isinstance(d, float)
+                                         else f" ({d})")
+        (groups[flag.group] if flag.group else p).add_argument(*args, **kw)
 
 
 def check_feasible(args) -> None:
     """Refuse, before any work, a count the analysis cannot finish (above its field's maximum in the schema,
     stability/config.py), in one line."""
-    from stability.analysis.options import parse_stages
-    from stability.commands._types import check_maxima
-    from stability.config import AnalysisOptions
-    from stability.errors import ConfigError, StabilityError
-
-    names = (*AnalysisOptions.FLAGS, "workers", "geometry_plane")
-    check_maxima(args, [(n.replace("_", "-"), n, AnalysisOptions.model_fields[n]) for n in names])
+    check_maxima(args, [(n.replace("_", "-"), n, AnalysisOptions.model_fields[n]) for n in AnalysisOptions.FLAGS])
     if getattr(args, "only", None) is not None:
         try:
             parse_stages(args.only)
@@ -119,18 +92,11 @@ def check_feasible(args) -> None:
 # ---- a model of one's own ------------------------------------------------------------------------------------
 
 def _one_line(exc: BaseException) -> str:
-    from stability.errors import first_line
-
     return f"{type(exc).__name__}: {first_line(exc)}" if str(exc).strip() else type(exc).__name__
 
 
 def build_from_spec(spec: str):
     """Import ``PACKAGE.MODULE`` and call ``FACTORY()``; every failure is one :class:`StabilityError` line."""
-    import importlib
-    import os
-
-    from stability.errors import StabilityError
-
     module_name, sep, factory_name = spec.partition(":")
     if not sep or not module_name or not factory_name:
         raise StabilityError(f"--model expects PACKAGE.MODULE:FACTORY, got {spec!r}")
@@ -158,9 +124,7 @@ def build_from_spec(spec: str):
 
 
 def _torch_load(path: str, what: str):
-    from pathlib import Path
-
-    from stability.errors import StabilityError
+    # lazy: torch; `stability --help` imports this module without it
     from stability.stored import load_plain
 
     p = Path(path)
@@ -178,8 +142,6 @@ def load_tensor(path: str, what: str, key: str):
     """A tensor saved with ``torch.save`` (or a dict holding it under ``key``), checked finite."""
     import torch
 
-    from stability.errors import StabilityError
-
     obj = _torch_load(path, what)
     if isinstance(obj, dict) and key in obj:
         obj = obj[key]
@@ -195,8 +157,6 @@ def load_tensor(path: str, what: str, key: str):
 def load_weights(model, path: str) -> None:
     """Load a state dict (or a dict holding one under "state_dict", "model" or "net") into ``model``, strictly."""
     import torch
-
-    from stability.errors import StabilityError
 
     obj = _torch_load(path, "--weights")
     if isinstance(obj, dict):
@@ -220,8 +180,8 @@ def load_weights(model, path: str) -> None:
 
 
 def _own_model(args, options, log):
+    # lazy: torch; `stability --help` imports this module without it
     from stability.analysis.pipeline import analyze_model
-    from stability.errors import StabilityError
 
     if args.checkpoint:
         raise StabilityError("give either CKPT or --model, not both")
@@ -237,7 +197,7 @@ def _own_model(args, options, log):
     if args.weights:
         load_weights(model, args.weights)
     if getattr(model, "lm_adapter", False) is True:  # a looped language model: token ids, scored per token
-        from stability.lm.analyze import analyze_inputs_file
+        from stability.lm.analyze import analyze_inputs_file  # lazy: torch, as above
 
         return analyze_inputs_file(model, args.inputs, args.targets, options, log=log)
     if token_dict:
@@ -249,10 +209,6 @@ def _own_model(args, options, log):
 def _pretrained(args) -> bool:
     """CKPT is a Hugging Face ``save_pretrained`` directory (a looped language model, :mod:`stability.lm`): it is
     analysed on the token ids of ``--inputs`` (required), with ``--targets`` or the next tokens."""
-    import os
-
-    from stability.errors import StabilityError
-
     if args.model or not args.checkpoint or not os.path.isfile(os.path.join(args.checkpoint, "config.json")):
         return False
     if not args.inputs:
@@ -265,13 +221,8 @@ def _pretrained(args) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from stability.analysis.options import STAGES, AnalysisOptions
+    # lazy: torch; `stability --help` imports this module without it
     from stability.analysis.pipeline import analyze_checkpoint
-    from stability.analysis.publish import publish
-    from stability.atomic import check_writable
-    from stability.errors import StabilityError
 
     if not args.checkpoint and not args.model:
         raise StabilityError("give a checkpoint (CKPT) or a model of one's own (--model PACKAGE.MODULE:FACTORY "
@@ -280,8 +231,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.model and not pretrained and (args.inputs or args.targets or args.weights):
         raise StabilityError("--inputs, --targets and --weights go with --model")
     check_feasible(args)
-    options = AnalysisOptions(**{name: getattr(args, name) for name in AnalysisOptions.FLAGS},
-                              workers=args.workers,
+    library = {name: getattr(args, name) for name, flag in AnalysisOptions.FLAGS.items() if not flag.command_default}
+    options = AnalysisOptions(**library, workers=args.workers,
                               stages=STAGES if args.only is None else args.only,  # --only "": refused
                               geometry_plane=(args.geometry_plane if args.geometry_plane is not None
                                               else PLOT_PLANE if args.plots else 0))
@@ -290,13 +241,14 @@ def run(args: argparse.Namespace) -> int:
     if args.plots:
         check_writable(args.plots, "dir", "--plots")
     log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    # lazy: torch; `stability --help` imports this module without it
     from stability.analysis.pool import keep_freed_memory
 
     keep_freed_memory()  # this process only analyses from here on: keep its large blocks for reuse
     if args.model:
         analysis = _own_model(args, options, log)
     elif pretrained:
-        from stability.lm.analyze import analyze_inputs_file
+        from stability.lm.analyze import analyze_inputs_file  # lazy: torch, as above
 
         analysis = analyze_inputs_file(args.checkpoint, args.inputs, args.targets, options, log=log)
     else:

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import argparse
 
+from stability import atomic
+from stability.errors import StabilityError
+
 HELP = "judge the paper's registered claims (experiments/claims.toml) from sweep records: verdict, n, effect, CI, p"
 DEFAULT_CLAIMS = "experiments/claims.toml"
 
@@ -46,9 +49,9 @@ def _markdown(out, spec, results, meta) -> str:
     """The whole table as a new file; in a page with generated blocks (``<!-- stability claims RESULTS: begin
     [compact] -->`` ... ``<!-- stability claims: end -->``), those of these results re-rendered and the rest of the
     page kept as it is."""
+    # lazy: numpy; `stability --help` imports this module without it
     from pathlib import Path
 
-    from stability.errors import StabilityError
     from stability.sweep import claims
 
     out = Path(out)
@@ -73,7 +76,7 @@ def _markdown(out, spec, results, meta) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stability import atomic
+    # lazy: numpy; `stability --help` imports this module without it
     from stability.sweep import claims
 
     path = _claims_path(args.claims)
@@ -97,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
             atomic.write_text(out, _markdown(out, spec, results, meta))
         print(f"wrote {out}")
     if args.figures:
+        # lazy: numpy; `stability --help` imports this module without it
         from stability.sweep.claim_figures import draw_all
 
         with atomic.staged_dir(args.figures) as stage:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from stability import atomic
+from stability.compare import compare_files, format_comparison
+
 HELP = ("compare two analyses (JSON of `stability analyze --json`) or two checkpoints side by side: what changed in "
         "convergence, ρ, Prop. 5 and accuracy")
 
@@ -16,9 +19,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stability import atomic
-    from stability.compare import compare_files, format_comparison
-
     if args.json:
         atomic.check_writable(args.json, "file", "--json")
     cmp = compare_files(args.a, args.b)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from stability.atomic import json_text
+from stability.atomic import check_writable, json_text
 from stability.commands._types import nonneg_float
+from stability.errors import ConfigError, DataError
 
 HELP = "Build, inspect and calibrate the sudoku and chess datasets (generated offline or read from real files)."
 PAPER_SIZES = (40000, 10000, 10000)
@@ -57,7 +58,7 @@ def run(args) -> int:
 
 
 def _make(args) -> int:
-    from stability.errors import ConfigError
+    # lazy: numpy; `stability --help` imports this module without it
     from stability.tasks import cache
 
     if any(n < 1 for n in args.sizes):
@@ -71,8 +72,6 @@ def _make(args) -> int:
     if args.task == "chess" and args.cut is not None:
         raise ConfigError("--cut applies to --task sudoku only")
     options = {"engine": args.engine} if args.task == "chess" else {"cut": args.cut}
-    from stability.atomic import check_writable
-
     root = check_writable(cache.root_of(args.out), "dir", "--out" if args.out else "cache folder")
     sizes = dict(zip(cache.SPLITS, args.sizes))
     manifest = cache.build(args.task, root, args.seed, sizes, workers=args.workers, options=options,
@@ -91,9 +90,8 @@ def _fmt_stats(stats: dict) -> str:
 
 
 def _info(args) -> int:
+    # lazy: numpy; `stability --help` imports this module without it
     from stability.tasks import cache
-
-    from stability.errors import DataError
 
     root = cache.root_of(args.dir)
     if args.dir is not None and not Path(args.dir).is_dir():
@@ -139,7 +137,7 @@ def _info(args) -> int:
 
 
 def _calibrate(args) -> int:
-    from stability.errors import ConfigError
+    # lazy: numpy; `stability --help` imports this module without it
     from stability.tasks import chess_generate
 
     if args.rows < 10:

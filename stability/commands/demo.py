@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import argparse
 
+from stability.atomic import check_writable, output_dir
+from stability.demo import ANALYSIS_SAMPLES, demo_config
+from stability.train.report import accuracy_table
+
 HELP = "train a small prefix-sums model on the CPU, print accuracy against iterations, and analyse it"
 
 
@@ -19,12 +23,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # lazy: torch; `stability --help` imports this module without it
     import sys
 
-    from stability.atomic import check_writable, output_dir
-    from stability.demo import ANALYSIS_SAMPLES, demo_config
     from stability.train.loop import train
-    from stability.train.report import accuracy_table
 
     with output_dir(args.out, "--out") as out:
         ckpt = check_writable(out / "prefix-sums.pt", "file", "--out")
@@ -34,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"checkpoint: {result.path}")
         print(accuracy_table(result.final))
 
+        # lazy: torch; `stability --help` imports this module without it
         from stability.analysis.options import STAGES, AnalysisOptions
         from stability.analysis.pipeline import analyze_checkpoint
         from stability.analysis.pool import keep_freed_memory

@@ -6,6 +6,9 @@ from __future__ import annotations
 import argparse
 import os
 
+from stability import atomic, hardware
+from stability.errors import StabilityError
+
 HELP = ("what computes this machine's numbers (versions, CPU, kernel set); --kernels: which CPU kernels give other "
         "bits here than on the reference machines")
 
@@ -21,9 +24,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _check(args) -> None:
-    from stability import atomic
-    from stability.errors import StabilityError
-
     if not args.kernels and (args.unpinned or args.against or args.out):
         raise StabilityError("--unpinned, --against and --out go with --kernels")
     for path in args.against:
@@ -34,8 +34,6 @@ def _check(args) -> None:
 
 
 def _signature() -> None:
-    from stability import hardware
-
     sig = hardware.signature()
     print(f"cpu: {sig['cpu']} ({', '.join(sig['cpu_flags'])}); ATen capability {sig['cpu_capability']}")
     print(f"torch {sig['torch']} (BLAS {sig['blas']}, MKL {sig['mkl']}), numpy {sig['numpy']}, scipy {sig['scipy']}")
@@ -44,6 +42,7 @@ def _signature() -> None:
 
 
 def _kernels(args) -> int:
+    # lazy: torch; `stability --help` imports this module without it
     from stability import atomic, fingerprint
 
     header, rows = fingerprint.measure()
@@ -68,8 +67,6 @@ def _kernels(args) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stability import hardware
-
     _check(args)
     if args.kernels and not args.unpinned and not hardware.env_is_pinned():
         return hardware.run_pinned(args._argv, replace=args._top)

@@ -14,7 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from stability.analysis.options import AnalysisOptions
+from stability.analysis.report import region_axes
+from stability.analysis.stages import geometry
+from stability.atomic import output_dir
 from stability.errors import ConfigError
+from stability.sweep.figures import results_figures, run_figures
 
 HELP = ("regenerate the theory figures (Fig. 2, Fig. 5) and Table 3; with --results / --run / --region, the "
         "result-driven figures of a sweep or one run")
@@ -30,18 +35,21 @@ class FigureSpec:
 
 
 def _fig2(out: Path, args) -> list[Path]:
+    # lazy: numpy; `stability --help` imports this module without it
     from stability.theory import figures
 
     return figures.save_figure(figures.phase_portraits(), out, "fig2_phase_portraits")
 
 
 def _fig5(out: Path, args) -> list[Path]:
+    # lazy: numpy; `stability --help` imports this module without it
     from stability.theory import figures
 
     return figures.save_figure(figures.stability_regions(), out, "fig5_stability_regions")
 
 
 def _table3(out: Path, args) -> list[Path]:
+    # lazy: numpy; `stability --help` imports this module without it
     from stability.theory import figures, regions
 
     paths = figures.write_table3(out, regions.anisotropy())
@@ -49,8 +57,6 @@ def _table3(out: Path, args) -> list[Path]:
 
 
 def _results(out: Path, args) -> list[Path]:
-    from stability.sweep.figures import results_figures
-
     results = Path(args.results)
     if not results.is_dir():
         raise ConfigError(f"--results {results}: no such directory of sweep records")
@@ -58,17 +64,13 @@ def _results(out: Path, args) -> list[Path]:
 
 
 def _run(out: Path, args) -> list[Path]:
-    from stability.sweep.figures import run_figures
-
     return run_figures(Path(args.run), out)
 
 
 def _region(out: Path, args) -> list[Path]:
     """The stability region of a trained checkpoint (the geometry stage's plane, val and hard), beside Figure 5."""
-    from stability.analysis.options import AnalysisOptions
+    # lazy: torch; `stability --help` imports this module without it
     from stability.analysis.pipeline import analyze_checkpoint
-    from stability.analysis.report import region_axes
-    from stability.analysis.stages import geometry
     from stability.theory.figures import _figure, save_figure
 
     ckpt = Path(args.region)
@@ -135,8 +137,6 @@ def selected(args) -> list[str]:
 
 
 def run(args) -> int:
-    from stability.atomic import output_dir
-
     names = selected(args)
     import matplotlib
 

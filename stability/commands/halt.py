@@ -4,8 +4,15 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
+import stability
+from stability.analysis import halting
+from stability.atomic import check_writable, write_json
 from stability.commands._types import device_name, positive_float
+from stability.config import resolve_device
+from stability.errors import ConfigError, StabilityError
+from stability.protocols import is_looped
 
 #: the largest --max-iterations: the solver keeps a residual per sample and iteration (as `analyze --max-iter`)
 MAX_ITERATIONS = 10**6
@@ -28,14 +35,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
-
-    import stability
-    from stability.analysis.halting import format_report, halting_report
-    from stability.atomic import check_writable, write_json
-    from stability.errors import ConfigError, StabilityError
-    from stability.protocols import is_looped
-
     taus = args.tol or [0.1, 0.01, 0.001]
     bad = [t for t in taus if not t > 0]
     if bad:
@@ -47,8 +46,6 @@ def run(args: argparse.Namespace) -> int:
     if args.max_iterations is not None and args.max_iterations > MAX_ITERATIONS:
         raise ConfigError(f"--max-iterations {args.max_iterations}: at most {MAX_ITERATIONS} (the solver keeps a "
                           "residual per sample and iteration)")
-    from stability.config import resolve_device
-
     args.device = str(resolve_device(args.device))
     if args.json:
         check_writable(args.json, "file", "--json")
@@ -68,10 +65,10 @@ def run(args: argparse.Namespace) -> int:
     n = min(rows, args.samples or rows)
     with tqdm(total=n * (len(taus) + 1), desc=f"halt {args.split}", unit="sample", file=sys.stderr,
               disable=args.quiet, leave=False, dynamic_ncols=True) as bar:  # the fixed budget, then each τ
-        report = halting_report(run_.model, run_.task, args.split, taus, max_iter=T, limit=args.samples,
+        report = halting.halting_report(run_.model, run_.task, args.split, taus, max_iter=T, limit=args.samples,
                                 batch_size=args.batch_size, device=args.device, on_batch=bar.update)
     report["checkpoint"] = str(run_.path)
-    print(format_report(report))
+    print(halting.format_report(report))
     if args.json:
         write_json(args.json, report)  # non-finite numbers as null; a failed write is one OutputError line
     return 0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from stability.config import ModelConfig, TrainConfig
+
 HELP = "import one of the paper's release checkpoints (model_best.pth + .hydra/config.yaml) as a toolkit checkpoint"
 
 
@@ -20,8 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def summary(path) -> str:
     """What an imported checkpoint holds, in a few lines: where it came from, the task, the model, the epochs
     trained, and the semantics (the ModelConfig / TrainConfig values where the toolkit and the release differ)."""
+    # lazy: torch; `stability --help` imports this module without it
     from stability import checkpoint as ckpt
-    from stability.config import ModelConfig, TrainConfig
 
     obj = ckpt.read(path)
     cfg = ckpt.run_config(obj, path)
@@ -47,6 +49,7 @@ def summary(path) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    # lazy: torch; `stability --help` imports this module without it
     from stability.train.release_import import import_checkpoint
 
     out = import_checkpoint(args.checkpoint, args.out, release_config=args.release_config, force=args.force)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from stability.migrate import plan
+
 HELP = ("rewrite, once, checkpoints of schema 1, old analysis JSONs and sweep results directories (config blocks, "
         "cell ids) in the current shapes")
 
@@ -19,8 +21,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stability.migrate import plan
-
     migrations = [plan(p) for p in args.paths]  # all checked before any write
     for m in migrations:
         lines = m.report() if args.dry_run else m.apply()

@@ -15,9 +15,17 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from stability import hardware
+from stability.analysis.cost import clock
+from stability.atomic import check_writable
 from stability.commands._types import check_maxima, default_text, nonneg_int, positive_int, schema_argument
 from stability.config import MAX_WORKERS, SweepSummary
 from stability.errors import ConfigError, StabilityError
+from stability.extras import require
+from stability.sweep import grid as gridlib
+from stability.sweep.export import write_records
+from stability.sweep.runner import analysis_path, checkpoint_path, load_records, outcome_line, record_path
+from stability.tasks import make_task
 
 # the sweep's modules (the executors import submitit, the record builds its schema) are imported where the command
 # runs, not when `stability --help` imports every command
@@ -116,9 +124,6 @@ def _estimate(cells_todo: list, results) -> list[str]:
 
 def _export(results) -> None:
     """Every record of the results directory as records.jsonl and records.csv beside records/."""
-    from stability.sweep.export import write_records
-    from stability.sweep.runner import load_records
-
 
     try:
         records = load_records(results)
@@ -165,11 +170,8 @@ def check_counts(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stability import hardware
-    from stability.atomic import check_writable
+    # lazy: submitit; `stability --help` imports this module without it
     from stability.sweep import executors
-    from stability.sweep import grid as gridlib
-    from stability.sweep.runner import record_path
 
     check_counts(args)
     grid = gridlib.load(args.grid)  # every cell's options validated, their maxima too (dry run and --list as well)
@@ -205,9 +207,6 @@ def run(args: argparse.Namespace) -> int:
 def _selected_cells(args: argparse.Namespace, grid) -> list:
     """The cells ``--where`` and ``--only`` select, each one a task can make (checked before any work; ``--list``
     shows any grid's cells)."""
-    from stability.sweep import grid as gridlib
-    from stability.tasks import make_task
-
     cells = gridlib.select(grid.cells, args.where)
     if args.only is not None:
         wanted = [w.strip() for w in args.only.split(",") if w.strip()]
@@ -245,8 +244,6 @@ def _show_state(args: argparse.Namespace, grid, cells: list, results: Path) -> O
     """Print the grid's state; with ``--dry-run`` or ``--list`` the cells (and the estimate), returning None (run
     nothing); else the cells to run (``--only``: the chosen ones, their old files removed: a rerun from
     scratch)."""
-    from stability.sweep.runner import analysis_path, checkpoint_path, record_path
-
     done = [c for c in cells if record_path(results, c.id).exists()]
     todo = [c for c in cells if not record_path(results, c.id).exists()]
     partial = [c for c in todo if checkpoint_path(results, c.id).exists()]
@@ -282,8 +279,6 @@ def _check_resources(args: argparse.Namespace) -> None:
         if args.gpus > available:
             raise ConfigError(f"--gpus {args.gpus}: only {available} CUDA device(s) are available here")
     if args.executor == "slurm":
-        from stability.extras import require
-
         require("submitit", "--executor slurm")
     if args.executor == "slurm" and args.cluster == "slurm" and shutil.which("sbatch") is None:
         raise ConfigError("--executor slurm: no `sbatch` here (not a SLURM login node); run on the cluster, or "
@@ -292,6 +287,7 @@ def _check_resources(args: argparse.Namespace) -> None:
 
 def _execute(args: argparse.Namespace, grid, todo: list, results: Path) -> list:
     """Run the cells (a local pool or submitit), printing one line per finished cell with the time left."""
+    # lazy: submitit; `stability --help` imports this module without it
     from stability.sweep import executors
 
     report = _reporter(args, todo)
@@ -309,9 +305,6 @@ def _progress(slot: str, cid: str, text: str) -> None:
 def _reporter(args: argparse.Namespace, todo: list):
     """The callback that prints a cell's outcome: ``[k/n] status name accuracies seconds`` and the time left (the
     wall time per finished cell so far, the workers side by side included, times the cells to go)."""
-    from stability.analysis.cost import clock
-    from stability.sweep.runner import outcome_line
-
     counter = {"n": 0}
     names = {c.id: c.cell_id for c in todo}
     started = time.monotonic()

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+from stability.atomic import check_writable
+from stability.errors import StabilityError
+from stability.sweep.runner import load_records
+from stability.sweep.tables import filter_records, write_tables
+
 HELP = "write the paper's Tables 4-6 (accuracy by norm x recall x LR, mean over seeds) from sweep records"
 
 
@@ -16,11 +21,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
-
-    from stability.atomic import check_writable
-    from stability.errors import StabilityError
-    from stability.sweep.runner import load_records
-    from stability.sweep.tables import filter_records, write_tables
 
     results = Path(args.results)
     out = check_writable(args.out if args.out else results / "tables", "dir", "--out")

@@ -5,6 +5,14 @@ from __future__ import annotations
 import argparse
 import typing
 
+from stability.atomic import check_writable
+from stability.commands._types import check_maxima, schema_argument
+from stability.config import (METHOD_CLASSES, METHODS, OPTION_METHOD, PRESETS, SECTIONS, RunConfig, dotted,
+                              field_extra, preset, read_toml, to_dict)
+from stability.errors import ConfigError, DivergenceError
+from stability.tasks import make_task
+from stability.train.report import accuracy_table
+
 
 HELP = ("train a looped transformer (progressive loss, deep supervision or equilibrium training) and write a "
         "self-describing checkpoint")
@@ -44,8 +52,6 @@ class Flag(typing.NamedTuple):
 def flags() -> list[Flag]:
     """Every flag, derived from the schema (stability/config.py): each field of model, task and train that the task
     does not decide, and each option of each method."""
-    from stability.config import METHOD_CLASSES, SECTIONS, field_extra
-
     out = []
     for section, cls in SECTIONS.items():
         for name, info in cls.model_fields.items():
@@ -62,9 +68,6 @@ def flags() -> list[Flag]:
 def _argument(f: Flag) -> tuple[tuple, dict]:
     """argparse's (args, kwargs) of a flag (:func:`stability.commands._types.schema_argument`; ``--method``
     chooses the method block by name)."""
-    from stability.commands._types import schema_argument
-    from stability.config import METHODS
-
     args, kw = schema_argument(f.flag, f.name, f.info, dest=f.dest, positive=f.name in _POSITIVE)
     if f.section == "train" and f.name == "method":
         kw.update(choices=list(METHODS))
@@ -75,8 +78,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="RUN.TOML",
                    help="options from a TOML file with tables [model], [task], [train] and [train.method] (docs/"
                         "configuration.md); flags given here override it")
-    from stability.config import PRESETS
-
     p.add_argument("--preset", choices=list(PRESETS),
                    help="start from a named set of options, under --config and the flags (cpu: the demo's size, "
                         "minutes on a laptop's CPU; docs/training.md, \"Presets\")")
@@ -111,9 +112,6 @@ _FLOAT32_MAX = 3.4028234663852886e38
 def check_float32(config) -> None:
     """Refuse (one line) an option too large for the float32 arithmetic of training: ``--lr 1e300`` would
     otherwise end in a traceback from inside AdamW."""
-    from stability.config import dotted
-    from stability.errors import ConfigError
-
     values = dotted(config)
     for f in flags():
         v = values.get(f.key)
@@ -135,9 +133,6 @@ def config_from_args(args: argparse.Namespace, base=None):
     (:data:`stability.config.PRESETS`), the ``--config`` file, and the flags that were given. A layer that changes the method starts its method table afresh; a flag of another
     method than the run's is refused naming its method, and so is a ``--method`` that would drop options the file
     set for its own method."""
-    from stability.config import OPTION_METHOD, RunConfig, preset, read_toml, to_dict
-    from stability.errors import ConfigError
-
     sections: dict[str, dict] = {"model": {}, "task": {}, "train": {"method": {"name": "progressive"}}}
     if base is not None:
         sections = to_dict(base)
@@ -185,9 +180,6 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from stability.atomic import check_writable
-    from stability.commands._types import check_maxima
-
     check_maxima(args, [(f.flag, f.dest, f.info) for f in flags()])  # a count past its maximum names its flag
     config = config_from_args(args)  # validated before anything heavy is imported
     check_float32(config)
@@ -199,21 +191,16 @@ def run(args: argparse.Namespace) -> int:
         import importlib.util
 
         if importlib.util.find_spec("tensorboard") is None:
-            from stability.errors import ConfigError
-
             raise ConfigError("--tensorboard: the tensorboard package is not installed (pip install tensorboard), "
                               "or leave --tensorboard out")
 
-    from stability.tasks import make_task
-
     make_task(config.task)  # sizes the task cannot make (prefix sums: val disjoint from train) end here, one line
 
-    from stability.errors import DivergenceError
+    # lazy: torch; `stability --help` imports this module without it
     from stability.train.loop import EXIT_DIVERGED, check_resumable, schedule_warning, train
-    from stability.train.report import accuracy_table
 
     if args.resume and out.exists():
-        from stability import checkpoint as ckpt
+        from stability import checkpoint as ckpt  # lazy: torch, as above
 
         # the stored options, with the flags given now on top (only a larger --epochs may differ: extension)
         obj = ckpt.read(out)
@@ -237,9 +224,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_ensemble(args: argparse.Namespace, config) -> int:
     """``stability train --seeds ... [--lrs ...] --out DIR``: the ensemble (stability/train/ensemble.py)."""
+    # lazy: torch; `stability --help` imports this module without it
     import sys
 
-    from stability.errors import ConfigError, DivergenceError
     from stability.train import ensemble
 
     if args.seeds is None:
@@ -254,16 +241,15 @@ def _run_ensemble(args: argparse.Namespace, config) -> int:
     plan = ensemble.members(config, seeds, lrs)
     out = ensemble.check_outputs(args.out, [name for name, _ in plan])
     if args.resume:  # the stored options, with the flags given now on top (as a solo --resume)
-        from stability import checkpoint as ckpt
+        from stability import checkpoint as ckpt  # lazy: torch, as above
 
         stored_path = next((out / name for name, _ in plan if (out / name).exists()), None)
         if stored_path is not None:
             stored = ckpt.run_config(ckpt.read(stored_path), stored_path)
             config = config_from_args(args, base=stored)
             check_float32(config)
-    from stability.tasks import make_task
+    # lazy: torch; `stability --help` imports this module without it
     from stability.train.loop import EXIT_DIVERGED, schedule_warning
-    from stability.train.report import accuracy_table
 
     make_task(config.task)
     warning = schedule_warning(config.train)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import sys
 import time
 
-from stability.atomic import check_writable
+from stability.atomic import check_writable, write_json
 from stability.errors import ConfigError
+from stability.extras import require
 
 HELP = "check the paper's propositions numerically and symbolically: one row per check, non-zero exit if one fails"
 
@@ -28,6 +29,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    # lazy: numpy; `stability --help` imports this module without it
     from stability.theory.checks import VERIFIERS, format_listing, format_row
 
     if hasattr(sys.stdout, "reconfigure"):
@@ -41,8 +43,6 @@ def run(args) -> int:
     if unknown:
         raise ConfigError(f"unknown check {', '.join(unknown)}; `stability verify --list` names them all")
     for module in dict.fromkeys(VERIFIERS[n].needs for n in names if VERIFIERS[n].needs):
-        from stability.extras import require
-
         require(module, f"running the checks {', '.join(n for n in names if VERIFIERS[n].needs == module)}")
     json_path = check_writable(args.json, "file", "--json") if args.json else None
     start = time.perf_counter()
@@ -56,8 +56,6 @@ def run(args) -> int:
     variant = "wrong variants" if args.wrong else "checks"
     print(f"{len(checks)} {variant}: {len(checks) - len(failed)} passed, {len(failed)} failed ({elapsed:.1f} s)")
     if json_path is not None:
-        from stability.atomic import write_json
-
         record = {"seed": args.seed, "variant": "wrong" if args.wrong else "paper", "passed": not failed,
                   "checks": [c.to_dict() for c in checks]}
         write_json(json_path, record, indent=2, ensure_ascii=False)

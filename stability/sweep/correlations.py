@@ -22,6 +22,7 @@ import math
 from pathlib import Path
 from typing import Optional
 
+from stability import atomic
 from stability.sweep.quantities import accuracy as _acc, is_looped as _looped, split_quantity
 
 #: predictor -> (record key in the analysis summary, label, what an undefined value becomes)
@@ -125,8 +126,6 @@ def markdown(result: dict) -> str:
 
 def write_correlations(records: list[dict], out_dir: Path) -> list[Path]:
     """``correlations.json`` and ``correlations.md`` in ``out_dir`` (atomically); [] when no run was analysed."""
-    from stability import atomic
-
     result = rank_correlations(records)
     if not result["runs"]:
         return []

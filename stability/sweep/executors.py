@@ -32,6 +32,8 @@ except ImportError:
 
 from stability.config import SweepSummary
 from stability.errors import ConfigError
+from stability.extras import require
+from stability.processes import PARENT_ENV
 from stability.sweep.grid import SLURM_KEYS
 from stability.sweep.runner import atomic_write_json, cell_file, run_cell_file
 
@@ -50,8 +52,6 @@ def write_cell_files(cells: list, results: Path, options: SweepSummary, grid_nam
 # ---- local pool -------------------------------------------------------------------------------------
 def _worker_env(slot: dict, threads: int) -> dict:
     """The worker's environment: its GPU, and ``threads`` CPU threads unless OMP_NUM_THREADS is set already."""
-    from stability.processes import PARENT_ENV
-
     env = {**os.environ, PARENT_ENV: str(os.getpid())}  # the worker ends when this process does
     if "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
@@ -175,8 +175,6 @@ class CellJob(Checkpointable):
 def make_submitit_executor(folder: Path, *, cluster: str = "slurm", slurm: Optional[dict] = None, gpus: int = 0,
                            name: str = "stability-sweep"):
     """submitit's AutoExecutor for ``cluster`` with the grid's ``[slurm]`` resources (one cell per job)."""
-    from stability.extras import require
-
     submitit = require("submitit", "--executor slurm")
     slurm = dict(slurm or {})
     unknown = sorted(set(slurm) - set(SLURM_KEYS))

@@ -33,8 +33,11 @@ import math
 from pathlib import Path
 from typing import Callable, Optional
 
+import stability
 from stability.errors import StabilityError
+from stability.sweep.correlations import write_correlations
 from stability.sweep.quantities import accuracy as _acc, is_looped as _looped, split_quantity  # noqa: F401
+from stability.sweep.runner import load_records
 from stability.sweep.tables import RECALL_ORDER, TASK_ORDER, TASK_TITLE
 
 #: the norms the paper draws: Figure 6 averages pre and peri (App. B.3), Figure 7 is external recall with pre-norm
@@ -140,6 +143,7 @@ def best_autonomous(records: list[dict], task: str) -> Optional[tuple[str, float
     """(norm, lr, records) of the autonomous configuration Figure 3 draws on ``task``: the registered rule
     (:data:`stability.sweep.claims.FIGURE3_RULE`: best mean hard accuracy, ties by mean val accuracy), the same
     selection the claim ``no-overthinking-best-autonomous`` tests."""
+    # lazy: numpy; this module imports without it
     from stability.sweep.claims import select_runs
 
     runs = [r for r in records if r["config"]["task"]["name"] == task and r["config"]["model"]["recall"] == "none"]
@@ -553,7 +557,7 @@ def results_figures(results_dir, out_dir, log: Optional[Callable[[str], None]] =
     from the records in ``results_dir``, and the rank-correlation summary (correlations.json / .md, see
     :mod:`stability.sweep.correlations`); returns the paths written. A figure with no suitable records is skipped
     (and ``log`` is told why)."""
-    from stability.sweep.runner import load_records
+    # lazy: numpy; this module imports without it
     from stability.theory.figures import save_figure
 
     records = load_records(Path(results_dir))
@@ -567,8 +571,6 @@ def results_figures(results_dir, out_dir, log: Optional[Callable[[str], None]] =
                 log(f"{stem}: skipped (no records with what it plots)")
             continue
         paths += save_figure(fig, out_dir, stem)
-    from stability.sweep.correlations import write_correlations
-
     paths += write_correlations(records, out_dir)  # which measured quantity predicts hard accuracy (rank correlations)
     return paths
 
@@ -607,7 +609,7 @@ def monitor_figure(history: list[dict], title: str = ""):
 
 def run_figures(ckpt_path, out_dir) -> list[Path]:
     """The monitor's plot against epoch for one checkpoint (``monitor_<stem>.png/.pdf``)."""
-    import stability
+    # lazy: torch; this module imports without it
     from stability.analysis.monitor import monitor_history
     from stability.theory.figures import save_figure
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+import stability
 from stability import atomic, hardware
 from stability.analysis.headline import headlines
 from stability.analysis.options import AnalysisOptions
@@ -135,8 +136,6 @@ def _with_task_options(config):
 def _environment(device) -> dict:
     import torch
 
-    import stability
-
     name = "cpu"
     if device.type == "cuda":
         name = f"cuda:{torch.cuda.current_device()} {torch.cuda.get_device_name()}"
@@ -206,6 +205,7 @@ def run_cell(cell, results: Path, options: SweepSummary = SweepSummary(), *, gri
 def _train_cell(cell, results: Path, say) -> _Trained:
     """Train the cell, continuing its checkpoint where one is left (a corrupt leftover starts again); a divergence
     is a result (status ``diverged``), any other error propagates."""
+    # lazy: torch; this module imports without it
     from stability import checkpoint as ckpt
     from stability.train.loop import resolve_device, train
 
@@ -256,6 +256,7 @@ def _summary_of(trained: _Trained, results: Path, cell_id: str, options: SweepSu
 def _record(cell, results: Path, grid_name: str, options: SweepSummary, trained: _Trained, summary: _Summary,
             t0: float, cpu0: float) -> SweepRecord:
     """The cell's record, built through the typed :class:`~stability.sweep.record.SweepRecord`."""
+    # lazy: torch; this module imports without it
     from stability.analysis.monitor import monitor_history
 
     history = trained.history
@@ -313,14 +314,14 @@ def _summarise(ckpt_path: Path, results: Path, cell_id: str, options: SweepSumma
     say = log or (lambda msg: None)
     if options.summary == "monitor" or options.analyze_samples == 0:
         say("summary by the stability monitor")
-        import stability
-        from stability.train.monitor import StabilityMonitor
+        from stability.train.monitor import StabilityMonitor  # lazy: torch; this module imports without it
 
         loaded = stability.load(ckpt_path, device=str(device))
         mon = StabilityMonitor(loaded.task, samples=loaded.config.train.monitor_samples, device=device)
         m = mon.measure(loaded.model)
         keys = ("rho_Wx", "rho_J_median", "converged_fraction", "input_grad_norm_median", "samples")
         return {"source": "monitor", "split": "val", **{k: m[k] for k in keys}}, None, "summary by the monitor"
+    # lazy: torch; this module imports without it
     from stability.analysis.pipeline import analyze_checkpoint
 
     aopts = analysis_options(options, test_iterations, device.type)

@@ -22,7 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from stability.atomic import write_text
+from stability.config import dotted
 from stability.errors import ConfigError
+from stability.sweep.grid import _matches, _parse_value, shortest_e
 
 TASK_ORDER = ("chess", "sudoku", "prefix-sums")
 TASK_TITLE = {"chess": "Chess", "sudoku": "Sudoku", "prefix-sums": "Prefix sums"}
@@ -56,8 +59,6 @@ class Cell:
 
 def _options(config: dict) -> dict:
     """A record's config as ``section.option`` -> value (:func:`stability.config.dotted`; lists as tuples)."""
-    from stability.config import dotted
-
     return {k: (tuple(v) if isinstance(v, list) else v) for k, v in dotted(config).items()}
 
 
@@ -99,8 +100,6 @@ def collect(records: list[dict]) -> dict[tuple, Cell]:
 
 def filter_records(records: list[dict], where: list[str]) -> list[dict]:
     """Records whose config matches every ``section.option=v1,v2`` (as ``stability sweep --where``)."""
-    from stability.sweep.grid import _matches, _parse_value
-
     out = list(records)
     for cond in where:
         if "=" not in cond or "." not in cond.split("=", 1)[0]:
@@ -176,8 +175,6 @@ def build_tables(cells: dict) -> list[Table]:
 
 def _mantissa_exponent(lr: float) -> tuple[str, int]:
     """The fewest significant digits that give lr back (2.5e-3 stays 2.5e-3, not 3e-3)."""
-    from stability.sweep.grid import shortest_e
-
     m, e = shortest_e(lr).split("e")
     return m, int(e)
 
@@ -306,8 +303,6 @@ def latex(table: Table) -> str:
 # ---- files --------------------------------------------------------------------------------------------------
 def write_tables(records: list[dict], out_dir: Path) -> list[Path]:
     """Write table{4,5,6}.{md,csv,tex} for ``records`` into ``out_dir`` (atomically); returns the paths."""
-    from stability.atomic import write_text
-
     out_dir = Path(out_dir)
     paths = []
     for table in build_tables(collect(records)):

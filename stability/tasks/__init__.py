@@ -27,7 +27,7 @@ def make_task(config, *, check: bool = True):
 
 def __getattr__(name):
     if name in ("SPLITS", "Task"):
-        from stability.tasks import base
+        from stability.tasks import base  # lazy: torch; TASKS imports without it
 
         return getattr(base, name)
     raise AttributeError(name)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from stability.config import TaskConfig
 from stability.errors import ConfigError
+from stability.tasks import cache
 
 SPLITS = ("train", "val", "hard")
 
@@ -113,8 +114,6 @@ class ArrayTask(Task):
             if self.config.data_path:
                 self._arrays = self._load_real()
             else:
-                from stability.tasks import cache
-
                 self._arrays, self._info = cache.load_generated(self.name, self.config, self.sizes())
         return self._arrays
 

@@ -35,6 +35,7 @@ import numpy as np
 
 from stability import atomic
 from stability.errors import DataError
+from stability.tasks.splits import disjoint_val, row_keys
 
 FORMAT = 1
 #: the version of how a real file is cut into splits, part of a cached real split's key: 2 = val holds no input
@@ -330,8 +331,6 @@ def _disjoint_splits(gen, want: dict, fetch: Callable[[str, int], dict], val_lim
     """The splits of ``want`` rows from ``fetch(split, rows)`` (the first rows of a split's stream), val being the
     first rows of its stream whose input is not a train input (:func:`stability.tasks.splits.disjoint_val`);
     returns (arrays keyed "<split>/<name>", val rows dropped as repeats of train)."""
-    from stability.tasks.splits import disjoint_val
-
     parts = {s: fetch(s, want[s]) for s in ("train", "hard")}
     parts["val"], dropped = disjoint_val(parts["train"][gen.INPUT_KEY], lambda rows: fetch("val", rows),
                                          want["val"], gen.INPUT_KEY, limit=max(val_limit, want["val"]))
@@ -419,8 +418,6 @@ def summarize(root: Path) -> list[dict]:
             entry["splits"][s] = {"rows": rows, "asked": manifest["sizes"].get(s, 0), "shards": len(shards),
                                   "sha256": digest, "corrupt": bad, "rating": stats}
         if "train" in inputs and "val" in inputs:  # dropped from val when the splits are read
-            from stability.tasks.splits import row_keys
-
             train = set(row_keys(inputs["train"]))
             entry["val_repeats_of_train"] = sum(k in train for k in row_keys(inputs["val"]))
         out.append(entry)

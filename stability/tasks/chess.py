@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from stability.errors import DataError
+from stability.extras import require
 from stability.tasks import cache
 from stability.tasks.base import SPLITS, ArrayTask
 from stability.tasks.splits import TrainVal
@@ -40,8 +41,6 @@ HEADER_COLUMNS = ("PuzzleId", "FEN", "Moves", "Rating", "RatingDeviation", "Popu
 
 def python_chess():
     """The python-chess package (the ``data`` extra), or one line saying how to install it."""
-    from stability.extras import require
-
     return require("chess", "reading chess puzzles")
 
 

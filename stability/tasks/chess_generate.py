@@ -36,6 +36,10 @@ from typing import Iterator, Optional
 
 import numpy as np
 
+from stability.errors import ConfigError, DataError
+from stability.extras import require
+from stability.tasks.cache import shard_rng
+
 GENERATOR = "stability-chess-v1"
 #: the array holding a row's input (the 64 canonical piece codes): val keeps no row whose input is a train input
 INPUT_KEY = "codes"
@@ -55,16 +59,12 @@ FALLBACK_NOTE = ("no UCI engine found: using the python-chess-only FALLBACK gene
 # ---- the engine ------------------------------------------------------------------------------------------------
 def _python_chess():
     """python-chess with its engine module (the ``data`` extra), or one line saying how to install it."""
-    from stability.extras import require
-
     return require("chess.engine", "generating chess puzzles")
 
 
 def find_engine(path: Optional[str] = None) -> Optional[str]:
     """The UCI engine to use: ``path`` if given (must exist; "none" asks for the fallback), else ``stockfish``
     on PATH or in /usr/games."""
-    from stability.errors import ConfigError
-
     if path == "none":
         return None
     if path:
@@ -78,8 +78,6 @@ def find_engine(path: Optional[str] = None) -> Optional[str]:
 def open_engine(path: str):
     """A UCI engine on one thread with a small hash (deterministic for a fixed depth and a cleared hash)."""
     chess = _python_chess()
-
-    from stability.errors import DataError
 
     try:
         engine = chess.engine.SimpleEngine.popen_uci(path)
@@ -340,7 +338,7 @@ def usable(manifest: dict, options: dict) -> bool:
 def make_shard(split: str, index: int, rows: int, seed: int, options: dict, progress=None) -> dict:
     """The first ``rows`` puzzles of shard ``index`` of ``split``, encoded (see :mod:`stability.tasks.chess`);
     ``progress(1)`` is called after each puzzle."""
-    from stability.tasks.cache import shard_rng
+    # lazy: torch; this module imports without it
     from stability.tasks.chess import encode_puzzle
 
     rng = shard_rng(seed, split, index)
@@ -385,14 +383,13 @@ def measure_real(path: str, rows: int, *, engine_path: Optional[str] = None, dep
     engine's agreement with the answer, ``found_at``, ``gap``, ``length`` and whether the generator's rule
     would keep the puzzle (``clear``)."""
     chess = _python_chess()
+    # lazy: torch; this module imports without it
     from tqdm import tqdm
 
     from stability.tasks.chess import iter_lichess_rows
 
     engine_path = find_engine(engine_path)
     if engine_path is None:
-        from stability.errors import DataError
-
         raise DataError("calibration needs a UCI engine (install stockfish or pass --engine)")
     parsed = [p for _, p, err in iter_lichess_rows(path) if p is not None and len(p[1]) >= 2]
     pick = np.random.default_rng(seed).permutation(len(parsed))[:rows]

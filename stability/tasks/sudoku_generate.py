@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from stability.tasks import sudoku_solver as S
+from stability.tasks.cache import shard_rng
 from stability.tasks.sudoku_solver import _LEVEL, _search, register_jitable
 
 PAPER_CUT = 38.0
@@ -212,8 +213,6 @@ def usable(manifest: dict, options: dict) -> bool:
 def make_shard(split: str, index: int, rows: int, seed: int, options: dict, progress=None) -> dict:
     """The first ``rows`` puzzles of shard ``index`` of ``split`` (train/val: easy, hard: hard); ``progress(1)``
     is called after each puzzle."""
-    from stability.tasks.cache import shard_rng
-
     rng = shard_rng(seed, split, index)
     stream = (hard_puzzles if split == "hard" else easy_puzzles)(rng, cut=options["cut"])
     items = []

@@ -28,6 +28,8 @@ from typing import Iterable, Optional
 
 import numpy as np
 
+from stability.extras import missing_extra
+
 try:
     import numba
     from numba.extending import register_jitable  # plain Python when called from Python, compiled inside njit
@@ -284,8 +286,6 @@ def _backend(backend: str) -> str:
     if backend not in ("numba", "python"):
         raise ValueError(f"backend must be auto, numba or python, not {backend!r}")
     if backend == "numba" and not HAVE_NUMBA:
-        from stability.extras import missing_extra
-
         raise missing_extra("numba", "the compiled sudoku solver (backend='numba')")
     return backend
 

@@ -3,7 +3,7 @@
 
 def __getattr__(name):
     if name in ("TrainResult", "evaluate", "train"):
-        from stability.train import loop
+        from stability.train import loop  # lazy: torch; `import stability.train` without it
 
         return getattr(loop, name)
     raise AttributeError(name)

@@ -33,7 +33,9 @@ import torch
 
 from stability.analysis.fixed_point import FixedPoint
 from stability.errors import ConfigError
+from stability.numerics import solve_I_minus_J
 from stability.solvers import IMPLICIT, Solve
+from stability.stats import median as med
 
 
 # ---- linear solvers for the adjoint system --------------------------------------------------------------------
@@ -52,8 +54,6 @@ def adjoint_solve(JT: Callable[[torch.Tensor], torch.Tensor], delta: torch.Tenso
     Neumann series u ← Jᵀu + δ. ``max_iter`` caps the products with Jᵀ per sample (the residual check
     included); the info's residual is the per-sample ‖δ − (I − Jᵀ) u‖ / ‖δ‖ recomputed from u, its ``matvecs``
     the most products any sample spent."""
-    from stability.numerics import solve_I_minus_J
-
     kind = {"krylov": "gmres", "neumann": "neumann"}.get(method)
     if kind is None:
         raise ConfigError(f"unknown implicit backward {method!r}; allowed: krylov, neumann, one-step")
@@ -208,8 +208,6 @@ class ImplicitStats:
                           "miss)", file=self.stream or sys.stderr, flush=True)
 
     def summary(self) -> dict:
-        from stability.stats import median as med
-
         return {"adjoint_method": self.method, "adjoint_tol": self.tol, "adjoint_budget": self.budget,
                 "adjoint_solves": len(self.residuals),
                 "adjoint_residual_max": max(self.residuals) if self.residuals else None,

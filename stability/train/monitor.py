@@ -11,6 +11,7 @@ import torch
 
 from stability.analysis.monitor import MONITOR_KEYS, measure, monitor_history
 from stability.errors import ConfigError
+from stability.protocols import is_looped
 
 __all__ = ["MONITOR_KEYS", "StabilityMonitor", "monitor_history"]
 
@@ -51,8 +52,6 @@ class StabilityMonitor:
 
     def measure(self, model, inputs: Optional[torch.Tensor] = None) -> dict:
         """The monitor's quantities for ``model`` on ``inputs`` (default: the probe). JSON-ready."""
-        from stability.protocols import is_looped
-
         if not is_looped(model):
             raise ConfigError("a fixed-depth baseline has no loop map: nothing to monitor")
         inputs = self.probe() if inputs is None else inputs.to(self.device)

@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from stability import checkpoint as ckpt
+from stability import __version__, checkpoint as ckpt
 from stability import release
 from stability.atomic import check_writable
 from stability.config import to_dict
@@ -29,8 +29,6 @@ def import_checkpoint(path: Path | str, out: Path | str, *, release_config: Opti
     is indexed by its own parameter order, so the file carries a fresh optimizer state (and RNG states seeded with
     the run's seed) instead: ``stability train --resume`` continues from the imported weights as a new optimizer
     would."""
-    from stability import __version__
-
     out = check_writable(out, "file", "--out")
     if out.exists() and not force:
         raise OutputError(f"--out {out} exists; pass --force to overwrite it, or choose another --out")

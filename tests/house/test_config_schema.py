@@ -296,19 +296,32 @@ def test_analyze_flags_are_derived_from_the_analysis_options_schema():
     from stability.config import AnalysisOptions, unwrap
 
     actions = _analyze_actions()
-    for name in AnalysisOptions.FLAGS:
+    for name, flag in AnalysisOptions.FLAGS.items():
         info, action = AnalysisOptions.model_fields[name], actions[name]
         assert action.option_strings == [f"--{name.replace('_', '-')}"], name
-        assert action.default == info.default and action.help.startswith(info.description), name
+        assert action.help.startswith(info.description), name  # the help is the schema's, said once
+        assert action.default == (None if flag.command_default else info.default), name
+        assert (f"(default: {flag.command_default})" in action.help) == bool(flag.command_default), name
         assert action.metavar == field_extra(info).get("metavar"), name
         choices = typing.get_args(unwrap(info.annotation))
         assert action.choices == (list(choices) if typing.get_origin(unwrap(info.annotation)) is typing.Literal
                                   else None), name
-    # the fields with a flag: FLAGS, and the two whose command default differs from the library's
-    assert set(AnalysisOptions.model_fields) & set(actions) == {*AnalysisOptions.FLAGS, "workers", "geometry_plane"}
-    assert actions["workers"].default is None and actions["geometry_plane"].default is None
     args = build_parser("analyze").parse_args(["analyze", "ckpt.pt"])
-    assert AnalysisOptions(**{n: getattr(args, n) for n in AnalysisOptions.FLAGS}) == AnalysisOptions()
+    library = [n for n, flag in AnalysisOptions.FLAGS.items() if not flag.command_default]
+    assert AnalysisOptions(**{n: getattr(args, n) for n in library}) == AnalysisOptions()
+
+
+def test_every_analysis_options_field_has_one_flag_exactly_when_the_flag_table_lists_it():
+    from stability.config import AnalysisOptions
+
+    parser_actions = list(_analyze_actions().values())
+    for name in AnalysisOptions.model_fields:
+        flags = [a for a in parser_actions if a.dest == name or a.option_strings == [f"--{name.replace('_', '-')}"]]
+        assert len(flags) == (1 if name in AnalysisOptions.FLAGS else 0), (name, [a.option_strings for a in flags])
+    assert set(AnalysisOptions.FLAGS) <= set(AnalysisOptions.model_fields)
+    groups = {flag.group for flag in AnalysisOptions.FLAGS.values()} - {None}
+    assert groups == set(AnalysisOptions.FLAG_GROUPS)
+    assert "stages" not in AnalysisOptions.FLAGS and _analyze_actions()["only"].option_strings == ["--only"]
 
 
 def test_analysis_options_round_trip_through_their_dict_and_read_the_stored_demo_options():

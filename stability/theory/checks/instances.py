@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from stability.stats import distinct_clusters
+
 
 def seeded_rng(seed: int, salt: int) -> np.random.Generator:
     """The generator of one check: ``default_rng([seed, salt])``, with a salt fixed per check."""
@@ -70,6 +72,4 @@ def distinct_points(P: np.ndarray, tol: float = 1e-7) -> int:
     """Number of distinct points of P (N, d) up to ``tol``: the connected components of the graph linking two
     points when ‖a − b‖∞ ≤ tol (absolute, max-norm), by :func:`stability.stats.distinct_clusters`, the routine
     the analysis counts distinct fixed points with."""
-    from stability.stats import distinct_clusters
-
     return distinct_clusters(P, atol=tol)[0]

@@ -8,6 +8,7 @@ import numpy as np
 
 from .instances import seeded_rng
 from .registry import verifier
+from stability.theory import regions
 
 
 @verifier("sym_a7_jacobians", "App. A.7 (sympy)",
@@ -15,6 +16,7 @@ from .registry import verifier
           "internal ∂x_t/∂x0 read as dh2(g(z, x0))/dg: terms left in derived - paper", tolerance=0,
           wrong="App. A.7.1's internal ∂x_t/∂x0 exactly as printed (dh1(g(z, x0))/dg)", needs="sympy")
 def _sym_a7(seed, wrong):
+    # lazy: sympy; this module imports without it
     from stability.theory import symbolic
 
     counts = symbolic.compare_a7(symbolic.paper_a7() if wrong else symbolic.corrected_a7())
@@ -27,6 +29,7 @@ def _sym_a7(seed, wrong):
           "M_int = (I + h2'g_z)(I + h1'g_x): terms left", tolerance=0, wrong="M_ext with the factors reversed",
           needs="sympy")
 def _sym_prop4(seed, wrong):
+    # lazy: sympy; this module imports without it
     from stability.theory import symbolic
 
     paper = symbolic.paper_prop4()
@@ -42,6 +45,7 @@ def _sym_prop4(seed, wrong):
           "and 1 + λ_gλ_h (internal): forms that differ from Fig. 5's labels", tolerance=0,
           wrong="the labels swapped between external and internal", needs="sympy")
 def _sym_fig5(seed, wrong):
+    # lazy: sympy; this module imports without it
     import sympy as sp
 
     from stability.theory import symbolic
@@ -59,6 +63,7 @@ def _sym_fig5(seed, wrong):
           "onto: largest endpoint discrepancy", tolerance=0, wrong="the internal band taken as [-1, 1]",
           needs="sympy")
 def _sym_regions(seed, wrong):
+    # lazy: sympy; this module imports without it
     from stability.theory import regions, symbolic
 
     derived = symbolic.region_intervals()
@@ -74,6 +79,7 @@ def _sym_regions(seed, wrong):
           "|1 + η(λ-1)|² - 1 = η(|λ-1|²η - 2(1-Re λ)): stable iff 0 < η < 2(1-Re λ)/|λ-1|²: terms left in "
           "derived - FPRM bound", tolerance=0, wrong="the bound (1 - Re λ)/|λ - 1|²", needs="sympy")
 def _sym_damping(seed, wrong):
+    # lazy: sympy; this module imports without it
     import sympy as sp
 
     from stability.theory import symbolic
@@ -92,8 +98,6 @@ def _sym_damping(seed, wrong):
           "(2×10⁵ points per curve) and lies in the region: max(d_exact - d_dense, violation)", tolerance=1e-9,
           wrong="internal points with x·y > 0 sent to the x-axis only (a boundary parametrised as y = f(x))")
 def _b2_projection(seed, wrong):
-    from stability.theory import regions
-
     rng = seeded_rng(seed, 17)
     P = rng.normal(0, 3, size=(400, 2))
     u = np.geomspace(1e-3, 1e3, 100_000)
