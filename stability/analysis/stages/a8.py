@@ -115,8 +115,8 @@ def run(at: AtFixedPoint) -> InitialIterate:
     std, starts, new, x_best, conv = _other_starts(at, K)
     all_conv = torch.stack(list(conv.values())).all(0)
     dist = fixed_point_distance(list(x_best.values()))
-    a8 = InitialIterate(starts=list(starts), fixed_point_distance=[float(d) if bool(c) else None
-                                                                   for d, c in zip(dist, all_conv)],
+    a8 = InitialIterate(starts=list(starts), fixed_point_distance=[d if c else None for d, c in
+                                                                   zip(dist.tolist(), all_conv.cpu().tolist())],
                         converged_fraction={k: float(c.double().mean()) for k, c in conv.items()},
                         noise_std=std)
     # global: the model's e and every other start, x* compared only between converged solves
