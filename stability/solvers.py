@@ -119,7 +119,7 @@ class SolveResult:
             "status_counts": self.status_counts(),
             "nfe_median": median(self.nfe.tolist()) if self.status else None,
             "residual_median": median(finite.tolist()),
-            "periods": [int(p) for p in self.period],
+            "periods": [int(p) for p in self.period.tolist()],
         }
         if self.rho is not None:
             out["rho"] = [None if not math.isfinite(v) else float(v) for v in self.rho.tolist()]
@@ -803,7 +803,7 @@ class Run:
                 **{k: v for k, v in self.solver.info().items() if k not in ("damping", "memory")}}
         return SolveResult(
             x_last=self.x_last, x_best=self.x_best, residuals=self.trace[:, :self.iters].cpu(),
-            best_residual=self.best_r.cpu(), nfe=nfe.cpu(), status=[STATUSES[int(c)] for c in code.cpu()],
+            best_residual=self.best_r.cpu(), nfe=nfe.cpu(), status=[STATUSES[c] for c in code.cpu().tolist()],
             period=period.cpu(), method=plan.method, tol=how.tol, info=info)
 
 
