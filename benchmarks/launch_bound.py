@@ -95,7 +95,8 @@ def measure(samples: int, width: int, factor: int = 8, batch: str | None = None)
     from stability.analysis.options import STAGES
 
     stages = tuple(s for s in STAGES if s != "accuracy")  # accuracy needs targets; its work rides on the solve
-    out = {"samples": samples, "factor": factor, "width": width, "positions": 81, "stages": {}}
+    out = {"samples": samples, "factor": factor, "width": width, "positions": 81, "batch": batch or "auto",
+           "stages": {}}
     runs = {}
     for N in (samples, factor * samples):
         model, inputs = build("sudoku", width, (9, 9), 0.5, N)
