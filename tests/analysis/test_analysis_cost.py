@@ -74,6 +74,7 @@ def test_analyze_says_its_forecast_and_each_stages_time_left_on_stderr_and_quiet
     # a tiny analysis is predicted to take well under a minute: predict 100 s for each stage after reachability
     monkeypatch.setattr(cost, "COSTS", {"reachability": (0.0, 0.0, "one"), "rho": (100.0, 0.0, "one"),
                                         "prop5": (100.0, 0.0, "one")})
+    monkeypatch.setattr(pipeline, "scale", lambda n, samples, seconds: 1.0)  # this machine as fast as the fit's
     args = ("analyze", ckpt, "--split", "val", "--samples", "2", "--only", "rho,prop5", "--workers", "1")
     err = run_cli(*args, env={"OMP_NUM_THREADS": "1"}).stderr
     assert "analysis: 1 split(s) × 2 samples, state 32 × 16 (n = 512), 3 stages: about " in err

@@ -119,3 +119,30 @@ def test_the_basins_told_apart_at_once_equal_the_clusters_of_each_sample_alone()
                 for i, p in enumerate(pts) for q in pts[i + 1:]]
         assert got["distance"][s] == pytest.approx(max(gaps), rel=1e-15, nan_ok=True)
     assert got["basins"] == [2, 2, 2, 1, 1, 1] and got["converged_starts"] == [3, 3, 2, 3, 2, 3]
+
+
+def test_broyden_with_batched_rows_takes_the_per_row_paths_iterations_to_rounding():
+    """Solve.batched (the GPU's path; --batch all): Broyden's rows leave the batch and are compressed by one batched
+    operation. Against the per-row path on a map whose samples converge at different evaluations, with a memory
+    small enough that the bases are compressed: the same statuses and evaluations, x* to rounding, and x* a fixed
+    point (the residual ‖f(x*) − x*‖∞ recomputed)."""
+    from stability.solvers import solve
+
+    g = torch.Generator().manual_seed(5)
+    n, B = 24, 6
+    W = torch.randn(n, n, generator=g, dtype=torch.float64) / n ** 0.5
+    gain = torch.linspace(0.5, 1.4, B, dtype=torch.float64)[:, None]  # from contractive to a little expansive
+
+    def f(x, x0):  # x0 carries each row's gain in its first column: the solver restricts x0 to the running rows
+        return torch.tanh(x0[:, :1] * (x @ W.T)) + x0[:, 1:]
+
+    x0 = torch.cat([gain, torch.randn(B, n, generator=g, dtype=torch.float64)], 1)
+    kw = dict(method="broyden", tol=1e-9, max_iter=200, memory=4, max_period=0, certify_rho=False)
+    rows = solve(f, torch.zeros(B, n, dtype=torch.float64), x0, **kw, batched=False)
+    once = solve(f, torch.zeros(B, n, dtype=torch.float64), x0, **kw, batched=True)
+    assert once.status == rows.status == ["converged"] * B
+    assert once.nfe.tolist() == rows.nfe.tolist() and len(set(rows.nfe.tolist())) > 2  # rows end at their own times
+    assert rows.info["compressions"] > 0 and once.info["compressions"] == rows.info["compressions"]
+    conv = once.converged
+    assert torch.allclose(once.x_best[conv], rows.x_best[conv], rtol=0, atol=1e-12)
+    assert float((f(once.x_best[conv], x0[conv]) - once.x_best[conv]).abs().max()) <= 1e-8

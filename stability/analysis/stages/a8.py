@@ -72,7 +72,8 @@ def _other_starts(at: AtFixedPoint, K: int) -> tuple:
     new = [k for k, v in starts.items() if not torch.equal(v, e)]
     B = e.shape[0]
     both = (solve(at.f, torch.cat([starts[k] for k in new]), torch.cat([x0] * len(new)),
-                  Solve(method=o.solver, tol=o.tol, max_iter=o.max_iter, name="a8 starts")) if new else None)
+                  Solve(method=o.solver, tol=o.tol, max_iter=o.max_iter, name="a8 starts",
+                        batched=o.solver_batched)) if new else None)
     x_best, conv = {}, {}
     for k in starts:
         if k in new:

@@ -107,7 +107,7 @@ def run(at: AtFixedPoint) -> Reachability:
         from stability.analysis.accuracy import CurveRecorder
 
         curve = CurveRecorder(at.model, at.score, o.iterations, at.targets)
-    at.solve(Solve(method=o.solver, tol=o.tol, max_iter=o.max_iter, name="analysis"),
+    at.solve(Solve(method=o.solver, tol=o.tol, max_iter=o.max_iter, name="analysis", batched=o.solver_batched),
              observe=curve.observe if curve else None, observe_steps=o.iterations if curve else 0)
     if curve is not None:
         at.accuracy_curve = curve.curve()

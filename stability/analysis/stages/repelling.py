@@ -113,12 +113,13 @@ def perturbed_starts(x_best: torch.Tensor, starts: int, scale: float, seed: int)
 def search(f: Callable, x_best: torch.Tensor, x0: torch.Tensor, *, starts: int = 3, scale: float = 0.5,
            budget: int = 100, tol: float = 1e-5, distinct_tol: float = 1e-3, seed: int = 0,
            rho_at_best: Optional[list] = None, eig_tol: float = 1e-6, eig_k: int = 3,
-           restart: str = "auto") -> RepellingSearch:
+           restart: str = "auto", batched: Optional[bool] = None) -> RepellingSearch:
     """Roots of f(x, x0) − x from x_best and ``starts`` perturbations of it, per sample, classified by ρ(J)
     (module docstring). ``rho_at_best``: ρ(J) at x_best per sample where already known (stage ``rho``), reused
     for a root that is x_best itself. Every start of every sample is one row of one batched Broyden solve; the
     distinct roots of every sample are told apart at once on the device, and ρ at them is one eigensolver batch
-    (``restart``: :func:`~stability.numerics.eigen.krylov_schur`'s, ``AnalysisOptions.eig_restart``)."""
+    (``restart``: :func:`~stability.numerics.eigen.krylov_schur`'s, ``AnalysisOptions.eig_restart``; ``batched``:
+    the solver's, ``AnalysisOptions.solver_batched``)."""
     import torch  # a torch-free module: torch, the numerics and the solver where the search runs
 
     from stability.numerics import Linearisation, spectral_radius
@@ -128,7 +129,7 @@ def search(f: Callable, x_best: torch.Tensor, x0: torch.Tensor, *, starts: int =
     S = 1 + starts
     X = perturbed_starts(x_best, starts, scale, seed)  # (S, B, *shape)
     sol = solve(f, X.flatten(0, 1), torch.cat([x0] * S), method="broyden", tol=tol, max_iter=budget,
-                max_period=0, certify_rho=False)
+                max_period=0, certify_rho=False, batched=batched)
     roots = sol.x_best.view(S, B, *x_best.shape[1:])
     conv = sol.converged.view(S, B)
     status = [sol.status[k * B:(k + 1) * B] for k in range(S)]
@@ -210,7 +211,7 @@ def run(at: AtFixedPoint) -> RepellingSearch:
     return search(at.f, at.x_star[:K], at.x0[:K], starts=o.repelling_starts, scale=o.repelling_scale,
                   budget=o.repelling_budget, tol=o.tol, distinct_tol=distinct_tol(o.tol), seed=o.seed,
                   rho_at_best=None if spec is None else spec.rhos[:K], eig_tol=o.eig_tol, eig_k=o.eig_k,
-                  restart=o.eig_restart)
+                  restart=o.eig_restart, batched=o.solver_batched)
 
 
 def rows(block: Optional[dict], split: dict) -> list:
