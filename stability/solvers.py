@@ -655,10 +655,11 @@ class Run:
         x = x_init.detach().clone()
         B, dev = x.shape[0], x.device
         self.f, self.x0, self.how, self.plan, self.rowwise = f, x0, how, plan, rowwise
+        self.batched = dev.type == "cuda" if how.batched is None else how.batched  # Solve.batched
         self.S = x.shape[1:]
         self.solver = SOLVERS[plan.method](B, x[0].numel(), x.dtype, dev, memory=plan.memory, damping=plan.eta,
                                            reg=how.reg, restart_factor=plan.restart_factor,
-                                           batched=dev.type == "cuda" if how.batched is None else how.batched)
+                                           batched=self.batched)
         self.x, self.x_last, self.x_best = x, x.clone(), x.clone()
         self.fx_best = x.clone()  # the image of x_best: a restart's Picard step
         self.best_r = torch.full((B,), math.inf, dtype=torch.float64, device=dev)
@@ -726,6 +727,15 @@ class Run:
     def _progress(self, act, xa, fa, r, finite) -> None:
         """The best iterate (the pre-image whose residual was measured) and the last 1 % improvement."""
         better = finite & (r < self.best_r[act])
+        if self.batched:  # no host sync: every running row rewritten, the better ones with their new values
+            row = better.view(-1, *[1] * len(self.S))
+            self.best_r[act] = torch.where(better, r, self.best_r[act])
+            self.x_best[act] = torch.where(row, xa, self.x_best[act])
+            self.fx_best[act] = torch.where(row, fa, self.fx_best[act])
+            improved = finite & (r < 0.99 * self.ref_r[act])
+            self.ref_r[act] = torch.where(improved, r, self.ref_r[act])
+            self.last_improve[act] = torch.where(improved, self.age[act], self.last_improve[act])
+            return
         if bool(better.any()):
             idx = act[better]
             self.best_r[idx] = r[better]
