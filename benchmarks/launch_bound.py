@@ -12,6 +12,7 @@ The model is the paper's architecture at the sudoku shape (81 positions) and a s
 scaled by 0.5 so that plain iteration converges (benchmarks/analysis_scaling.py's builder).
 
     python benchmarks/launch_bound.py [--samples 8] [--width 16] [--out benchmarks/results-launch-bound.json]
+    python benchmarks/launch_bound.py --solvers --samples 64   # the solvers' syncs per evaluation, per row, batched
 """
 
 from __future__ import annotations
@@ -95,7 +96,8 @@ def measure(samples: int, width: int, factor: int = 8, batch: str | None = None)
     from stability.analysis.options import STAGES
 
     stages = tuple(s for s in STAGES if s != "accuracy")  # accuracy needs targets; its work rides on the solve
-    out = {"samples": samples, "factor": factor, "width": width, "positions": 81, "stages": {}}
+    out = {"samples": samples, "factor": factor, "width": width, "positions": 81, "batch": batch or "auto",
+           "stages": {}}
     runs = {}
     for N in (samples, factor * samples):
         model, inputs = build("sudoku", width, (9, 9), 0.5, N)
@@ -108,6 +110,32 @@ def measure(samples: int, width: int, factor: int = 8, batch: str | None = None)
         out["stages"][name] = {"ops": [a["ops"], b["ops"]], "syncs": [a["syncs"], b["syncs"]],
                                "ops_ratio": b["ops"] / max(a["ops"], 1), "syncs_ratio": b["syncs"] / max(a["syncs"], 1),
                                "seconds": [a["seconds"], b["seconds"]], "sync_calls": [a["sync_calls"], b["sync_calls"]]}
+    return out
+
+
+def solver_syncs(samples: int, width: int) -> dict:
+    """{method: {path: {"evaluations", "syncs_per_eval", "ops_per_eval"}}} of one solve (τ = 1e-8) of ``samples``
+    sudoku-shape states, per row (the CPU's path) and batched (``Solve.batched``, the GPU's), evaluations the
+    slowest sample's."""
+    from analysis_scaling import build
+
+    from stability.analysis.fixed_point import analysis_model
+    from stability.solvers import solve
+
+    model, inputs = build("sudoku", width, (9, 9), 0.5, samples)
+    model = analysis_model(model)
+    x0 = model.embed(inputs.double())
+    e = model.initial_state(x0)
+    out = {}
+    for method in ("picard", "anderson", "broyden"):
+        for path, batched in (("per-row", False), ("batched", True)):
+            ops, syncs = _Ops(), _Syncs()
+            with syncs, ops:
+                r = solve(model.step, e, x0, method=method, tol=1e-8, max_iter=300, certify_rho=False,
+                          batched=batched)
+            its = int(r.nfe.max())
+            out.setdefault(method, {})[path] = {"evaluations": its, "ops_per_eval": ops.count / its,
+                                                "syncs_per_eval": sum(syncs.count.values()) / its}
     return out
 
 
@@ -128,8 +156,15 @@ def main(argv=None) -> int:
     ap.add_argument("--factor", type=int, default=8)
     ap.add_argument("--batch", default=None, help="AnalysisOptions.batch, where the toolkit has it")
     ap.add_argument("--out", type=Path, default=HERE / "results-launch-bound.json")
+    ap.add_argument("--solvers", action="store_true", help="the solvers' syncs per evaluation instead (printed)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if args.solvers:
+        for method, paths in solver_syncs(args.samples, args.width).items():
+            for path, row in paths.items():
+                print(f"{method:9s} {path:8s} evaluations {row['evaluations']:4d}  syncs/eval "
+                      f"{row['syncs_per_eval']:.2f}  ops/eval {row['ops_per_eval']:.0f}")
+        return 0
     result = measure(args.samples, args.width, args.factor, args.batch)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(table(result))

@@ -739,6 +739,12 @@ class AnalysisOptions(_Config):
         else ``auto`` (per-sample on the CPU, batched on a GPU)."""
         return "batched" if self.batch == "all" else "auto"
 
+    @property
+    def solver_batched(self) -> Optional[bool]:
+        """The solvers' row bookkeeping (``stability.solvers.Solve.batched``): batched with ``batch`` all, else
+        None (batched on a GPU, per row on the CPU)."""
+        return True if self.batch == "all" else None
+
     def to_dict(self) -> dict:
         """The JSON's ``options``: every field, ``stages`` a list, and ``eig_route`` after ``seed`` (the keys and
         order of every analysis written so far)."""

@@ -119,7 +119,7 @@ class SolveResult:
             "status_counts": self.status_counts(),
             "nfe_median": median(self.nfe.tolist()) if self.status else None,
             "residual_median": median(finite.tolist()),
-            "periods": [int(p) for p in self.period],
+            "periods": [int(p) for p in self.period.tolist()],
         }
         if self.rho is not None:
             out["rho"] = [None if not math.isfinite(v) else float(v) for v in self.rho.tolist()]
@@ -261,8 +261,9 @@ class _Broyden:
     storage: Optional[torch.dtype] = torch.float32
     chunk = 4096  # columns per block of the in-place basis change
 
-    def __init__(self, B, n, dtype, device, *, memory=40, damping=1.0, restart_factor=1e2, **_):
+    def __init__(self, B, n, dtype, device, *, memory=40, damping=1.0, restart_factor=1e2, batched=False, **_):
         self.m, self.eta, self.restart_factor = memory, damping, restart_factor
+        self.batched = batched  # rows leave and are compressed by one batched operation (Solve.batched)
         self.q = q = max(1, min(self.rank if self.rank is not None else memory // 2 - 1, memory - 2))
         self.cap = c = max(2 * memory, 2 * q + 3)  # room after a rank reduction (memory < 3: 5 vectors)
         # B is not zeroed: slots [0, top) hold a basis vector or zeros in every row, those above are never read
@@ -298,7 +299,9 @@ class _Broyden:
         T = torch.cat([Tu, Tv, self.sig[rows, None], self.gp[rows, None]], 1)  # (A, 2q + 2, cap)
         Tb = T.to(self.B.dtype)
         n = self.B.shape[2]
-        for i, row in enumerate(rows.tolist()):  # B ← T B in place, a block of columns at a time
+        if self.batched:  # every row at once: one product, (A, k, n) more memory for the while
+            self.B[rows, :k] = torch.matmul(Tb, self.B[rows])
+        for i, row in enumerate([] if self.batched else rows.tolist()):  # B ← T B in place, a block at a time
             for j in range(0, n, self.chunk):
                 blk = self.B[row, :, j:j + self.chunk]
                 blk[:k] = Tb[i] @ blk
@@ -383,12 +386,16 @@ class _Broyden:
         return nxt, (~torch.isfinite(nxt.sum(1))) | (r > self.restart_factor * best_r)
 
     def keep(self, mask):
-        # in place: the running rows move up (a fresh (B, cap, n) buffer would cost a copy and its page faults)
-        idx = mask.nonzero().flatten().tolist()
-        for new_row, old_row in enumerate(idx):
-            if new_row != old_row:
-                self.B[new_row, :self.top] = self.B[old_row, :self.top]
-        self.B = self.B[:len(idx)]
+        if self.batched:  # one gather of the running rows (a fresh buffer), no loop over them
+            self.B = self.B[mask]
+            idx = self.B.shape[0]
+        else:  # in place: the running rows move up (a fresh (B, cap, n) buffer: a copy and its page faults)
+            rows = mask.nonzero().flatten().tolist()
+            for new_row, old_row in enumerate(rows):
+                if new_row != old_row:
+                    self.B[new_row, :self.top] = self.B[old_row, :self.top]
+            idx = len(rows)
+            self.B = self.B[:idx]
         self.G, self.K, self.sig, self.gp = self.G[mask], self.K[mask], self.sig[mask], self.gp[mask]
         self.fresh, self.count = self.fresh[mask], self.count[mask]
         if idx and not self.uniform:
@@ -469,7 +476,10 @@ class Solve:
     period-k orbits, k ≤ max_period, at tolerance cycle_tol (default 10·tol); 0 disables the check (its
     2·max_period evaluations per checked sample count in ``nfe``). certify_rho: compute ρ(J*) of the converged
     samples and mark ρ > 1 ``repelling`` (:func:`classify`, to Ritz residual ``rho_tol``); default: for the
-    root-finders, not for picard/damped. name: what the preset is for (a label; it changes nothing)."""
+    root-finders, not for picard/damped. name: what the preset is for (a label; it changes nothing). batched:
+    the GPU's path of the solvers' row bookkeeping (Broyden's rows leave the batch and are compressed by one batched
+    operation each, no per-row Python loop; the same iteration to rounding); None: on a GPU only (the CPU keeps
+    its in-place per-row path, bit for bit), True with ``--batch all`` (issue 35)."""
 
     method: str = "picard"
     tol: float = 1e-4
@@ -487,6 +497,7 @@ class Solve:
     certify_rho: Optional[bool] = None
     rho_tol: float = 1e-6
     name: str = "solve"
+    batched: Optional[bool] = None
 
     def replace(self, **changes) -> "Solve":
         """This preset with ``changes`` (field name → value); an unknown name is a TypeError."""
@@ -644,9 +655,11 @@ class Run:
         x = x_init.detach().clone()
         B, dev = x.shape[0], x.device
         self.f, self.x0, self.how, self.plan, self.rowwise = f, x0, how, plan, rowwise
+        self.batched = dev.type == "cuda" if how.batched is None else how.batched  # Solve.batched
         self.S = x.shape[1:]
         self.solver = SOLVERS[plan.method](B, x[0].numel(), x.dtype, dev, memory=plan.memory, damping=plan.eta,
-                                           reg=how.reg, restart_factor=plan.restart_factor)
+                                           reg=how.reg, restart_factor=plan.restart_factor,
+                                           batched=self.batched)
         self.x, self.x_last, self.x_best = x, x.clone(), x.clone()
         self.fx_best = x.clone()  # the image of x_best: a restart's Picard step
         self.best_r = torch.full((B,), math.inf, dtype=torch.float64, device=dev)
@@ -714,6 +727,15 @@ class Run:
     def _progress(self, act, xa, fa, r, finite) -> None:
         """The best iterate (the pre-image whose residual was measured) and the last 1 % improvement."""
         better = finite & (r < self.best_r[act])
+        if self.batched:  # no host sync: every running row rewritten, the better ones with their new values
+            row = better.view(-1, *[1] * len(self.S))
+            self.best_r[act] = torch.where(better, r, self.best_r[act])
+            self.x_best[act] = torch.where(row, xa, self.x_best[act])
+            self.fx_best[act] = torch.where(row, fa, self.fx_best[act])
+            improved = finite & (r < 0.99 * self.ref_r[act])
+            self.ref_r[act] = torch.where(improved, r, self.ref_r[act])
+            self.last_improve[act] = torch.where(improved, self.age[act], self.last_improve[act])
+            return
         if bool(better.any()):
             idx = act[better]
             self.best_r[idx] = r[better]
@@ -803,7 +825,7 @@ class Run:
                 **{k: v for k, v in self.solver.info().items() if k not in ("damping", "memory")}}
         return SolveResult(
             x_last=self.x_last, x_best=self.x_best, residuals=self.trace[:, :self.iters].cpu(),
-            best_residual=self.best_r.cpu(), nfe=nfe.cpu(), status=[STATUSES[int(c)] for c in code.cpu()],
+            best_residual=self.best_r.cpu(), nfe=nfe.cpu(), status=[STATUSES[c] for c in code.cpu().tolist()],
             period=period.cpu(), method=plan.method, tol=how.tol, info=info)
 
 

@@ -95,7 +95,35 @@ def distinct_clusters(points, *, atol: float = 0.0, rtol: float = 0.0) -> tuple[
                 ra, rb = find(a), find(b)
                 if ra != rb:
                     parent[max(ra, rb)] = min(ra, rb)
+    return _labels(N, find)
+
+
+def _labels(N: int, find) -> tuple[int, list[int]]:
+    """(clusters, labels) of N points from a union-find's ``find``: clusters numbered in the order of their first
+    point."""
     roots, labels = {}, []
     for k in range(N):
         labels.append(roots.setdefault(find(k), len(roots)))
     return len(roots), labels
+
+
+def linked_clusters(linked) -> tuple[int, list[int]]:
+    """:func:`distinct_clusters` from the linked graph itself: ``linked[i][j]`` true where points i and j are linked
+    (symmetric; computed by the caller with the same metric and bound, e.g. for many small sets at once on a
+    device). Single linkage, labels in the order of the clusters' first points, as :func:`distinct_clusters`."""
+    N = len(linked)
+    parent = list(range(N))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for a in range(N):
+        for b in range(a + 1, N):
+            if linked[a][b]:
+                ra, rb = find(a), find(b)
+                if ra != rb:
+                    parent[max(ra, rb)] = min(ra, rb)
+    return _labels(N, find)

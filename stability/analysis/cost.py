@@ -7,6 +7,11 @@ paper's architecture at widths 32 … 256, every stage; benchmarks/RESULTS.md, "
 a trained model that needs more iterations than the benchmark's costs more — said as "about". While the analysis
 runs, :class:`Progress` rescales the rest of the prediction by how the stages so far compared with theirs, so the
 time left it reports follows the machine it runs on.
+
+On the device it runs on (issue 35), a split's prediction is rescaled before its first stage by :func:`scale`: the
+measured seconds of a J-product of the split's whole batch over what the fit's machine took for it
+(:data:`PRODUCT`), so a GPU, whose batched product costs a small fraction of the CPU's per sample, is predicted
+from its own speed rather than the CPU's.
 """
 
 from __future__ import annotations
@@ -22,18 +27,35 @@ from stability.analysis.stages.registry import FEW_SAMPLE_STAGES, REGISTRY
 #: machines beside other work (benchmarks/RESULTS.md, "Paper-size analysis")
 COSTS = {s.name: (s.cost.a, s.cost.b, s.cost.unit) for s in REGISTRY}
 
+#: one J-product (a JVP of the loop map, float64) of ONE sample at n = 1,000 on one thread of the fit's machine:
+#: seconds ≈ a · (n / 1000)^b. b from products timed at n = 1,280 … 10,368 (sudoku and prefix-sums shapes, 2 and 8
+#: samples, one thread); a so that the rescaled prediction of four small analyses (default stages, one thread:
+#: sudoku 81 × 32 and 81 × 16, prefix sums 40 × 32, chess 64 × 32; 2–8 samples) is their measured time in geometric
+#: mean (2026-12-06: rescaled / measured 1.04, 0.83, 0.65, 1.77; the plain fit said 1.8–2.0×: the fit's machine,
+#: loaded, ran about twice as slow as that hour's)
+PRODUCT = (6.2e-4, 0.6)
+
 #: a prediction above this many seconds is said before the analysis starts, with how to shorten it
 SAY_ABOVE = 60.0
 
 
+def scale(n: int, samples: int, product_seconds: float) -> float:
+    """The factor from the fit's machine to this device: ``product_seconds``, the measured seconds of one J-product
+    of a batch of ``samples`` samples of state size ``n``, over what the fit's machine takes for it (``samples``
+    products of :data:`PRODUCT`, one thread)."""
+    a, b = PRODUCT
+    return product_seconds / (max(samples, 1) * a * (max(n, 1) / 1000.0) ** b)
+
+
 def predict(n: int, samples: int, stages, *, geometry_samples: int = 1, threads: int = 1,
-            few: Optional[int] = None) -> dict:
+            few: Optional[int] = None, factor: Optional[float] = None) -> dict:
     """Predicted seconds of each stage of ``stages`` on ``samples`` samples of state size ``n`` (one split).
     ``threads``: torch's threads for this split; the fit is for one, and a second thread is counted as half a
     thread more (measured speed-ups of the products at these sizes are 1.3–1.6×). ``few``: the samples the stages
     of :data:`~stability.analysis.stages.registry.FEW_SAMPLE_STAGES` measure (None: all;
-    ``AnalysisOptions.measured``)."""
-    speed = 1.0 + 0.5 * max(0, threads - 1)
+    ``AnalysisOptions.measured``). ``factor``: this device's :func:`scale`, measured (then ``threads`` is not
+    counted: the measurement ran on them)."""
+    speed = 1.0 + 0.5 * max(0, threads - 1) if factor is None else 1.0 / factor
     out = {}
     for s in stages:
         a, b, unit = COSTS.get(s, (0.0, 0.0, "one"))

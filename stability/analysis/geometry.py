@@ -117,12 +117,12 @@ class Geometry:
 def measure(model, inputs: torch.Tensor, x_star: torch.Tensor, x0: torch.Tensor, attracting, rho_at_theta, *,
             samples: list, directions: int = 8, accuracy: float = 0.1, group_directions: int = 1,
             certify: int = 4, plane: int = 0, tol: float = 1e-5, max_iter: int = 500, eig_tol: float = 1e-6,
-            eig_k: int = 3, seed: int = 0, t_max: float = T_MAX, log=None) -> Geometry:
+            eig_k: int = 3, seed: int = 0, t_max: float = T_MAX, log=None, restart: str = "auto") -> Geometry:
     """The geometry stage on the inputs ``samples`` (indices into ``inputs`` / ``x_star`` / ``x0``): radii along
     ``directions`` directions in all loop parameters and ``group_directions`` per parameter group, both signs;
     anisotropy per input; with ``plane`` > 0 the ρ(J*) picture on a plane × plane grid around the first input
     whose x* attracts. ``attracting`` (per sample of the batch: x* converged and ρ(J*) < 1 at θ*) and
-    ``rho_at_theta`` come from the stages before."""
+    ``rho_at_theta`` come from the stages before. ``restart``: the eigensolver's (``AnalysisOptions.eig_restart``)."""
     say = log or (lambda msg: None)
     dev = x_star.device
     sel = torch.tensor(samples, dtype=torch.long, device=dev)
@@ -146,6 +146,7 @@ def measure(model, inputs: torch.Tensor, x_star: torch.Tensor, x0: torch.Tensor,
     att = [bool(attracting[b]) for b in samples]
     fam = Family(model, base, dirs, inp[row_sample], x0s[row_sample], row_dir=row_dir, row_sign=row_sign,
                  embed_moves=any(k in base for k in in_embed))
+    fam.eig_restart = restart
     skip = torch.tensor([not att[int(s)] for s in row_sample.cpu()])
     say(f"geometry: {S} sample(s) × {D} directions × 2 signs = {S * per} radii ({directions} in all loop "
         f"parameters, {group_directions} in each of {len(groups)} groups)")
@@ -183,13 +184,14 @@ def measure(model, inputs: torch.Tensor, x_star: torch.Tensor, x0: torch.Tensor,
         say(f"geometry: the plane of directions 1 and 2, {plane} × {plane} cells")
         geo.plane = plane_picture(model, base, full, inp[i:i + 1], xs[i:i + 1], x0s[i:i + 1], radii[i], n=plane,
                                   tol=tol, max_iter=max_iter, seed=seed, t_max=t_max,
-                                  embed_moves=any(k in base for k in in_embed))
+                                  embed_moves=any(k in base for k in in_embed), restart=restart)
         geo.plane["sample"] = samples[i]
     return geo
 
 
 def plane_picture(model, base: dict, full: dict, inputs, x_star, x0, radii, *, n: int = 21, tol: float = 1e-5,
-                  max_iter: int = 500, seed: int = 0, t_max: float = T_MAX, embed_moves: bool = True) -> dict:
+                  max_iter: int = 500, seed: int = 0, t_max: float = T_MAX, embed_moves: bool = True,
+                  restart: str = "auto") -> dict:
     """ρ(J*) (the search's estimate) over θ* + a·D1 + b·D2 on an n × n grid of a, b ∈ [−s, s], s = 1.5 × the
     largest of the four radii along ±D1, ±D2 (at most ``t_max``): the column a = 0 continued outward from θ*,
     then every row outward from it (each cell warm-started from its neighbour towards θ*). Returns the axes, ρ
@@ -206,6 +208,7 @@ def plane_picture(model, base: dict, full: dict, inputs, x_star, x0, radii, *, n
     R = len(cells)
     fam = Family(model, base, two, inputs.expand(R, *inputs.shape[1:]), x0.expand(R, *x0.shape[1:]), coef=coef,
                  embed_moves=embed_moves)
+    fam.eig_restart = restart
     X = x_star.expand(R, *x_star.shape[1:]).clone()
     rho = [[None] * n for _ in range(n)]
     status = [[None] * n for _ in range(n)]

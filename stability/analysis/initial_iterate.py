@@ -29,7 +29,7 @@ from stability.analysis.prop5 import prop5_check_batched
 from stability.analysis.tangents import Unroll, seeded_direction, unroll_tangents_batched
 from stability.errors import ConfigError
 from stability.numerics import Linearisation
-from stability.stats import distinct_clusters, median
+from stability.stats import linked_clusters, median
 
 
 def initial_iterate_sensitivity(f: Callable, e: torch.Tensor, x0: torch.Tensor, Ts: Sequence[int], *,
@@ -136,21 +136,30 @@ def global_dependence(starts: Sequence[str], xs: Sequence[torch.Tensor], converg
     over pairs of starts that both converged (None with fewer than two), ``basins`` = the distinct fixed points
     among its converged starts (linked within ``tol`` relative, :func:`stability.stats.distinct_clusters`);
     ``compared`` counts samples with two or more converged starts, ``differ`` those whose distance > ``tol``."""
-    B = xs[0].shape[0]
-    flat = [x.flatten(1).double().cpu() for x in xs]
-    conv = [c.cpu().bool() for c in converged]
+    B, S = xs[0].shape[0], len(xs)
+    flat = [x.detach().flatten(1).double() for x in xs]
+    scale = [x.abs().amax(1) for x in flat]
+    finite = [torch.isfinite(x).all(1) for x in flat]
+    rel, link = {}, {}
+    for i in range(S):  # a pair of starts at a time, every sample at once; one transfer to the host below
+        for j in range(i + 1, S):
+            d = (flat[i] - flat[j]).abs().amax(1)
+            big = torch.maximum(scale[i], scale[j])
+            rel[i, j] = d / (big + eps)
+            link[i, j] = (d <= eps + tol * big) & finite[i] & finite[j]  # stats.distinct_clusters' link
+    pairs = list(rel)
+    rel = torch.stack([rel[p] for p in pairs]).cpu().tolist() if pairs else []
+    link = torch.stack([link[p] for p in pairs]).cpu().tolist() if pairs else []
+    conv = torch.stack([c.bool() for c in converged]).cpu().tolist()
     dist, n_conv, basins = [], [], []
     for b in range(B):
-        ok = [k for k in range(len(xs)) if bool(conv[k][b])]
+        ok = [k for k in range(S) if conv[k][b]]
         n_conv.append(len(ok))
-        d = None
-        for i in range(len(ok)):
-            for j in range(i + 1, len(ok)):
-                u, v = flat[ok[i]][b], flat[ok[j]][b]
-                r = float((u - v).abs().max() / (torch.maximum(u.abs().max(), v.abs().max()) + eps))
-                d = r if d is None else max(d, r)
-        dist.append(d)
-        basins.append(distinct_clusters(torch.stack([flat[k][b] for k in ok]), atol=eps, rtol=tol)[0] if ok else 0)
+        got = [rel[q][b] for q, (i, j) in enumerate(pairs) if conv[i][b] and conv[j][b]]
+        dist.append(max(got) if got else None)
+        linked = {p: link[q][b] for q, p in enumerate(pairs)}
+        basins.append(linked_clusters([[i != j and linked[min(i, j), max(i, j)] for j in ok] for i in ok])[0]
+                      if ok else 0)
     compared = [d for d in dist if d is not None]
     return {"quantity": "largest relative L∞ distance between the x* reached from two starts whose solves both "
                         "converged (basins; a start that did not converge is not compared)", "starts": list(starts),

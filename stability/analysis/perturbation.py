@@ -68,6 +68,8 @@ class Family:
         self.x0 = x0.detach().clone()
         self.vmap = True
         self.calls = 0
+        # the eigensolver's restart for ρ(J*) of the rows (AnalysisOptions.eig_restart: batched with --batch all)
+        self.eig_restart = "auto"
         self._wrappers: dict = {}
         self._vmapped: dict = {}
         # every row's parameters, kept (R, *shape) per tensor and updated for the rows whose t changes

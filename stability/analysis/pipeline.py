@@ -20,7 +20,7 @@ from typing import Callable, Optional
 
 import torch
 
-from stability.analysis.cost import Progress, forecast, predict
+from stability.analysis.cost import Progress, forecast, predict, scale
 from stability.analysis.fixed_point import AtFixedPoint, analysis_model
 from stability.analysis.options import AnalysisOptions
 from stability.analysis.pool import parallel_splits
@@ -29,6 +29,7 @@ from stability.analysis.stages.registry import FEW_SAMPLE_STAGES, stage
 from stability.checkpoint import load
 from stability.config import resolve_device
 from stability.errors import StabilityError
+from stability.numerics import Linearisation
 from stability.protocols import check_contract, check_model, differentiable_attention, is_looped
 from stability.stored import Loaded
 
@@ -59,9 +60,7 @@ def _run_stages(model, inputs: torch.Tensor, targets: Optional[torch.Tensor], op
                              options=options, inputs=inputs, targets=targets, score=score, log=say, split=split)
     n, N = int(at.e[0].numel()), int(at.x0.shape[0])
     K = options.measured(n, N)  # the samples the per-sample stages measure (AtFixedPoint.few says the same)
-    at.progress = progress = Progress(split, predict(n, N, options.stages,
-                                                     geometry_samples=options.geometry_count(n, N),
-                                                     threads=torch.get_num_threads(), few=K), say)
+    at.progress = progress = Progress(split, predicted(at, options), say)
     out = SplitResult(split=split, samples=N, state_shape=list(at.e.shape[1:]), stages=options.stages,
                         options=options, model=type(model).__name__)
     for name in options.stages:
@@ -77,6 +76,35 @@ def _run_stages(model, inputs: torch.Tensor, targets: Optional[torch.Tensor], op
                                        f"sample measure the first {K} (--few-samples 0: all)"}
     out.x0, out.x_star = at.x0, at.x_star
     return out
+
+
+def product_seconds(at: AtFixedPoint, reps: int = 5) -> float:
+    """Seconds of one J-product (a JVP of the loop map) of the whole batch at the initial iterate, on its device:
+    the fastest of ``reps`` after one warm-up (the device synchronised around each; the fastest: a busy machine's
+    pauses only lengthen a product; no random numbers drawn). The
+    map is called once plainly first: what a model caches on its first call must not be a forward-AD tensor."""
+    at.f(at.e, at.x0)
+    lin = Linearisation(at.f, at.e, at.x0)
+    v = torch.ones_like(at.e)
+    sync = torch.cuda.synchronize if at.e.device.type == "cuda" else (lambda: None)
+    times = []
+    for _ in range(reps + 1):
+        sync()
+        t = time.perf_counter()
+        lin.J(v)
+        sync()
+        times.append(time.perf_counter() - t)
+    return min(times[1:])
+
+
+def predicted(at: AtFixedPoint, options: AnalysisOptions) -> dict:
+    """The split's predicted seconds per stage (:func:`~stability.analysis.cost.predict`), rescaled to this
+    device by its measured J-product (:func:`~stability.analysis.cost.scale`, :func:`product_seconds`)."""
+    n, N = int(at.e[0].numel()), int(at.x0.shape[0])
+    with torch.no_grad():
+        factor = scale(n, N, product_seconds(at))
+    return predict(n, N, options.stages, geometry_samples=options.geometry_count(n, N), few=options.measured(n, N),
+                   factor=factor)
 
 
 def analyze_split(model, task, split: str, options: AnalysisOptions, *, log=None) -> SplitResult:

@@ -47,9 +47,9 @@ KRYLOV, RESTARTS, ESTIMATE_TOL = 20, 2, 1e-3
 def rho_estimate(fam: Family, x: torch.Tensor, rows: torch.Tensor, seed: int = 0) -> tuple:
     """The cheap ρ(J*) of the search for the rows ``rows`` at states ``x``: Krylov–Schur on Jᵀ with a basis of
     :data:`KRYLOV` vectors, at most :data:`RESTARTS` restarts, to Ritz residual :data:`ESTIMATE_TOL`. Returns
-    (ρ (A,), Ritz residual (A,), products)."""
+    (ρ (A,), Ritz residual (A,), products). The eigensolver's restart: the family's ``eig_restart``."""
     spec = spectral_radius(Linearisation(fam.step, x, rows), route="krylov", krylov=KRYLOV, restarts=RESTARTS,
-                           tol=ESTIMATE_TOL, k=3, seed=seed)
+                           tol=ESTIMATE_TOL, k=3, seed=seed, restart=fam.eig_restart)
     return spec.rho.double().cpu(), spec.ritz_residual.double().cpu(), int(spec.matvecs)
 
 
@@ -57,7 +57,8 @@ def rho_certified(fam: Family, x: torch.Tensor, rows: torch.Tensor, *, tol: floa
                   seed: int = 0) -> torch.Tensor:
     """ρ(J*) of the rows by :func:`stability.numerics.spectra.spectral_radius`, route ``auto`` (dense LAPACK for
     n ≤ DENSE_MAX, Krylov–Schur to Ritz residual ``tol`` above)."""
-    return spectral_radius(Linearisation(fam.step, x, rows), tol=tol, k=k, seed=seed).rho.double().cpu()
+    return spectral_radius(Linearisation(fam.step, x, rows), tol=tol, k=k, seed=seed,
+                           restart=fam.eig_restart).rho.double().cpu()
 
 
 @dataclass

@@ -288,6 +288,12 @@ def probe_check(model, x_star: torch.Tensor, x0: torch.Tensor, *, probes: int = 
     return diff, equal
 
 
+def _take(rho: list, eig: list, samples: list, values: list, eigenvalues: torch.Tensor) -> None:
+    """rho[b], eig[b] of the ``samples`` from one batch's ρ (a list) and eigenvalues (a tensor, a row each)."""
+    for b, v, e in zip(samples, values, eigenvalues.unbind(0)):
+        rho[b], eig[b] = float(v), e
+
+
 def prop4_matrix_free(model, x_star: torch.Tensor, x0: torch.Tensor, *, probes: int = 4, k: int = 3,
                       tol: float = 1e-6, seed: int = 0, fast_model=None, chunk: int = 1,
                       J_spectra: Optional[Spectrum] = None, tick=None, restart: str = "auto") -> Prop4Result:
@@ -303,8 +309,11 @@ def prop4_matrix_free(model, x_star: torch.Tensor, x0: torch.Tensor, *, probes: 
     reuse = equal.clone() if J_spectra is not None else torch.zeros(B, dtype=torch.bool)
     rho, eig, res, prod = [None] * B, [None] * B, torch.zeros(B, dtype=torch.float64), torch.zeros(B, dtype=torch.long)
     taken = J_spectra.rows(slice(0, B)) if J_spectra is not None else None
-    for b in torch.nonzero(reuse).flatten().tolist():  # stage rho's spectra, 0 products of M's own
-        rho[b], eig[b], res[b] = float(taken.rho[b]), taken.eigenvalues[b], taken.ritz_residual[b]
+    sel = torch.nonzero(reuse).flatten()
+    if sel.numel():  # stage rho's spectra, 0 products of M's own; one transfer, not one per sample
+        _take(rho, eig, sel.tolist(), taken.rho[sel.to(taken.rho.device)].tolist(),
+              taken.eigenvalues[sel.to(taken.eigenvalues.device)])
+        res[sel] = taken.ritz_residual[sel.to(taken.ritz_residual.device)].to(res)
     own = torch.nonzero(~reuse).flatten().tolist()
     for i in range(0, len(own), chunk):
         idx = torch.tensor(own[i:i + chunk], device=x_star.device)
@@ -314,9 +323,9 @@ def prop4_matrix_free(model, x_star: torch.Tensor, x0: torch.Tensor, *, probes: 
         got = spectral_radius(exact, route="krylov", fast=fast, tol=tol, k=k, seed=seed, restart=restart)
         if tick is not None:
             tick(min(i + chunk, len(own)), len(own), "samples of M's own spectra")
-        for j, b in enumerate(idx.tolist()):
-            rho[b], eig[b] = float(got.rho[j]), got.eigenvalues[j].cpu()[:k]
-            res[b], prod[b] = got.ritz_residual[j].cpu(), got.products[j]
+        took = torch.tensor(own[i:i + chunk])
+        _take(rho, eig, took.tolist(), got.rho.tolist(), got.eigenvalues.cpu()[:, :k])
+        res[took], prod[took] = got.ritz_residual.cpu().to(res), got.products.cpu().to(prod)
     eigenvalues = torch.stack(eig) if B else torch.zeros(0, k, dtype=torch.complex128)
     spectra = Spectrum(rho=torch.tensor(rho, dtype=torch.float64), eigenvalues=eigenvalues, ritz_residual=res,
                        matvecs=int(prod.sum()), products=prod, route=("krylov", k, tol, seed))

@@ -1,9 +1,17 @@
 """What an analysis will cost and how much is left (stability/analysis/cost.py): the power-law prediction, the line
 said before a long analysis, and the stage-by-stage time left, rescaled by the stages already run."""
 
-import pytest
+import sys
 
-from stability.analysis import cost, progress
+import pytest
+import torch
+
+from stability import AnalysisOptions
+from stability.analysis import cost, pipeline, progress
+from tests.conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from analysis_scaling import build  # noqa: E402  (benchmarks/: the paper's architecture, untrained)
 
 
 def test_the_prediction_grows_as_each_stages_fitted_power_of_the_state_size():
@@ -66,9 +74,42 @@ def test_analyze_says_its_forecast_and_each_stages_time_left_on_stderr_and_quiet
     # a tiny analysis is predicted to take well under a minute: predict 100 s for each stage after reachability
     monkeypatch.setattr(cost, "COSTS", {"reachability": (0.0, 0.0, "one"), "rho": (100.0, 0.0, "one"),
                                         "prop5": (100.0, 0.0, "one")})
+    monkeypatch.setattr(pipeline, "scale", lambda n, samples, seconds: 1.0)  # this machine as fast as the fit's
     args = ("analyze", ckpt, "--split", "val", "--samples", "2", "--only", "rho,prop5", "--workers", "1")
     err = run_cli(*args, env={"OMP_NUM_THREADS": "1"}).stderr
     assert "analysis: 1 split(s) × 2 samples, state 32 × 16 (n = 512), 3 stages: about " in err
     assert "about 3 min on 1 CPU thread(s) (predicted)" in err
     assert "val: rho (2/3), about 2 min; about 3 min left in val" in err
     assert run_cli(*args, "--quiet", env={"OMP_NUM_THREADS": "1"}).stderr == ""
+
+
+def test_the_device_scale_is_the_measured_product_over_the_fits_product_for_the_batch():
+    a, b = cost.PRODUCT
+    assert cost.scale(2000, 4, 4 * a * 2.0 ** b) == pytest.approx(1.0)
+    assert cost.scale(2000, 400, 4 * a * 2.0 ** b) == pytest.approx(0.01)  # a GPU: 100 × the batch, same time
+    one = cost.predict(2000, 8, cost.COSTS)
+    fast = cost.predict(2000, 8, cost.COSTS, threads=4, factor=0.05)  # the measurement counted the threads
+    assert all(fast[k] == pytest.approx(0.05 * one[k]) for k in one)
+
+
+def test_the_forecast_rescaled_by_the_measured_product_is_within_2x_of_the_analysis_time(monkeypatch):
+    """A small analysis on this machine (chess shape 8 × 8 × 32, 2 samples, default stages, one thread): the
+    prediction rescaled by its own measured J-product, against the stages' measured seconds."""
+    seen, predicted = {}, pipeline.predicted
+
+    def spy(at, options):
+        seen["predicted"] = predicted(at, options)
+        return seen["predicted"]
+
+    monkeypatch.setattr(pipeline, "predicted", spy)
+    model, inputs = build("chess", 32, (8, 8), 0.5, 2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        split = pipeline.run_stages(model, inputs, None, AnalysisOptions(samples=2), split="inputs")
+    finally:
+        torch.set_num_threads(threads)
+    actual = sum(split.timings.values())
+    predicted = sum(seen["predicted"].values())
+    assert set(seen["predicted"]) == set(split.timings)
+    assert 0.5 <= predicted / actual <= 2.0, (predicted, actual)

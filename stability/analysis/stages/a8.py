@@ -72,7 +72,8 @@ def _other_starts(at: AtFixedPoint, K: int) -> tuple:
     new = [k for k, v in starts.items() if not torch.equal(v, e)]
     B = e.shape[0]
     both = (solve(at.f, torch.cat([starts[k] for k in new]), torch.cat([x0] * len(new)),
-                  Solve(method=o.solver, tol=o.tol, max_iter=o.max_iter, name="a8 starts")) if new else None)
+                  Solve(method=o.solver, tol=o.tol, max_iter=o.max_iter, name="a8 starts",
+                        batched=o.solver_batched)) if new else None)
     x_best, conv = {}, {}
     for k in starts:
         if k in new:
@@ -115,8 +116,8 @@ def run(at: AtFixedPoint) -> InitialIterate:
     std, starts, new, x_best, conv = _other_starts(at, K)
     all_conv = torch.stack(list(conv.values())).all(0)
     dist = fixed_point_distance(list(x_best.values()))
-    a8 = InitialIterate(starts=list(starts), fixed_point_distance=[float(d) if bool(c) else None
-                                                                   for d, c in zip(dist, all_conv)],
+    a8 = InitialIterate(starts=list(starts), fixed_point_distance=[d if c else None for d, c in
+                                                                   zip(dist.tolist(), all_conv.cpu().tolist())],
                         converged_fraction={k: float(c.double().mean()) for k, c in conv.items()},
                         noise_std=std)
     # global: the model's e and every other start, x* compared only between converged solves

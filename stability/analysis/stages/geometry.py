@@ -67,7 +67,7 @@ def run(at: AtFixedPoint) -> Geometry:
 
         sel = torch.tensor(missing, device=at.x_star.device)
         got = spectral_radius(Linearisation(at.f, at.x_star[sel], at.x0[sel]), tol=o.eig_tol, k=o.eig_k,
-                              seed=o.seed)
+                              seed=o.seed, restart=o.eig_restart)
         for b, v in zip(missing, got.rho.tolist()):
             rho[b] = float(v)
 
@@ -79,7 +79,7 @@ def run(at: AtFixedPoint) -> Geometry:
                    group_directions=o.geometry_group_directions, certify=o.geometry_certify,
                    plane=o.geometry_plane if o.geometry_directions >= 2 else 0, tol=o.tol, max_iter=o.max_iter,
                    eig_tol=o.eig_tol, eig_k=o.eig_k, seed=o.seed,
-                   log=lambda m: at.log(f"{at.split}: {m}"))
+                   log=lambda m: at.log(f"{at.split}: {m}"), restart=o.eig_restart)
 
 
 def _percent(v) -> str:

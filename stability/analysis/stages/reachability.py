@@ -83,7 +83,8 @@ def reachability(result: SolveResult, *, distinct_tol: Optional[float] = None, s
     tol = distinct_tol if distinct_tol is not None else max(1e-3, 100 * result.tol)
     conv = result.converged
     count = distinct_fixed_points(result.x_best, conv, tol=tol)[0] if bool(conv.any()) else 0
-    res = [None if not torch.isfinite(r) else float(r) for r in result.best_residual.double()]
+    # one transfer for the batch (a float per sample would sync with the device per sample)
+    res = [None if not math.isfinite(v) else v for v in result.best_residual.double().tolist()]
     summ = result.summary()  # the solver's own medians (stability.stats.median)
     nfe = result.nfe.tolist()
     trace = [[None if not math.isfinite(v) else float(v) for v in row] for row in result.residuals.tolist()]
@@ -106,7 +107,7 @@ def run(at: AtFixedPoint) -> Reachability:
         from stability.analysis.accuracy import CurveRecorder
 
         curve = CurveRecorder(at.model, at.score, o.iterations, at.targets)
-    at.solve(Solve(method=o.solver, tol=o.tol, max_iter=o.max_iter, name="analysis"),
+    at.solve(Solve(method=o.solver, tol=o.tol, max_iter=o.max_iter, name="analysis", batched=o.solver_batched),
              observe=curve.observe if curve else None, observe_steps=o.iterations if curve else 0)
     if curve is not None:
         at.accuracy_curve = curve.curve()

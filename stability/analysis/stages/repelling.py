@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from stability.analysis.stages.base import Cost, Stage
 from stability.analysis.thresholds import distinct_tol
-from stability.stats import distinct_clusters
+from stability.stats import linked_clusters
 
 if TYPE_CHECKING:
     import torch
@@ -112,10 +112,14 @@ def perturbed_starts(x_best: torch.Tensor, starts: int, scale: float, seed: int)
 
 def search(f: Callable, x_best: torch.Tensor, x0: torch.Tensor, *, starts: int = 3, scale: float = 0.5,
            budget: int = 100, tol: float = 1e-5, distinct_tol: float = 1e-3, seed: int = 0,
-           rho_at_best: Optional[list] = None, eig_tol: float = 1e-6, eig_k: int = 3) -> RepellingSearch:
+           rho_at_best: Optional[list] = None, eig_tol: float = 1e-6, eig_k: int = 3,
+           restart: str = "auto", batched: Optional[bool] = None) -> RepellingSearch:
     """Roots of f(x, x0) − x from x_best and ``starts`` perturbations of it, per sample, classified by ρ(J)
     (module docstring). ``rho_at_best``: ρ(J) at x_best per sample where already known (stage ``rho``), reused
-    for a root that is x_best itself. Every start of every sample is one row of one batched Broyden solve."""
+    for a root that is x_best itself. Every start of every sample is one row of one batched Broyden solve; the
+    distinct roots of every sample are told apart at once on the device, and ρ at them is one eigensolver batch
+    (``restart``: :func:`~stability.numerics.eigen.krylov_schur`'s, ``AnalysisOptions.eig_restart``; ``batched``:
+    the solver's, ``AnalysisOptions.solver_batched``)."""
     import torch  # a torch-free module: torch, the numerics and the solver where the search runs
 
     from stability.numerics import Linearisation, spectral_radius
@@ -125,7 +129,7 @@ def search(f: Callable, x_best: torch.Tensor, x0: torch.Tensor, *, starts: int =
     S = 1 + starts
     X = perturbed_starts(x_best, starts, scale, seed)  # (S, B, *shape)
     sol = solve(f, X.flatten(0, 1), torch.cat([x0] * S), method="broyden", tol=tol, max_iter=budget,
-                max_period=0, certify_rho=False)
+                max_period=0, certify_rho=False, batched=batched)
     roots = sol.x_best.view(S, B, *x_best.shape[1:])
     conv = sol.converged.view(S, B)
     status = [sol.status[k * B:(k + 1) * B] for k in range(S)]
@@ -133,35 +137,72 @@ def search(f: Callable, x_best: torch.Tensor, x0: torch.Tensor, *, starts: int =
     m = max(MARGIN, 10 * tol)
     out = RepellingSearch(starts=starts, scale=scale, budget=budget, tol=tol, distinct_tol=distinct_tol, nfe=nfe,
                           margin=m)
-    reps, known = [], []  # (sample, start) of each distinct root; ρ reused where the root is x_best itself
-    for b in range(B):
-        found = [k for k in range(S) if bool(conv[k, b])]
-        _, labels = distinct_clusters(roots[found, b], atol=1e-8, rtol=distinct_tol) if found else (0, [])
-        firsts = [found[labels.index(c)] for c in range(len(set(labels)))]
-        for k in firsts:
-            same = rho_at_best is not None and rho_at_best[b] is not None and torch.equal(roots[k, b], x_best[b])
-            reps.append((b, k))
-            known.append(float(rho_at_best[b]) if same and math.isfinite(rho_at_best[b]) else None)
-        out.roots.append(len(firsts))
-        out.start_status.append([status[k][b] for k in range(S)])
-        out.ran_out.append(any(status[k][b] in RAN_OUT for k in range(S)))
+    reps, known = _distinct_roots(roots, conv, x_best, rho_at_best, distinct_tol, out, status)
     todo = [i for i, r in enumerate(known) if r is None]
     rho = list(known)
     if todo:
-        xs = torch.stack([roots[reps[i][1], reps[i][0]] for i in todo])
-        xb = torch.stack([x0[reps[i][0]] for i in todo])
-        spec = spectral_radius(Linearisation(f, xs, xb), tol=eig_tol, k=eig_k, seed=seed)
+        bs = torch.tensor([reps[i][0] for i in todo], device=roots.device)
+        ks = torch.tensor([reps[i][1] for i in todo], device=roots.device)
+        spec = spectral_radius(Linearisation(f, roots[ks, bs], x0[bs]), tol=eig_tol, k=eig_k, seed=seed,
+                               restart=restart)
         for i, v in zip(todo, spec.rho.detach().double().cpu().tolist()):
             rho[i] = float(v)
         out.rho_products = int(getattr(spec, "matvecs", 0) or 0)
-    for b in range(B):
-        mine = [r for (s, _), r in zip(reps, rho) if s == b]
-        out.rho.append(mine)
-        out.points.append([roots[k, s] for (s, k) in reps if s == b])
-        out.repelling.append(sum(1 for r in mine if r > 1.0 + m))
-        out.attracting.append(sum(1 for r in mine if r < 1.0 - m))
-        out.marginal.append(len(mine) - out.repelling[-1] - out.attracting[-1])
+    mine: list = [[] for _ in range(B)]
+    for (b, _), r in zip(reps, rho):
+        mine[b].append(r)
+    out.rho = mine
+    out.repelling = [sum(1 for r in rs if r > 1.0 + m) for rs in mine]
+    out.attracting = [sum(1 for r in rs if r < 1.0 - m) for rs in mine]
+    out.marginal = [len(rs) - a - c for rs, a, c in zip(mine, out.repelling, out.attracting)]
+    out.points = _Points(roots, reps, B)
     return out
+
+
+class _Points:
+    """Per sample, the distinct roots (tensors, views of the solve's batch), made when read: ``points[b]``."""
+
+    def __init__(self, roots, reps: list, B: int):
+        self.roots, self.reps, self.B = roots, reps, B
+
+    def __getitem__(self, b: int) -> list:
+        return [self.roots[k, s] for (s, k) in self.reps if s == b]
+
+    def __len__(self) -> int:
+        return self.B
+
+
+def _distinct_roots(roots, conv, x_best, rho_at_best, tol: float, out: RepellingSearch, status: list) -> tuple:
+    """The distinct converged roots of every sample, with one transfer to the host: the linked graph
+    (:func:`stability.stats.distinct_clusters`' metric, atol 1e-8, rtol ``tol``) between its starts, and which
+    root is x_best itself, computed for all samples at once. Fills ``out.roots``, ``start_status``, ``ran_out``;
+    returns the (sample, start) of each distinct root and ρ where it is known (x_best itself, stage rho's)."""
+    import torch  # a torch-free module: torch where the search runs
+
+    S, B = roots.shape[:2]
+    flat = roots.flatten(2).double()  # (S, B, n)
+    finite = torch.isfinite(flat).all(2)
+    scale = flat.abs().amax(2)
+    linked = torch.zeros(S, S, B, dtype=torch.bool, device=roots.device)
+    for i in range(S):  # a pair of starts at a time: S² / 2 steps whatever the batch, B · n memory each
+        for j in range(i + 1, S):
+            d = (flat[i] - flat[j]).abs().amax(1)
+            linked[i, j] = linked[j, i] = (d <= 1e-8 + tol * torch.maximum(scale[i], scale[j])) & finite[i] & finite[j]
+    same = (roots == x_best.unsqueeze(0)).flatten(2).all(2)  # torch.equal per (start, sample)
+    linked, conv, same = (t.cpu().tolist() for t in (linked.permute(2, 0, 1), conv.T, same.T))
+    reps, known = [], []
+    for b in range(B):
+        found = [k for k in range(S) if conv[b][k]]
+        _, labels = linked_clusters([[linked[b][i][j] for j in found] for i in found]) if found else (0, [])
+        firsts = [found[labels.index(c)] for c in range(len(set(labels)))]
+        for k in firsts:
+            r = None if rho_at_best is None else rho_at_best[b]
+            reps.append((b, k))
+            known.append(float(r) if same[b][k] and r is not None and math.isfinite(r) else None)
+        out.roots.append(len(firsts))
+        out.start_status.append([status[k][b] for k in range(S)])
+        out.ran_out.append(any(status[k][b] in RAN_OUT for k in range(S)))
+    return reps, known
 
 
 def run(at: AtFixedPoint) -> RepellingSearch:
@@ -169,7 +210,8 @@ def run(at: AtFixedPoint) -> RepellingSearch:
     o, spec, K = at.options, at.jacobian_spectra, at.few
     return search(at.f, at.x_star[:K], at.x0[:K], starts=o.repelling_starts, scale=o.repelling_scale,
                   budget=o.repelling_budget, tol=o.tol, distinct_tol=distinct_tol(o.tol), seed=o.seed,
-                  rho_at_best=None if spec is None else spec.rhos[:K], eig_tol=o.eig_tol, eig_k=o.eig_k)
+                  rho_at_best=None if spec is None else spec.rhos[:K], eig_tol=o.eig_tol, eig_k=o.eig_k,
+                  restart=o.eig_restart, batched=o.solver_batched)
 
 
 def rows(block: Optional[dict], split: dict) -> list:
