@@ -126,6 +126,11 @@ SUITE = (
               _script("ensemble_benchmark.py", "--seeds", "2", "--epochs", "1", "--out", "{out}"),
               "a 5-seed ensemble (`stability train --seeds`) against the 5 solo runs in sequence at the demo's size: "
               "speed, loss and accuracy agreement"),
+    Benchmark("lm-size", "Looped language models at 100 M parameters (`benchmarks/lm_size.py`, issue 36)",
+              _script("lm_size.py", "--threads", "2", "--json", "{out}/lm-size.json"),
+              _script("lm_size.py", "--quick", "--threads", "2", "--json", "{out}/lm-size.json"),
+              "a Huginn-shaped LM of 101 M parameters (random weights), 4 x 32 tokens: reachability, per-token "
+              "ρ and Prop. 5 on 2 threads: wall time and peak RSS against the float32 size"),
     Benchmark("busy-machine", "Busy machine (issue 25)",
               _script("busy_machine.py", "--ckpt", CKPT, "--json", "{out}/busy-machine.json"),
               _script("busy_machine.py", "--quick", "--ckpt", CKPT, "--json", "{out}/busy-machine.json"),

@@ -13,6 +13,9 @@ from typing import Callable, Iterable, Optional
 
 import torch
 
+#: a target position that is not scored (PyTorch's and Hugging Face's ignore index for cross entropy)
+IGNORE_INDEX = -100
+
 
 @dataclass
 class AccuracyCurve:
@@ -34,9 +37,17 @@ class AccuracyCurve:
 
 def argmax_score(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(correct, position_accuracy), both (B,): argmax over the last (class) axis against the targets (B, *positions);
-    a sample is correct only if every position is right, as the tasks score (``Task.score``)."""
-    right = (logits.argmax(-1) == targets.to(logits.device)).reshape(targets.shape[0], -1)
-    return right.all(dim=1), right.float().mean(dim=1)
+    a sample is correct only if every position is right, as the tasks score (``Task.score``). Positions whose target
+    is :data:`IGNORE_INDEX` (−100) are not scored: correct means every scored position right, the position accuracy
+    is over the scored positions (1 where none is)."""
+    targets = targets.to(logits.device)
+    right = (logits.argmax(-1) == targets).reshape(targets.shape[0], -1)
+    scored = (targets != IGNORE_INDEX).reshape(targets.shape[0], -1)
+    if bool(scored.all()):  # every position scored: the tasks' rule, bit for bit
+        return right.all(dim=1), right.float().mean(dim=1)
+    n = scored.sum(dim=1)
+    acc = (right & scored).sum(dim=1).float() / n.clamp_min(1).float()
+    return (right | ~scored).all(dim=1), torch.where(n > 0, acc, torch.ones_like(acc))
 
 
 def _scorer(score):

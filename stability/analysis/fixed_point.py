@@ -49,9 +49,22 @@ if TYPE_CHECKING:
     from stability.solvers import SolveResult
 
 
+def cast_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A deep copy of ``model`` whose floating parameters and buffers are in ``dtype``, each cast straight from the
+    original's tensor: the same module as ``copy.deepcopy(model).to(dtype)``, without that route's moment of
+    holding a second full copy in the original's precision."""
+    memo: dict = {}
+    for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        if id(t) in memo or not t.is_floating_point():
+            continue
+        c = t.detach().to(dtype=dtype, copy=True)
+        memo[id(t)] = torch.nn.Parameter(c, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else c
+    return copy.deepcopy(model, memo)
+
+
 def analysis_model(model: torch.nn.Module, dtype: torch.dtype = torch.float64, device: Optional[str] = None):
     """A float64 (by default) copy of the model for analysis: eval mode, no parameter gradients."""
-    m = copy.deepcopy(model).to(dtype=dtype)
+    m = cast_copy(model, dtype)
     if device is not None:
         m = m.to(device)
     m.eval()

@@ -12,7 +12,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from stability.analysis.prop5 import KrylovError, krylov_message
+from stability.analysis.prop5 import KrylovError, krylov_message, precision_of
 from stability.errors import ConfigError
 from stability.numerics import Linearisation, solve_I_minus_J
 
@@ -44,12 +44,13 @@ class FrobeniusBatched:
     gmres_iterations: np.ndarray  # (B, probes)
     tol: float
     converged: np.ndarray  # (B,) bool
+    precision: str = "float64"  # of the products (a failed solve's message names it below float64)
 
     def sample(self, b: int) -> FrobeniusEstimate:
         """Sample b as one record (:class:`FrobeniusEstimate`); raises KrylovError if a probe's GMRES failed."""
         if not self.converged[b]:
             raise KrylovError(krylov_message(float(self.gmres_residual_max[b]),
-                                             int(self.gmres_iterations[b].max()), self.tol))
+                                             int(self.gmres_iterations[b].max()), self.tol, self.precision))
         return FrobeniusEstimate(value=float(self.value[b]), stderr=float(self.stderr[b]), probes=self.probes,
                                  gmres_residual_max=float(self.gmres_residual_max[b]))
 
@@ -96,4 +97,5 @@ def input_dependence_frobenius_batched(f: Callable, x_star: torch.Tensor, x0: to
         stderr = np.where(value > 0, se_sq / (2 * value), 0.0)
     rmax = res.max(1)
     return FrobeniusBatched(value=value, stderr=stderr, probes=probes, gmres_residual_max=rmax,
-                            gmres_iterations=its, tol=tol, converged=np.isfinite(rmax) & (rmax <= 10 * tol))
+                            gmres_iterations=its, tol=tol, converged=np.isfinite(rmax) & (rmax <= 10 * tol),
+                            precision=precision_of(x_star))

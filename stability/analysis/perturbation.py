@@ -163,10 +163,20 @@ def parameter_groups(model, names: list, inputs: torch.Tensor, x: torch.Tensor, 
 
     With the named parts of :class:`~stability.protocols.RecallParts`: W_x, the rest of g, attention (h1), MLP
     (h2), norm gains, residual (R), embedding, other — each part found by calling it under ``functional_call`` and
-    asking autograd which parameters it reached. Otherwise by the first component of the parameter name (the
-    first two when that gives a single group)."""
+    asking autograd which parameters it reached. A model with a ``parameter_groups()`` method (label → names: a
+    language model's, :meth:`stability.lm.LMAdapter.parameter_groups`) gives its own. Otherwise by the first
+    component of the parameter name (the first two when that gives a single group)."""
     params = {k: v for k, v in model.named_parameters() if k in names}
     groups: dict[str, list] = {}
+    if callable(getattr(model, "parameter_groups", None)):  # the model's own groups (a language model's by type)
+        for label, members in model.parameter_groups().items():
+            got = [k for k in params if k in set(members) and not any(k in g for g in groups.values())]
+            if got:
+                groups[label] = got
+        rest = [k for k in params if not any(k in g for g in groups.values())]
+        if rest:
+            groups.setdefault("other", []).extend(rest)
+        return groups
     if has_recall_parts(model):
         wx = getattr(model, "W_x", None)
         wx_name = next((k for k, v in params.items() if wx is not None and v is wx), None)

@@ -30,10 +30,20 @@ class KrylovError(StabilityError):
     """GMRES did not solve (I − J) w = b to its tolerance (typically ρ(J) ≥ 1: x* is not attracting)."""
 
 
-def krylov_message(res: float, its: int, tol: float) -> str:
-    """The one-line message of a :class:`KrylovError`: the relative residual reached after ``its`` products."""
-    return (f"GMRES did not converge: relative residual {res:.3g} > tol {tol:.3g} after {its} products with "
-            f"I − J (is x* attracting, ρ(J) < 1?)")
+def krylov_message(res: float, its: int, tol: float, precision: str = "float64") -> str:
+    """The one-line message of a :class:`KrylovError`: the relative residual reached after ``its`` products, and
+    its likelier cause: x* not attracting, or, where the products ran below float64 (``precision``), rounding."""
+    head = f"GMRES did not converge: relative residual {res:.3g} > tol {tol:.3g} after {its} products with I − J"
+    if precision != "float64":
+        return (f"{head} (cause: precision, not the model: the products are {precision}, whose rounding "
+                f"(ε ≈ {torch.finfo(getattr(torch, precision)).eps:.1g}) no Krylov solve gets far below; "
+                "analyse in float64)")
+    return f"{head} (is x* attracting, ρ(J) < 1?)"
+
+
+def precision_of(x: torch.Tensor) -> str:
+    """``float64``, ``float32``, ...: the precision of the products at the state ``x``."""
+    return str(x.dtype).replace("torch.", "")
 
 
 @dataclass
@@ -79,12 +89,13 @@ class Prop5Batched:
     converged: np.ndarray  # (B,) bool
     w: torch.Tensor  # (B, *S) dx*/dx0 · u
     frozen_at: np.ndarray  # (B,) see Unroll
+    precision: str = "float64"  # of the products (a failed solve's message names it below float64)
 
     def sample(self, b: int) -> Prop5Check:
         """Sample b as one record (:class:`Prop5Check`); raises KrylovError if its GMRES failed."""
         if not self.converged[b]:
             raise KrylovError(krylov_message(float(self.gmres_residual[b]), int(self.gmres_iterations[b]),
-                                             self.gmres_tol))
+                                             self.gmres_tol, self.precision))
         return Prop5Check(T=list(self.T), rel_error=self.rel_error[b].tolist(),
                           gmres_residual=float(self.gmres_residual[b]),
                           gmres_iterations=int(self.gmres_iterations[b]), gmres_tol=self.gmres_tol,
@@ -132,4 +143,5 @@ def prop5_check_batched(f: Callable, x_star: torch.Tensor, x0: torch.Tensor, e: 
     return Prop5Batched(T=list(unroll.T), rel_error=err.T.detach().double().cpu().numpy(),
                         fixed_point_distance=dist.T.detach().double().cpu().numpy(), gmres_residual=res,
                         gmres_iterations=sol.iterations.cpu().numpy(), gmres_tol=tol,
-                        converged=np.isfinite(res) & (res <= 10 * tol), w=w, frozen_at=unroll.frozen_at.numpy())
+                        converged=np.isfinite(res) & (res <= 10 * tol), w=w, frozen_at=unroll.frozen_at.numpy(),
+                        precision=precision_of(x_star))

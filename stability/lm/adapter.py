@@ -36,6 +36,13 @@ from stability.lm.precision import float64_mode, model_dtype
 
 READOUT_CONTEXTS = ("none", "context", "all")
 
+#: the geometry stage's parameter groups of a language model, by module type (:meth:`LMAdapter.parameter_groups`)
+GROUPS = ("router", "embeddings", "norms", "attention", "MLP / experts", "injection", "other")
+#: name components (lower case, substrings) that mark each group; the first group that matches wins
+_MARKS = {"router": ("router",), "embeddings": ("embed", "wte", "wpe"),
+          "norms": ("norm",), "attention": ("attn", "attention", "q_proj", "k_proj", "v_proj", "o_proj", "qkv"),
+          "MLP / experts": ("mlp", "expert", "ffn", "feed_forward", "gate_up", "up_proj", "gate_proj", "down")}
+
 
 class LMAdapter(torch.nn.Module):
     """Base class of the adapters (module docstring). Subclasses set ``carry_channels``, ``model_steps`` and
@@ -127,6 +134,46 @@ class LMAdapter(torch.nn.Module):
         for _ in range(self.model_steps if steps is None else steps):
             x = self.step(x, x0)
         return self.readout(x)
+
+    #: name components of the input injection's own parameters (Huginn's concat adapter: ``adapter``)
+    injection_names: tuple = ()
+    #: an architecture's own groups, label → name components (checked before the types'; e.g. Inkling's messages)
+    group_marks: dict = {}
+    #: user-given groups, label → parameter-name prefixes (``analyze_lm(..., parameter_groups=...)``); None: by type
+    user_groups: Optional[dict] = None
+
+    def parameter_groups(self) -> dict:
+        """Label → parameter names, for the geometry stage's narrow directions (docs/language-models.md): the user's
+        prefixes (:attr:`user_groups`) where given, else by module type (:data:`GROUPS`): a router of
+        :meth:`routers`, an ``nn.Embedding``, a norm (a module whose type names it), attention, MLP or experts,
+        the injection (:attr:`injection_names`), by the module's type and the components of the name."""
+        names = [k for k, _ in self.named_parameters()]
+        if self.user_groups is not None:
+            return {label: [k for k in names if any(k == p or k.startswith(p.rstrip(".") + ".") for p in prefixes)]
+                    for label, prefixes in self.user_groups.items()}
+        routers = {id(p) for _, mod in self.routers() for p in mod.parameters()}
+        modules = dict(self.named_modules())
+        out: dict = {}
+        for k, p in self.named_parameters():
+            out.setdefault(self._group_of(k, p, routers, modules), []).append(k)
+        order = [*GROUPS[:-1], *self.group_marks, GROUPS[-1]]
+        return {label: out[label] for label in order if label in out}
+
+    def _group_of(self, name: str, p, routers: set, modules: dict) -> str:
+        if id(p) in routers or any(m in f".{name.lower()}" for m in (".mlp.gate.", ".moe.gate.", ".router.")):
+            return "router"  # a mixture of experts' gate is its router (transformers' naming)
+        owner = modules.get(name.rpartition(".")[0])
+        if isinstance(owner, torch.nn.Embedding):
+            return "embeddings"
+        if owner is not None and "norm" in type(owner).__name__.lower():
+            return "norms"
+        parts = [c.lower() for c in name.split(".")[:-1]] or [name.lower()]
+        if any(c in self.injection_names for c in parts):
+            return "injection"
+        for label, marks in {**self.group_marks, **_MARKS}.items():
+            if any(m in c for c in parts for m in marks):
+                return label
+        return "other"
 
     def routers(self) -> list:
         """(name, module) of the routers inside the loop (top-k expert choice), for

@@ -158,12 +158,13 @@ def _options(options, N: int, precision: str):
 def analyze_lm(source, inputs: torch.Tensor, attention_mask: Optional[torch.Tensor] = None, *,
                position_ids: Optional[torch.Tensor] = None, targets: Optional[torch.Tensor] = None,
                options=None, precision: str = "float64", lm_stages=LM_STAGES, exit_passes: Optional[int] = None,
-               log: Optional[Callable] = None) -> LMAnalysis:
+               parameter_groups: Optional[dict] = None, log: Optional[Callable] = None) -> LMAnalysis:
     """The analysis of a looped language model on token ids (module docstring). ``inputs``: ids (B, T) (with
     ``attention_mask``, ``position_ids``) or packed inputs (B, 3, T); ``targets``: (B, T) aligned with the logits,
     −100 unscored; ``options``: :class:`~stability.config.AnalysisOptions` (default: every sample, the default
     stages); ``exit_passes``: the passes of the exit audit (default the larger of 4 × the model's depth and 32,
-    at most ``options.max_iter``)."""
+    at most ``options.max_iter``); ``parameter_groups``: the geometry stage's groups, label → parameter-name
+    prefixes (default: by module type, :meth:`~stability.lm.LMAdapter.parameter_groups`)."""
     from stability.analysis.pipeline import check_finite_weights, run_stages
     from stability.analysis.results import Analysis
     from stability.lm.precision import check_float64, precision_hint
@@ -174,6 +175,8 @@ def analyze_lm(source, inputs: torch.Tensor, attention_mask: Optional[torch.Tens
     options = _options(options, int(packed.shape[0]), precision)
     model, desc = as_adapter(source, torch.float32 if precision == "float32" else torch.float64)
     model = model.to(options.device)
+    if parameter_groups is not None:
+        set_user_groups(model, parameter_groups)
     check_contract(model)
     check_finite_weights(model, type(model).__name__)
     check_model(model, packed, targets)
@@ -192,6 +195,20 @@ def analyze_lm(source, inputs: torch.Tensor, attention_mask: Optional[torch.Tens
                     log=log)
     lm["precision"] = _precision_block(precision, options)
     return LMAnalysis(analysis=analysis, lm=lm)
+
+
+def set_user_groups(model, groups: dict) -> None:
+    """Give an LM adapter the user's parameter groups (label → name prefixes), each prefix checked against the
+    model's parameters first (one line naming the first that matches none)."""
+    if not isinstance(groups, dict) or not all(isinstance(v, (list, tuple)) for v in groups.values()):
+        raise StabilityError("parameter_groups: a dict of label -> list of parameter-name prefixes")
+    names = [k for k, _ in model.named_parameters()]
+    for label, prefixes in groups.items():
+        for p in prefixes:
+            if not any(k == p or k.startswith(str(p).rstrip(".") + ".") for k in names):
+                raise StabilityError(f"parameter_groups[{label!r}]: no parameter of {type(model).__name__} "
+                                     f"starts with {p!r} (e.g. {names[0]!r})")
+    model.user_groups = {str(k): [str(p) for p in v] for k, v in groups.items()}
 
 
 def _precision_block(precision: str, options) -> dict:

@@ -98,6 +98,7 @@ class Huginn(LMAdapter):
     """The reference recurrent-depth LM (module docstring)."""
 
     readout_context = "context"
+    injection_names = ("adapter",)
 
     def __init__(self, cfg: Optional[HuginnConfig] = None):
         super().__init__()

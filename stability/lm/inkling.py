@@ -49,6 +49,8 @@ class InklingLoopAdapter(LMAdapter):
     attention, batched_mm experts)."""
 
     readout_context = "all"
+    #: the message passing between passes (message_input, the layers' message gates): a group of its own
+    group_marks = {"messages": ("message",)}
 
     def __init__(self, model):
         super().__init__()

@@ -25,14 +25,13 @@ from typing import Optional
 
 import torch
 
+from stability.analysis.accuracy import IGNORE_INDEX  # noqa: F401 - the one ignore index, re-exported here
 from stability.errors import StabilityError
 
 #: positions ride in x0 as position · 2⁻¹⁶ (a power of two: exact in every float format the models use)
 POSITION_SCALE = 2.0 ** -16
 #: the context channels at the end of x0: mask, scaled position
 CONTEXT_CHANNELS = 2
-#: the label that is not scored (the ignore index of torch's cross entropy and of Hugging Face models)
-IGNORE_INDEX = -100
 
 
 @dataclass

@@ -132,6 +132,8 @@ def precision_hint(exc: BaseException, model, inputs: torch.Tensor) -> str:
     when the model is not float64 or computes below it: ``... (cause: precision, not the model: ...)``; the
     message unchanged otherwise."""
     msg = str(exc)
+    if "cause: precision" in msg:  # the message names precision already (stability.analysis.prop5.krylov_message)
+        return msg
     dtype = model_dtype(model)
     if dtype is not None and dtype != torch.float64:
         cause = f"the model is {str(dtype).replace('torch.', '')}"

@@ -198,45 +198,62 @@ class TokenSpectra:
                 "exact": self.exact.tolist(), "acausal": [float(v) for v in self.acausal.tolist()]}
 
 
-def _diagonal_apply(f, x: torch.Tensor, x0: torch.Tensor, D: int, real: torch.Tensor, acausal: torch.Tensor):
+def _position_chunks(T: int, chunk: int) -> list:
+    """The token positions in runs of at most ``chunk``: one vmapped forward-mode product per run."""
+    return [range(t0, min(T, t0 + chunk)) for t0 in range(0, T, max(1, int(chunk)))]
+
+
+def _diagonal_apply(f, x: torch.Tensor, x0: torch.Tensor, D: int, real: torch.Tensor, acausal: torch.Tensor, *,
+                    chunk: int = 8, prefix: bool = False):
     """The batched operator of the real tokens' diagonal blocks for :func:`~stability.numerics.eigen.krylov_schur`:
-    V (P, D) (one row per real token, in (b, t) order) ↦ (∂f_t/∂x_t V_bt) by one forward-mode product per token
-    position, vmapped over the T positions; the entries above the diagonal the same products reach are folded into
-    ``acausal`` (B,) as they go."""
+    V (P, D) (one row per real token, in (b, t) order) ↦ (∂f_t/∂x_t V_bt), one forward-mode product per token
+    position, vmapped ``chunk`` positions at a time (memory: ``chunk`` copies of the step's activations, whatever
+    T); the entries above the diagonal the same products reach are folded into ``acausal`` (B,) as they go. With
+    ``prefix`` (a causal map: f_t reads x_s, s ≤ t, only), a run of positions ending at t is evaluated on the
+    tokens 0..t alone: about half the work of the whole sequence, and the same derivatives."""
     B, T, C = x.shape
-    pos = torch.arange(T, device=x.device)
-    above = (pos[None, :] < pos[:, None]).to(x.dtype)[:, None, :, None]  # (t, 1, s, 1): s < t
+    runs = _position_chunks(T, chunk)
 
-    def jvp(w):
-        return torch.func.jvp(lambda p: f(p, x0), (x,), (w,))[1]
+    def products(n: int, W: torch.Tensor) -> torch.Tensor:
+        xs, x0s = x[:, :n], x0[:, :n]
 
-    batched = torch.func.vmap(jvp)
+        def jvp(w):
+            return torch.func.jvp(lambda p: f(p, x0s), (xs,), (w,))[1]
+
+        try:
+            return torch.func.vmap(jvp)(W)
+        except (RuntimeError, NotImplementedError):
+            return torch.stack([jvp(w) for w in W])
 
     def apply(V: torch.Tensor) -> torch.Tensor:
         full = torch.zeros(B, T, D, dtype=x.dtype, device=x.device)
         full[real] = V.to(x.dtype)
-        W = torch.zeros(T, B, T, C, dtype=x.dtype, device=x.device)
-        W[pos, :, pos, :D] = full.transpose(0, 1)
-        try:
-            Y = batched(W)
-        except (RuntimeError, NotImplementedError):
-            Y = torch.stack([jvp(w) for w in W])
-        acausal.copy_(torch.maximum(acausal, (Y[..., :D].abs() * above).amax(dim=(0, 2, 3))))
-        return Y[pos, :, pos, :D].transpose(0, 1)[real]
+        out = torch.zeros_like(full)
+        for ts in runs:
+            n = ts[-1] + 1 if prefix else T
+            pos = torch.arange(ts[0], ts[-1] + 1, device=x.device)
+            k = len(ts)
+            W = torch.zeros(k, B, n, C, dtype=x.dtype, device=x.device)
+            W[torch.arange(k), :, pos, :D] = full[:, pos].transpose(0, 1)
+            Y = products(n, W)[..., :D]  # (k, B, n, D)
+            out[:, pos] = Y[torch.arange(k), :, pos].transpose(0, 1)
+            above = (torch.arange(n, device=x.device)[None, :] < pos[:, None]).to(x.dtype)[:, None, :, None]
+            acausal.copy_(torch.maximum(acausal, (Y.abs() * above).amax(dim=(0, 2, 3))))
+        return out[real]
 
     return apply
 
 
-def _token_rho_matrix_free(f, x, x0, D, mask, tol):
+def _token_rho_matrix_free(f, x, x0, D, mask, tol, *, chunk: int = 8, prefix: bool = False):
     """ρ per real token by Krylov–Schur on every diagonal block at once, matrix-free (products: T per Krylov
-    step, whatever D); (rho (B, T) NaN at pads, acausal (B,))."""
+    step, whatever D, ``chunk`` positions at a time); (rho (B, T) NaN at pads, acausal (B,))."""
     from stability.numerics.eigen import krylov_schur
 
     real = mask.to(x.device)
     acausal = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
     P = int(real.sum())
-    spec = krylov_schur(_diagonal_apply(f, x, x0, D, real, acausal), (P, D), dtype=torch.float64, device=x.device,
-                        tol=tol, k=3)
+    spec = krylov_schur(_diagonal_apply(f, x, x0, D, real, acausal, chunk=chunk, prefix=prefix), (P, D),
+                        dtype=torch.float64, device=x.device, tol=tol, k=3)
     rho = torch.full(mask.shape, float("nan"), dtype=torch.float64, device=x.device)
     rho[real] = spec.rho.to(rho)
     return rho, acausal
@@ -244,14 +261,16 @@ def _token_rho_matrix_free(f, x, x0, D, mask, tol):
 
 @torch.no_grad()
 def token_spectra(model, x: torch.Tensor, x0: torch.Tensor, *, method: str = "auto", chunk: int = 64,
-                  tol: float = 1e-10, blocks_max: int = 64) -> TokenSpectra:
+                  tol: float = 1e-10, blocks_max: int = 64, positions: int = 8) -> TokenSpectra:
     """Per-token spectral radii at the states x (B, T, C), usually x* (:class:`TokenSpectra`; module docstring).
 
     ``method``: ``blocks`` forms every diagonal block (T·D forward-mode products, then T eigenproblems of D × D:
     exact to rounding); ``krylov`` never forms them (Krylov–Schur on all the real tokens' blocks at once, T
     products per Krylov step, ρ to the Ritz residual ``tol``: for large D); ``auto``: blocks up to D =
     ``blocks_max``. Both report ``acausal`` from the products they take (with ``krylov``, on the random Krylov
-    directions: nonzero for a map that reads later tokens, with probability one)."""
+    directions: nonzero for a map that reads later tokens, with probability one). ``chunk``: the directions of one
+    vmapped product (``blocks``); ``positions``: the token positions of one vmapped product (``krylov``), which
+    bounds its memory; a model marked ``causal`` has each run of positions evaluated on its prefix only."""
     D, mask = _dims(model, x), _mask(model, x0, x)
     x, x0 = x.detach(), x0.detach()
     if method == "auto":
@@ -262,7 +281,8 @@ def token_spectra(model, x: torch.Tensor, x0: torch.Tensor, *, method: str = "au
         rho = spectral_radius(flat, route="dense").rho.reshape(blocks.shape[:-2]).to(blocks.device)
         rho = torch.where(mask.to(rho.device), rho, torch.full_like(rho, float("nan")))
     elif method == "krylov":
-        rho, acausal = _token_rho_matrix_free(model.step, x, x0, D, mask, tol)
+        rho, acausal = _token_rho_matrix_free(model.step, x, x0, D, mask, tol, chunk=positions,
+                                              prefix=bool(getattr(model, "causal", False)))
     else:
         raise ValueError(f"method must be auto, blocks or krylov, got {method!r}")
     filled = torch.nan_to_num(rho, nan=-1.0)

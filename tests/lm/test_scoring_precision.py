@@ -3,6 +3,7 @@ per-token accuracy, a sample with nothing scored), structured inputs (pack / unp
 precision: float64_mode turns a model's float32 casts into float64 under torch.func, the audit names the casts of a
 model that computes below float64, and the refusal and the failure hint name precision."""
 
+import copy
 import math
 
 import pytest
@@ -138,3 +139,112 @@ def test_an_inputs_file_with_hugging_face_labels_or_aligned_targets(tmp_path):
     torch.save({"input_ids": ids, "labels": labels, "targets": targets}, tmp_path / "d.pt")
     with pytest.raises(StabilityError, match="not both"):
         load_inputs(tmp_path / "d.pt")
+
+
+def test_a_plain_models_score_leaves_ignore_index_targets_out():
+    """stability.analysis.accuracy.argmax_score (a model of one's own, score=None): −100 positions are not scored,
+    against counting by hand; without −100 the tasks' rule is unchanged."""
+    from stability.analysis.accuracy import argmax_score
+
+    logits = torch.zeros(3, 4, 5)
+    pred = torch.tensor([[0, 1, 2, 3], [4, 4, 4, 4], [1, 1, 1, 1]])
+    logits.scatter_(-1, pred.unsqueeze(-1), 1.0)
+    targets = torch.tensor([[0, 1, -100, -100], [4, 0, 4, -100], [-100, -100, -100, -100]])
+    correct, acc = argmax_score(logits, targets)
+    assert correct.tolist() == [True, False, True]
+    assert acc.tolist() == pytest.approx([1.0, 2 / 3, 1.0])
+    plain = torch.tensor([[0, 1, 2, 0], [4, 4, 4, 4], [1, 0, 1, 1]])
+    correct, acc = argmax_score(logits, plain)
+    assert correct.tolist() == [False, True, False] and acc.tolist() == pytest.approx([0.75, 1.0, 0.75])
+
+
+class Mixer(torch.nn.Module):
+    """A plain (not LM) looped model: x ← x/2 + tanh(A x + x0 + mean over positions), read out by a linear map."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.A = torch.nn.Parameter(0.3 * torch.randn(6, 6, generator=g))
+        self.emb = torch.nn.Parameter(torch.randn(1, 6, generator=g))
+        self.out = torch.nn.Parameter(torch.randn(6, 3, generator=g))
+
+    def embed(self, inputs):
+        return inputs.unsqueeze(-1) * self.emb
+
+    def initial_state(self, x0, generator=None):
+        return torch.zeros_like(x0)
+
+    def step(self, x, x0):
+        return 0.5 * x + torch.tanh(x @ self.A.T + x0 + x.mean(dim=1, keepdim=True))
+
+    def readout(self, x):
+        return x @ self.out
+
+
+def test_a_plain_models_analysis_scores_only_the_targets_that_are_not_ignored():
+    """stability.analyze on a model of one's own whose targets carry −100: the accuracy at x* is that of the
+    scored positions, counted by hand from readout(x*)."""
+    import stability
+    from stability.config import AnalysisOptions
+
+    m = Mixer()
+    inputs = torch.randn(4, 5, generator=torch.Generator().manual_seed(1))
+    a = stability.analyze(m, inputs, torch.zeros(4, 5, dtype=torch.long),
+                          options=AnalysisOptions(samples=4, stages=("reachability", "accuracy"), max_iter=200))
+    split = a.splits["inputs"]
+    pred = m.double().readout(split.x_star.to(torch.float64)).argmax(-1)
+    targets = pred.clone()
+    targets[:, 2:] = -100
+    targets[0, 0] = (pred[0, 0] + 1) % 3  # sample 0 has one scored position wrong
+    targets[1, :] = -100  # sample 1: nothing scored, so nothing wrong
+    a = stability.analyze(Mixer(), inputs, targets,
+                          options=AnalysisOptions(samples=4, stages=("reachability", "accuracy"), max_iter=200))
+    assert a["inputs"]["accuracy"]["at_fixed_point"] == pytest.approx(3 / 4)
+
+
+def _linear_prop5(dtype, scale):
+    """Prop. 5's check on f(x, x0) = A x + x0 with ρ(A) = ``scale``, its products in ``dtype``, GMRES asked for
+    a relative residual of 1e-12."""
+    from stability.analysis.prop5 import prop5_check_batched
+
+    g = torch.Generator().manual_seed(0)
+    A = torch.randn(24, 24, generator=g, dtype=torch.float64)
+    A = (scale * A / torch.linalg.eigvals(A).abs().max()).to(dtype)
+    x0 = torch.randn(1, 24, generator=g, dtype=torch.float64).to(dtype)
+
+    def f(x, x0):
+        return x @ A.T + x0
+
+    x_star = torch.linalg.solve(torch.eye(24, dtype=torch.float64) - A.double(), x0.double().T).T.to(dtype)
+    return prop5_check_batched(f, x_star, x0, torch.zeros_like(x0), [1, 2], tol=1e-12, max_iter=48)
+
+
+def test_a_gmres_failure_at_float32_names_precision_not_attraction():
+    """The same contracting map (ρ = 0.5): in float64 GMRES reaches 1e-12; in float32 it cannot (ε ≈ 1.2e-7), and
+    the message says precision and float32, not 'is x* attracting?'; a repelling map (ρ = 1.5, float64) keeps
+    the attraction hint."""
+    from stability.analysis.prop5 import KrylovError
+
+    assert _linear_prop5(torch.float64, 0.5).sample(0).gmres_residual <= 1e-11
+    with pytest.raises(KrylovError) as err:
+        _linear_prop5(torch.float32, 0.5).sample(0)
+    assert "precision" in str(err.value) and "float32" in str(err.value) and "attracting" not in str(err.value)
+    assert precision_hint(err.value, torch.nn.Linear(2, 2), torch.zeros(1, 2)) == str(err.value)  # said once
+
+
+def test_a_cast_copy_equals_deepcopy_then_cast_and_keeps_ties():
+    """stability.analysis.fixed_point.cast_copy (the analysis copy, stage rho's float32 copy): the tensors of
+    ``copy.deepcopy(m).to(dtype)``, tied weights still tied, nothing shared with the original."""
+    from stability.analysis.fixed_point import cast_copy
+
+    m = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LayerNorm(3), torch.nn.Linear(3, 3))
+    m[2].weight = m[0].weight
+    m[0].weight.requires_grad_(False)
+    c = cast_copy(m, torch.float64)
+    ref = copy.deepcopy(m).to(torch.float64)
+    assert all(torch.equal(a, b) and a.dtype == torch.float64 for a, b in zip(c.state_dict().values(),
+                                                                             ref.state_dict().values()))
+    assert [p.requires_grad for p in c.parameters()] == [p.requires_grad for p in m.parameters()]
+    assert all(p.data_ptr() != q.data_ptr() for p, q in zip(c.parameters(), m.parameters()))
+    assert m[0].weight.dtype == torch.float32  # the original is untouched
+    assert c[2].weight is c[0].weight

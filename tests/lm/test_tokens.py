@@ -101,6 +101,28 @@ def test_the_matrix_free_route_gives_the_blocks_rho():
     assert torch.equal(blocks.bottleneck, krylov.bottleneck)
 
 
+def test_the_matrix_free_route_is_the_same_in_any_run_of_positions_and_on_prefixes():
+    """Runs of 1, 3 or all positions per product, on each run's prefix (a causal model) or on the whole sequence,
+    give the blocks' ρ: the chunking bounds memory and the prefix halves the work without changing a number."""
+    m = huginn(contractive=False)
+    x0, xs = fixed_point(m, pack(ids(), padded_mask()))
+    blocks = token_spectra(m, xs, x0, method="blocks").token_rho.nan_to_num()
+    for positions in (1, 3, T):
+        for causal in (True, False):
+            m.causal = causal
+            krylov = token_spectra(m, xs, x0, method="krylov", positions=positions)
+            assert krylov.exact.all(), (positions, causal)
+            assert torch.allclose(krylov.token_rho.nan_to_num(), blocks, rtol=0, atol=1e-9), (positions, causal)
+
+
+def test_the_prefix_route_still_flags_a_map_reading_later_tokens():
+    m = Acausal()
+    m.causal = True  # declared causal, but it is not: the products on each prefix still see token t in f_{t-1}
+    x0 = torch.randn(2, 5, 4, dtype=torch.float64)
+    spec = token_spectra(m, torch.zeros_like(x0), x0, method="krylov", positions=2)
+    assert not spec.exact.any() and float(spec.acausal.min()) > 0
+
+
 def test_per_token_convergence_leaves_pads_out():
     m = huginn()
     inputs = pack(ids(), padded_mask())

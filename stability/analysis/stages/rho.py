@@ -9,7 +9,6 @@ A torch-free module (:mod:`stability.analysis.stages.base`): the numerics are im
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
@@ -136,6 +135,7 @@ def _matrix_free(at: AtFixedPoint, route: str, keep: bool) -> tuple:
     states a few: ``AnalysisOptions.few_samples``); the rest are not measured (None in the JSON)."""
     import torch  # a torch-free module: the numerics where the stage runs
 
+    from stability.analysis.fixed_point import cast_copy
     from stability.numerics import Linearisation, Spectrum, sigma_max, spectral_radius
 
     o, f, x_star, x0 = at.options, at.f, at.x_star, at.x0
@@ -143,7 +143,7 @@ def _matrix_free(at: AtFixedPoint, route: str, keep: bool) -> tuple:
     K = at.few
     chunk = o.eig_chunk(K, x_star.device.type)
     mixed = o.eig_precision == "mixed" and x_star.dtype == torch.float64
-    fast_model = copy.deepcopy(at.model).float() if mixed else None
+    fast_model = cast_copy(at.model, torch.float32) if mixed else None
     specs, sigmas = [], []
     for i in range(0, K, chunk):
         xs, xb = x_star[i:min(i + chunk, K)], x0[i:min(i + chunk, K)]
@@ -157,7 +157,7 @@ def _matrix_free(at: AtFixedPoint, route: str, keep: bool) -> tuple:
     batched = o.batch == "all" or x_star.device.type != "cpu"  # krylov_schur's restart: batched, or auto on a GPU
     method = (f"Krylov–Schur on Jᵀ (torch, {chunk} sample(s) per batch{', restarts batched' if batched else ''}; "
               + ("float32 products, each leading Ritz pair certified by float64 products)" if mixed
-                 else "float64 products)"))
+                 else f"{str(x_star.dtype).replace('torch.', '')} products)"))
     if K < N:  # the rest are not measured (None), said in the method and the split's measured_samples
         method += f"; the first {K} of {N} samples (n = {int(x_star[0].numel()):,} > {o.few_samples_above:,})"
     sigma = torch.cat(sigmas) if sigmas else torch.zeros(0, dtype=torch.float64)

@@ -1,0 +1,118 @@
+"""A Huginn-shaped looped language model of over 100 M parameters analysed on the CPU: time and peak memory (issue 36).
+
+    python benchmarks/lm_size.py [--threads 2] [--json benchmarks/out/lm-size.json] [--quick]
+
+The model: :class:`stability.lm.huginn.Huginn` with Huginn-0125's layer counts (prelude 2, recurrent core 4, coda 2;
+vocabulary 65,536; 32 recurrences) at a tenth of its width (hidden 528, MLP 1,792, 8 heads): 101.4 M parameters,
+random weights (seed 0). It is built in float64 directly, as ``stability.load(HF_DIR)`` loads a directory: one
+copy of the model, the analysis copy. ``--quick``: the same steps at a toy size (hidden 64, vocabulary 1,024), for
+the suite's smoke run.
+
+The measurement, in this process: :func:`stability.lm.analyze_lm` on 4 random sequences of 32 tokens with the
+stages ``reachability`` and ``prop5`` and the per-token ρ (matrix-free route: Krylov–Schur on every token's
+diagonal block of J*), on ``--threads`` threads: wall seconds (per stage), and the peak RSS of the process against
+the model's float32 size (parameters × 4 bytes). The goal (benchmarks/RESULTS.md, "Looped language models at
+100 M parameters"): ≤ 10 minutes, peak ≤ 3× the float32 size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+#: Huginn-0125's published counts (hidden 5,280, MLP 17,920, 55 heads) at a tenth of the width
+FULL = {"vocab_size": 65536, "hidden": 528, "heads": 8, "mlp": 1792, "prelude_layers": 2, "core_layers": 4,
+        "coda_layers": 2, "mean_recurrence": 32}
+QUICK = {**FULL, "vocab_size": 1024, "hidden": 64, "heads": 4, "mlp": 224}
+
+
+def peak_rss_mib() -> float:
+    """The peak resident set of this process so far (Linux: ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def build(sizes: dict, seed: int = 0):
+    """The Huginn of ``sizes`` with seeded random weights, built in float64 (no float32 copy ever exists)."""
+    import torch
+
+    from stability.lm.huginn import Huginn, HuginnConfig
+
+    default = torch.get_default_dtype()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        torch.set_default_dtype(torch.float64)
+        try:
+            model = Huginn(HuginnConfig(**sizes)).eval()
+        finally:
+            torch.set_default_dtype(default)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def measure(sizes: dict, batch: int, tokens: int, max_iter: int) -> dict:
+    import torch
+
+    from stability.config import AnalysisOptions
+    from stability.lm import analyze_lm
+
+    rss0 = peak_rss_mib()
+    t0 = time.perf_counter()
+    model = build(sizes)
+    build_s = time.perf_counter() - t0
+    params = sum(p.numel() for p in model.parameters())
+    f32_mib = params * 4 / 2**20
+    rss_model = peak_rss_mib()
+    ids = torch.randint(0, sizes["vocab_size"], (batch, tokens), generator=torch.Generator().manual_seed(1))
+    options = AnalysisOptions(samples=batch, stages=("reachability", "prop5"), max_iter=max_iter)
+    t0 = time.perf_counter()
+    result = analyze_lm(model, ids, options=options, lm_stages=("token_rho",),
+                        log=lambda msg: print(f"  [{time.perf_counter() - t0:7.1f} s] {msg}", flush=True))
+    wall = time.perf_counter() - t0
+    split = result.to_json()["inputs"]
+    stages = dict(split["timings"]) if "timings" in split else {}
+    peak = peak_rss_mib()
+    rho = result["lm"]["token_rho"]
+    return {"sizes": sizes, "parameters": params, "float32_mib": round(f32_mib, 1), "batch": batch,
+            "tokens": tokens, "threads": torch.get_num_threads(), "build_s": round(build_s, 2),
+            "analysis_wall_s": round(wall, 1), "stage_s": {k: round(v, 1) for k, v in stages.items()},
+            "token_rho_s": round(wall - sum(stages.values()), 1),
+            "rss_before_model_mib": round(rss0, 1), "rss_after_model_mib": round(rss_model, 1),
+            "peak_rss_mib": round(peak, 1), "peak_over_float32": round(peak / f32_mib, 2),
+            "converged_fraction": split["fixed_point"]["converged_fraction"],
+            "picard_steps": split["fixed_point"]["nfe"],
+            "rho_per_sequence": rho["rho"], "bottleneck": rho["bottleneck"], "exact": rho["exact"],
+            "prop5_rel_error": split.get("prop5", {}).get("rel_error")}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--max-iter", type=int, default=200, help="the solver budget of reachability (Picard)")
+    p.add_argument("--quick", action="store_true", help="the toy size (hidden 64): the suite's smoke run")
+    p.add_argument("--json", type=Path, default=None, help="write the measurement here")
+    args = p.parse_args(argv)
+    if min(args.threads, args.batch, args.tokens, args.max_iter) < 1:
+        print("lm_size.py: --threads, --batch, --tokens and --max-iter must be positive", file=sys.stderr)
+        return 2
+    import torch
+
+    torch.set_num_threads(args.threads)
+    out = measure(QUICK if args.quick else FULL, args.batch, args.tokens, args.max_iter)
+    print(json.dumps(out, indent=1))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
