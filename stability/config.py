@@ -550,13 +550,21 @@ class SweepSummary(_Config):
 #: the analysis stages, in the order they run: the names only (this module stays torch-free); each stage is a
 #: module of :mod:`stability.analysis.stages`, listed once by its registry, which tests/house/test_stages.py holds
 #: this tuple to
-STAGES = ("reachability", "rho", "prop4", "rho_wx", "prop5", "input", "a8", "repelling", "accuracy", "geometry")
+STAGES = ("reachability", "rho", "prop4", "rho_wx", "prop5", "input", "a8", "path_independence", "repelling",
+          "accuracy", "geometry")
 #: the stage run only when asked for (it perturbs the parameters and re-solves): a grid's ``analyze_geometry``, a
 #: caller's ``stages``, ``stability figures region``
 GEOMETRY_STAGE = "geometry"
+#: the asymptotic-alignment stage of Anil et al. 2022 (issue 38): asked for by name (``--only``, ``stages``) or by a
+#: grid's ``analyze_path_independence``, so that every analysis and record written before it keeps its shape
+PATH_STAGE = "path_independence"
+#: the stages run only when asked for by name, by ``stability analyze`` too
+OPT_IN_STAGES = (PATH_STAGE,)
+#: the stages ``stability analyze`` and ``stability demo`` run without ``--only``: all but the opt-in ones
+ANALYZE_STAGES = tuple(s for s in STAGES if s not in OPT_IN_STAGES)
 #: the stages of ``AnalysisOptions()`` (the library's and the sweep's default): all but geometry, which a grid or
-#: a caller asks for (``stability analyze`` runs :data:`STAGES`)
-DEFAULT_STAGES = tuple(s for s in STAGES if s != GEOMETRY_STAGE)
+#: a caller asks for (``stability analyze`` runs :data:`ANALYZE_STAGES`), and the opt-in ones
+DEFAULT_STAGES = tuple(s for s in ANALYZE_STAGES if s != GEOMETRY_STAGE)
 #: the one route of the ρ(J*) eigensolver (the Krylov–Schur method), under the name it had when it was an option:
 #: ``AnalysisOptions.to_dict`` still writes it as ``eig_route`` (the key of every analysis written then), and that
 #: key is read back when it holds this value; the value is a file format's word, not the method's name

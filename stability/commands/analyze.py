@@ -24,6 +24,7 @@ HELP = ("analyse a looped model's fixed points on the paper's three axes: reacha
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from stability.analysis.options import STAGES
+    from stability.config import OPT_IN_STAGES
 
     p.add_argument("checkpoint", metavar="CKPT", nargs="?", help="a checkpoint written by `stability train`, "
                    "one of the paper's release checkpoints (RUN_DIR/model_best.pth), or a Hugging Face "
@@ -45,7 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", choices=["val", "hard", "both"], default=None, help="which split(s) of CKPT (both)")
     _option(p, "samples")
     p.add_argument("--only", metavar="STAGES",
-                   help=f"comma-separated stages to run, of: {', '.join(STAGES)} (reachability always runs)")
+                   help=f"comma-separated stages to run, of: {', '.join(STAGES)} (reachability always runs; "
+                        f"default: all but {', '.join(OPT_IN_STAGES)})")
     _option(p, "solver")
     _option(p, "tol")
     _option(p, "max_iter")
@@ -267,7 +269,7 @@ def _pretrained(args) -> bool:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from stability.analysis.options import STAGES, AnalysisOptions
+    from stability.analysis.options import ANALYZE_STAGES, AnalysisOptions
     from stability.analysis.pipeline import analyze_checkpoint
     from stability.analysis.publish import publish
     from stability.atomic import check_writable
@@ -282,7 +284,7 @@ def run(args: argparse.Namespace) -> int:
     check_feasible(args)
     options = AnalysisOptions(**{name: getattr(args, name) for name in AnalysisOptions.FLAGS},
                               workers=args.workers,
-                              stages=STAGES if args.only is None else args.only,  # --only "": refused
+                              stages=ANALYZE_STAGES if args.only is None else args.only,  # --only "": refused
                               geometry_plane=(args.geometry_plane if args.geometry_plane is not None
                                               else PLOT_PLANE if args.plots else 0))
     if args.json:
