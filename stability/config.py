@@ -611,7 +611,8 @@ class AnalysisOptions(_Config):
     FLAGS: typing.ClassVar[tuple[str, ...]] = (
         "samples", "solver", "tol", "max_iter", "iterations", "device", "probes", "eig_precision", "noise_std",
         "geometry_directions", "geometry_samples", "geometry_accuracy", "geometry_group_directions",
-        "geometry_certify", "repelling_starts", "repelling_scale", "repelling_budget", "few_samples", "batch")
+        "geometry_certify", "repelling_starts", "repelling_scale", "repelling_budget", "few_samples", "batch",
+        "drift")
 
     samples: int = _f(32, "analyse the first N samples of each split (or of --inputs), in order", metavar="N",
                       ge=1, le=MAX_SAMPLES)
@@ -680,6 +681,11 @@ class AnalysisOptions(_Config):
     batch: Literal["auto", "all"] = _f(
         "auto", "how the stages batch their samples: all (every sample in one batch, the eigensolver's restarts "
         "batched too, as on a GPU) or auto (per device: the CPU's per-sample eigensolver batches and restarts)")
+    # issue 38: off, every analysis keeps the solver's statuses (to_dict writes it only when set, so an analysis
+    # and a record written without it keep their shape)
+    drift: bool = _f(False, "reachability: test the samples that neither converged nor closed an orbit for a state "
+                     "norm growing without bound (max_iter further Picard steps; ‖x_t‖ ∝ t^p with p ≥ 0.5 over "
+                     "[T, 2T]) and name them drifting (docs/analysis.md)")
     # not a flag with this default: `stability analyze --geometry-plane N` defaults to 15 with --plots, else 0
     geometry_plane: int = _f(0, "geometry: the ρ(J*) picture over the plane of two directions, N × N cells (0: "
                              "none)", ge=0, le=1000)
@@ -724,9 +730,11 @@ class AnalysisOptions(_Config):
 
     def to_dict(self) -> dict:
         """The JSON's ``options``: every field, ``stages`` a list, and ``eig_route`` after ``seed`` (the keys and
-        order of every analysis written so far)."""
+        order of every analysis written so far); ``drift`` only when set."""
         out = {}
         for name, value in to_dict(self).items():
+            if name == "drift" and not value:  # written only when set: the options of every analysis before it
+                continue
             out[name] = value
             if name == "seed":
                 out["eig_route"] = EIG_ROUTE

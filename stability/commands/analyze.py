@@ -57,6 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _option(p, "eig_precision")
     _option(p, "few_samples")
     _option(p, "batch")
+    _option(p, "drift")
     geo = p.add_argument_group("geometry (the third axis: radii of stability along random directions in "
                                "parameter space, docs/analysis.md)")
     _option(geo, "geometry_directions")
@@ -97,6 +98,8 @@ def _option(p: argparse.ArgumentParser, name: str, positive: bool = False) -> No
     args, kw = schema_argument(name.replace("_", "-"), name, info, dest=name, positive=positive)
     d = info.default
     kw["default"] = d
+    if d is False:  # a switch that is off unless given: --NAME alone
+        kw["action"] = "store_true"
     kw["help"] = info.description + ("" if d is None else f" ({d:g})" if isinstance(d, float) else f" ({d})")
     p.add_argument(*args, **kw)
 
