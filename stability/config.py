@@ -496,7 +496,8 @@ class SweepSummary(_Config):
     flags of the same names override it): ``summary`` analyze (the analysis pipeline on the first
     ``analyze_samples`` samples of ``analyze_splits``, its solver budget ``analyze_max_iter``) or monitor (the
     stability monitor's four quantities only); ``reproducible``: every cell with pinned CPU kernels (the global
-    ``--reproducible``); ``analyze_geometry``: the analysis adds the geometry stage. The same options reach the
+    ``--reproducible``); ``analyze_geometry``: the analysis adds the geometry stage; ``analyze_path_independence``
+    and ``analyze_drift`` (issue 38): the path-independence stage and the drifting status. The same options reach the
     runner, each cell file and each record's ``options`` (:meth:`to_record`, :meth:`from_record`: the splits as a
     list)."""
 
@@ -513,6 +514,11 @@ class SweepSummary(_Config):
                               le=MAX_ITERATIONS)
     reproducible: bool = _f(False, "every cell with pinned CPU kernels (README: Reproducibility)")
     analyze_geometry: bool = _f(False, "the analysis adds the geometry stage (docs/analysis.md)")
+    # issue 38, the third edition's grid: off for every grid before it (their records keep their shape and bits)
+    analyze_path_independence: bool = _f(False, "the analysis adds the path_independence stage (Anil et al. 2022's "
+                                         "asymptotic alignment; docs/analysis.md)")
+    analyze_drift: bool = _f(False, "the analysis names drifting states in reachability (AnalysisOptions.drift; "
+                             "docs/analysis.md)")
 
     #: ``analyze_splits`` -> the splits it analyses, in order (the record's form of it)
     SPLITS: typing.ClassVar[dict[str, tuple[str, ...]]] = {"val": ("val",), "hard": ("hard",), "both": ("val", "hard")}
@@ -524,11 +530,12 @@ class SweepSummary(_Config):
 
     def to_record(self) -> dict:
         """The form a sweep record's ``options`` and a cell file hold: ``analyze_splits`` as the list of splits,
-        ``reproducible`` and ``analyze_geometry`` only when set (the records of grids that never asked for them
-        keep their shape)."""
+        ``reproducible``, ``analyze_geometry`` and issue 38's two only when set (the records of grids that never
+        asked for them keep their shape)."""
         out = {"summary": self.summary, "analyze_samples": self.analyze_samples,
                "analyze_splits": list(self.splits), "analyze_max_iter": self.analyze_max_iter}
-        out.update({k: True for k in ("reproducible", "analyze_geometry") if getattr(self, k)})
+        out.update({k: True for k in ("reproducible", "analyze_geometry", "analyze_path_independence",
+                                      "analyze_drift") if getattr(self, k)})
         return out
 
     @classmethod

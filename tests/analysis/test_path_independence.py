@@ -142,3 +142,30 @@ def test_the_stage_is_opt_in_and_an_analysis_without_it_has_no_aa_numbers():
     a = stability.analyze(LinearMap(np.eye(2) * 0.5), torch.ones(2, 2, 1), options=o)
     assert "path_independence" not in a["inputs"]
     assert not [k for k in a.headline()["inputs"] if k.startswith("path_")]
+
+
+def test_the_second_edition_grid_analyses_as_before_and_the_grid_settings_turn_both_parts_on():
+    """experiments/replication.toml's summary gives the AnalysisOptions its records were made with, field for field
+    (written out here as they were before issue 38), and its record form has no new key; a grid that sets
+    ``analyze_path_independence`` and ``analyze_drift`` adds the stage and the drifting status."""
+    from stability.config import DEFAULT_STAGES as BEFORE_DEFAULT
+    from stability.config import SweepSummary
+    from stability.sweep import grid as gridlib
+    from stability.sweep.runner import analysis_options
+    from tests.conftest import ROOT
+
+    summary = SweepSummary(**gridlib.load(ROOT / "experiments" / "replication.toml").summary)
+    got = analysis_options(summary, 100, "cpu")
+    before = AnalysisOptions(samples=4, max_iter=500, iterations=100, device="cpu", workers=1, geometry_samples=1,
+                             geometry_pick="first",
+                             stages=("reachability", "rho", "prop4", "rho_wx", "prop5", "input", "a8", "repelling",
+                                     "accuracy", "geometry"))
+    assert got == before and got.to_dict() == before.to_dict() and "drift" not in got.to_dict()
+    assert BEFORE_DEFAULT + ("geometry",) == before.stages
+    assert set(summary.to_record()) == {"summary", "analyze_samples", "analyze_splits", "analyze_max_iter",
+                                        "reproducible", "analyze_geometry"}
+    third = summary.replace(analyze_path_independence=True, analyze_drift=True)
+    opts = analysis_options(third, 100, "cpu")
+    assert "path_independence" in opts.stages and opts.drift is True
+    assert third.to_record()["analyze_path_independence"] is True and third.to_record()["analyze_drift"] is True
+    assert SweepSummary.from_record(third.to_record()) == third
