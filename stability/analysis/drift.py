@@ -22,6 +22,8 @@ from typing import Callable
 
 import torch
 
+from stability.stats import DRIFTING
+
 __all__ = ["DRIFT_POWER", "growth_power", "mark_drifting"]
 
 #: the power of t above which a norm's growth over the window [T, 2T] counts as without bound
@@ -50,8 +52,6 @@ def mark_drifting(solution, f: Callable, x0: torch.Tensor, budget: int) -> dict:
     samples ran ``budget`` evaluations): the test of the module docstring on its max-iterations samples and its
     stalled ones without an orbit, all in one batch; their status becomes :data:`~stability.stats.DRIFTING`, in
     place. Returns the JSON's ``drift`` block: {power: p per sample (None where not tested), threshold, window}."""
-    from stability.stats import DRIFTING
-
     tested = [b for b, (s, k) in enumerate(zip(solution.status, solution.period.tolist()))
               if s == "max-iterations" or (s == "stalled" and k == 0)]
     power = [None] * len(solution.status)

@@ -47,7 +47,8 @@ class PathIndependence:
 
 def run(at: AtFixedPoint) -> PathIndependence:
     """The AA score of every sample against another input's x* and a noise start (Anil et al. 2022)."""
-    from stability.analysis.path_independence import alignment  # a torch-free module: the routine where it runs
+    # a torch-free module: the routine and the solver's options where the stage runs
+    from stability.analysis.path_independence import alignment
     from stability.solvers import Solve
 
     o = at.options
