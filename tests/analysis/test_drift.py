@@ -11,6 +11,7 @@ import stability
 from stability.analysis.drift import DRIFT_POWER, growth_power
 from stability.analysis.options import AnalysisOptions
 from stability.stats import DRIFTING
+from stability.sweep.record import SplitSummary
 
 X0 = np.array([[1.0, -2.0, 0.5], [0.3, 0.1, -1.0]])  # two inputs, a state of 3
 
@@ -103,3 +104,9 @@ def test_without_the_option_the_statuses_and_the_options_are_those_written_befor
         block = _analyze(a, drift=False)
         assert DRIFTING not in block["status"] and set(block["status"]) <= {"max-iterations", "stalled"}
         assert "drift" not in block and DRIFTING not in block["status_counts"]
+
+
+def test_a_sweep_record_holds_the_drifting_count_of_the_headline():
+    o = AnalysisOptions(samples=2, stages=("reachability",), tol=1e-10, max_iter=300, drift=True)
+    head = stability.analyze(Affine(1.0), torch.tensor(X0), options=o).headline()["inputs"]
+    assert SplitSummary(**head).to_dict()["status_counts"][DRIFTING] == 2 == head["status_counts"][DRIFTING]

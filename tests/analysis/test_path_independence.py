@@ -12,6 +12,7 @@ from torch import nn
 import stability
 from stability.analysis.options import ANALYZE_STAGES, DEFAULT_STAGES, AnalysisOptions
 from stability.analysis.path_independence import derangement
+from stability.sweep.record import SplitSummary
 
 C = 0.1  # the offset of the two-basin map
 
@@ -96,6 +97,7 @@ def test_a_contractive_map_is_path_independent_its_aa_score_is_one_from_every_re
         assert block[s]["converged_fraction"] == 1.0 and block[s]["median"] == pytest.approx(1.0, abs=1e-12)
     head = a.headline()["inputs"]
     assert head["path_aa_other_median"] == pytest.approx(1.0, abs=1e-12) and head["path_measured"] == 6
+    assert SplitSummary(**head).to_dict() == head  # a sweep record holds the stage's headline as it is
 
 
 def test_a_map_with_two_attracting_fixed_points_is_path_dependent_as_the_basins_say():
