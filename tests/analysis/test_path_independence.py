@@ -171,3 +171,26 @@ def test_the_second_edition_grid_analyses_as_before_and_the_grid_settings_turn_b
     assert "path_independence" in opts.stages and opts.drift is True
     assert third.to_record()["analyze_path_independence"] is True and third.to_record()["analyze_drift"] is True
     assert SweepSummary.from_record(third.to_record()) == third
+
+
+def test_the_command_line_runs_the_stage_and_the_drift_test_where_named_and_refuses_a_wrong_name(small_checkpoint,
+                                                                                                  tmp_path):
+    """``--only path_independence --drift`` on the committed small checkpoint (its 4 hard samples converge): the
+    options say so, the block is there, and every restart reaches x* again (cosine 1 to the solve's τ, 1e-5); a
+    misspelt stage is one error line, exit 2."""
+    import json
+
+    from tests.conftest import run_process
+
+    js = tmp_path / "a.json"
+    run_process("analyze", small_checkpoint, "--split", "hard", "--samples", "4", "--max-iter", "150", "--only",
+                "path_independence", "--drift", "--quiet", "--workers", "1", "--json", js)
+    d = json.loads(js.read_text())
+    assert d["options"]["drift"] is True and d["options"]["stages"] == ["reachability", "path_independence"]
+    fp, pi = d["hard"]["fixed_point"], d["hard"]["path_independence"]
+    assert fp["converged_fraction"] == 1.0 and fp["drift"]["power"] == [None] * 4
+    for start in ("other", "noise"):
+        assert pi[start]["converged_fraction"] == 1.0 and min(pi[start]["cosine"]) > 1 - 1e-5
+    proc = run_process("analyze", small_checkpoint, "--only", "path", check=False)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1 and "unknown stage 'path'" in err[0]
