@@ -13,7 +13,8 @@ p ≥ :data:`DRIFT_POWER` = 1/2 (growth at least like √t over the octave), or 
 window. Limits: a bounded orbit whose log-norm stays within ±δ of a constant has |p| ≤ 3δ / ln 2 (log t spread
 evenly over the octave), so it can pass the threshold only if its norm wanders by more than ±11 %; a fixed point
 still far away and approached slowly (‖x* − x_T‖ ≫ ‖x_T‖) looks like drift over one octave, which no finite window
-tells apart.
+tells apart. With ``--solver anderson`` the window is still the model's own (Picard) iteration, from the
+root-finder's last image, with t counted from T as well.
 """
 
 from __future__ import annotations
