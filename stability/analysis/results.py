@@ -14,10 +14,10 @@ import torch
 
 from stability.analysis.headline import headlines
 from stability.analysis.options import FORMAT, SCHEMA_VERSION, AnalysisOptions
-from stability.config import OPT_IN_STAGES
 from stability.analysis.stages.base import StageResult
 from stability.analysis.stages.registry import REGISTRY
 from stability.analysis.verdict import verdict
+from stability.config import OPT_IN_STAGES
 
 # ---- one split, and the analysis ----------------------------------------------------------------------
 

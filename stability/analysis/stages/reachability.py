@@ -114,7 +114,7 @@ def run(at: AtFixedPoint) -> Reachability:
         at.accuracy_curve = curve.curve()
     drift = None
     if o.drift:  # the drifting status (issue 38), only where asked for
-        from stability.analysis.drift import mark_drifting
+        from stability.analysis.drift import mark_drifting  # a torch-free module: the test where it runs
 
         drift = mark_drifting(at.solution, at.f, at.x0, o.max_iter)
     reach = reachability(at.solution, solver=o.solver, max_iter=o.max_iter)
