@@ -496,7 +496,8 @@ class SweepSummary(_Config):
     flags of the same names override it): ``summary`` analyze (the analysis pipeline on the first
     ``analyze_samples`` samples of ``analyze_splits``, its solver budget ``analyze_max_iter``) or monitor (the
     stability monitor's four quantities only); ``reproducible``: every cell with pinned CPU kernels (the global
-    ``--reproducible``); ``analyze_geometry``: the analysis adds the geometry stage. The same options reach the
+    ``--reproducible``); ``analyze_geometry``: the analysis adds the geometry stage; ``analyze_path_independence``
+    and ``analyze_drift`` (issue 38): the path-independence stage and the drifting status. The same options reach the
     runner, each cell file and each record's ``options`` (:meth:`to_record`, :meth:`from_record`: the splits as a
     list)."""
 
@@ -513,6 +514,11 @@ class SweepSummary(_Config):
                               le=MAX_ITERATIONS)
     reproducible: bool = _f(False, "every cell with pinned CPU kernels (README: Reproducibility)")
     analyze_geometry: bool = _f(False, "the analysis adds the geometry stage (docs/analysis.md)")
+    # issue 38, the third edition's grid: off for every grid before it (their records keep their shape and bits)
+    analyze_path_independence: bool = _f(False, "the analysis adds the path_independence stage (Anil et al. 2022's "
+                                         "asymptotic alignment; docs/analysis.md)")
+    analyze_drift: bool = _f(False, "the analysis names drifting states in reachability (AnalysisOptions.drift; "
+                             "docs/analysis.md)")
 
     #: ``analyze_splits`` -> the splits it analyses, in order (the record's form of it)
     SPLITS: typing.ClassVar[dict[str, tuple[str, ...]]] = {"val": ("val",), "hard": ("hard",), "both": ("val", "hard")}
@@ -524,11 +530,12 @@ class SweepSummary(_Config):
 
     def to_record(self) -> dict:
         """The form a sweep record's ``options`` and a cell file hold: ``analyze_splits`` as the list of splits,
-        ``reproducible`` and ``analyze_geometry`` only when set (the records of grids that never asked for them
-        keep their shape)."""
+        ``reproducible``, ``analyze_geometry`` and issue 38's two only when set (the records of grids that never
+        asked for them keep their shape)."""
         out = {"summary": self.summary, "analyze_samples": self.analyze_samples,
                "analyze_splits": list(self.splits), "analyze_max_iter": self.analyze_max_iter}
-        out.update({k: True for k in ("reproducible", "analyze_geometry") if getattr(self, k)})
+        out.update({k: True for k in ("reproducible", "analyze_geometry", "analyze_path_independence",
+                                      "analyze_drift") if getattr(self, k)})
         return out
 
     @classmethod
@@ -550,13 +557,21 @@ class SweepSummary(_Config):
 #: the analysis stages, in the order they run: the names only (this module stays torch-free); each stage is a
 #: module of :mod:`stability.analysis.stages`, listed once by its registry, which tests/house/test_stages.py holds
 #: this tuple to
-STAGES = ("reachability", "rho", "prop4", "rho_wx", "prop5", "input", "a8", "repelling", "accuracy", "geometry")
+STAGES = ("reachability", "rho", "prop4", "rho_wx", "prop5", "input", "a8", "path_independence", "repelling",
+          "accuracy", "geometry")
 #: the stage run only when asked for (it perturbs the parameters and re-solves): a grid's ``analyze_geometry``, a
 #: caller's ``stages``, ``stability figures region``
 GEOMETRY_STAGE = "geometry"
+#: the asymptotic-alignment stage of Anil et al. 2022 (issue 38): asked for by name (``--only``, ``stages``) or by a
+#: grid's ``analyze_path_independence``, so that every analysis and record written before it keeps its shape
+PATH_STAGE = "path_independence"
+#: the stages run only when asked for by name, by ``stability analyze`` too
+OPT_IN_STAGES = (PATH_STAGE,)
+#: the stages ``stability analyze`` and ``stability demo`` run without ``--only``: all but the opt-in ones
+ANALYZE_STAGES = tuple(s for s in STAGES if s not in OPT_IN_STAGES)
 #: the stages of ``AnalysisOptions()`` (the library's and the sweep's default): all but geometry, which a grid or
-#: a caller asks for (``stability analyze`` runs :data:`STAGES`)
-DEFAULT_STAGES = tuple(s for s in STAGES if s != GEOMETRY_STAGE)
+#: a caller asks for (``stability analyze`` runs :data:`ANALYZE_STAGES`), and the opt-in ones
+DEFAULT_STAGES = tuple(s for s in ANALYZE_STAGES if s != GEOMETRY_STAGE)
 #: the one route of the ρ(J*) eigensolver (the Krylov–Schur method), under the name it had when it was an option:
 #: ``AnalysisOptions.to_dict`` still writes it as ``eig_route`` (the key of every analysis written then), and that
 #: key is read back when it holds this value; the value is a file format's word, not the method's name
@@ -622,7 +637,7 @@ class AnalysisOptions(_Config):
         "geometry_certify": Flag("geometry"),
         "geometry_plane": Flag("geometry", command_default="15 with --plots, otherwise none"),
         "repelling_starts": Flag("repelling"), "repelling_scale": Flag("repelling"),
-        "repelling_budget": Flag("repelling")}
+        "repelling_budget": Flag("repelling"), "drift": Flag()}
     #: the headings of the flags' groups in ``stability analyze --help``
     FLAG_GROUPS: typing.ClassVar[dict[str, str]] = {
         "geometry": "geometry (the third axis: radii of stability along random directions in parameter space, "
@@ -697,6 +712,11 @@ class AnalysisOptions(_Config):
     batch: Literal["auto", "all"] = _f(
         "auto", "how the stages batch their samples: all (every sample in one batch, the eigensolver's restarts "
         "batched too, as on a GPU) or auto (per device: the CPU's per-sample eigensolver batches and restarts)")
+    # issue 38: off, every analysis keeps the solver's statuses (to_dict writes it only when set, so an analysis
+    # and a record written without it keep their shape)
+    drift: bool = _f(False, "reachability: test the samples that neither converged nor closed an orbit for a state "
+                     "norm growing without bound (max_iter further Picard steps; ‖x_t‖ ∝ t^p with p ≥ 0.5 over "
+                     "[T, 2T]) and name them drifting (docs/analysis.md)")
     # not a flag with this default: `stability analyze --geometry-plane N` defaults to 15 with --plots, else 0
     geometry_plane: int = _f(0, "geometry: the ρ(J*) picture over the plane of two directions, N × N cells (0: "
                              "none)", metavar="N", ge=0, le=1000)
@@ -747,9 +767,11 @@ class AnalysisOptions(_Config):
 
     def to_dict(self) -> dict:
         """The JSON's ``options``: every field, ``stages`` a list, and ``eig_route`` after ``seed`` (the keys and
-        order of every analysis written so far)."""
+        order of every analysis written so far); ``drift`` only when set."""
         out = {}
         for name, value in to_dict(self).items():
+            if name == "drift" and not value:  # written only when set: the options of every analysis before it
+                continue
             out[name] = value
             if name == "seed":
                 out["eig_route"] = EIG_ROUTE

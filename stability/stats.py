@@ -12,11 +12,15 @@ from typing import Iterable, Optional
 
 from stability.errors import ConfigError
 
-__all__ = ["FIXED_POINT_STATUSES", "median", "finite_values", "distinct_clusters"]
+__all__ = ["FIXED_POINT_STATUSES", "DRIFTING", "median", "finite_values", "distinct_clusters"]
 
 #: the solver statuses of a sample at which a fixed point was found (stability.solvers): the one definition of
 #: "converged" for every median over converged samples (ρ(J*), ρ(M), σ_max), attracting or not
 FIXED_POINT_STATUSES = ("converged", "repelling")
+#: the status of a sample whose state norm grows without bound along its iterates (no finite fixed point to reach;
+#: the test: stability.analysis.drift), given by stage reachability where ``AnalysisOptions.drift`` asks for it, in
+#: place of the solver's max-iterations or stalled (an orbit found stays stalled)
+DRIFTING = "drifting"
 
 
 def finite_values(values: Iterable) -> list[float]:

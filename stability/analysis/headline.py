@@ -59,6 +59,10 @@ HEADLINE: tuple[tuple[str, str], ...] = (
     ("geometry_log_range", "anisotropy: log(max r / min r)"),
     ("geometry_balance", "anisotropy: min r / max r"),
     ("geometry_unstable_t0", "share of the radii that are 0 (unstable at t → 0)"),
+    # stage path_independence, where it ran (an opt-in stage: Anil et al. 2022's asymptotic alignment)
+    ("path_aa_other_median", "median AA score: cos(x* from e, x* from another input's x*)"),
+    ("path_aa_noise_median", "median AA score: cos(x* from e, x* from a noise start)"),
+    ("path_measured", "samples the AA score was measured on"),
 )
 
 _ORDER = {key: i for i, (key, _) in enumerate(HEADLINE)}

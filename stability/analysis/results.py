@@ -20,6 +20,7 @@ from stability.analysis.stages.base import StageResult
 from stability.analysis.stages.registry import REGISTRY
 from stability.analysis.verdict import verdict
 from stability.atomic import clean, write_json
+from stability.config import OPT_IN_STAGES
 
 # ---- one split, and the analysis ----------------------------------------------------------------------
 
@@ -48,8 +49,10 @@ class SplitResult:
 
     def _block(self) -> dict:
         """The block before :func:`~stability.atomic.clean`: every stage's block (None for a stage that did not
-        run), the verdict on them and the timings."""
-        got = {s.key: self.results.get(s.name) for s in REGISTRY}
+        run; an opt-in stage's only where it ran, so that an analysis without it keeps its shape), the verdict on
+        them and the timings."""
+        got = {s.key: self.results.get(s.name) for s in REGISTRY
+               if s.name in self.results or s.name not in OPT_IN_STAGES}
         blocks = {k: None if v is None else v.to_dict() for k, v in got.items()}
         few = {} if self.measured_samples is None else {"measured_samples": dict(self.measured_samples)}
         return {"split": self.split, "samples": self.samples, "state_shape": self.state_shape,

@@ -22,7 +22,7 @@ from pathlib import Path
 from stability.analysis.publish import publish
 from stability.atomic import check_writable
 from stability.commands._types import check_maxima, schema_argument
-from stability.config import STAGES, AnalysisOptions, parse_stages
+from stability.config import ANALYZE_STAGES, OPT_IN_STAGES, STAGES, AnalysisOptions, parse_stages
 from stability.errors import ConfigError, StabilityError, first_line
 
 HELP = ("analyse a looped model's fixed points on the paper's three axes: reachability (spectra, Props. 3-4), "
@@ -49,7 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           "whole answer)")
     p.add_argument("--split", choices=["val", "hard", "both"], default=None, help="which split(s) of CKPT (both)")
     p.add_argument("--only", metavar="STAGES",
-                   help=f"comma-separated stages to run, of: {', '.join(STAGES)} (reachability always runs)")
+                   help=f"comma-separated stages to run, of: {', '.join(STAGES)} (reachability always runs; "
+                        f"default: all but {', '.join(OPT_IN_STAGES)})")
     p.add_argument("--json", metavar="PATH", help="write the full results as JSON")
     p.add_argument("--plots", metavar="DIR", help="write PNG plots (residuals, eigenvalues, accuracy, Prop. 5, "
                    "and the geometry stage's stability region)")
@@ -233,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
     check_feasible(args)
     library = {name: getattr(args, name) for name, flag in AnalysisOptions.FLAGS.items() if not flag.command_default}
     options = AnalysisOptions(**library, workers=args.workers,
-                              stages=STAGES if args.only is None else args.only,  # --only "": refused
+                              stages=ANALYZE_STAGES if args.only is None else args.only,  # --only "": refused
                               geometry_plane=(args.geometry_plane if args.geometry_plane is not None
                                               else PLOT_PLANE if args.plots else 0))
     if args.json:

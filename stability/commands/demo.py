@@ -37,15 +37,16 @@ def run(args: argparse.Namespace) -> int:
         print(accuracy_table(result.final))
 
         # lazy: torch; `stability --help` imports this module without it
-        from stability.analysis.options import STAGES, AnalysisOptions
+        from stability.analysis.options import ANALYZE_STAGES, AnalysisOptions
         from stability.analysis.pipeline import analyze_checkpoint
         from stability.analysis.pool import keep_freed_memory
         from stability.analysis.publish import publish
 
         log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
         # workers=None: the two splits side by side, one process each, on a machine with two threads or more
-        # stages=STAGES: every stage, as `stability analyze` runs them (the geometry stage included)
-        options = AnalysisOptions(samples=ANALYSIS_SAMPLES, workers=None, stages=STAGES)
+        # stages=ANALYZE_STAGES: every stage as `stability analyze` runs them (the geometry stage included, the
+        # opt-in ones not)
+        options = AnalysisOptions(samples=ANALYSIS_SAMPLES, workers=None, stages=ANALYZE_STAGES)
         keep_freed_memory()  # training is over: from here on the process only analyses
         publish(analyze_checkpoint(ckpt, splits=("val", "hard"), options=options, log=log), json_path=json_path,
                 plots=plots)

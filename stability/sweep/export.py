@@ -30,7 +30,8 @@ ANALYSIS_COLUMNS = ("samples", "converged_fraction", "rho_J_median", "rho_M_medi
 #: per-split quantities of later stages, as columns only where some record has them (older CSVs keep their shape)
 OPTIONAL_ANALYSIS_COLUMNS = ("repelling_found", "repelling_searched", "repelling_ran_out", "e_local_exceed",
                              "e_local_measured", "e_global_differ", "e_global_compared", "geometry_median_radius",
-                             "geometry_log_iqr", "geometry_log_range", "geometry_balance", "geometry_unstable_t0")
+                             "geometry_log_iqr", "geometry_log_range", "geometry_balance", "geometry_unstable_t0",
+                             "path_aa_other_median", "path_aa_noise_median")
 BASE_COLUMNS = ("cell_id", "id", "task", "norm", "recall", "lr", "seed", "status", "epochs_completed", "loss_last")
 #: record keys that differ between two runs of one cell without the results differing
 VOLATILE = ("timing", "environment", "finished_at")

@@ -29,6 +29,8 @@ Both are tables of the RunConfig sections ``model``, ``task`` and ``train`` (``s
     analyze_max_iter = 500
     reproducible = true                       # every cell with pinned CPU kernels (README: Reproducibility)
     analyze_geometry = true                   # the analysis adds the geometry stage (docs/analysis.md)
+    analyze_path_independence = true          # ... and the path-independence stage (issue 38)
+    analyze_drift = true                      # reachability names drifting states (issue 38)
 
 The keys of ``model``, ``task`` and ``train`` are the fields of the one configuration schema
 (``stability/config.py``, docs/configuration.md). A training method and its options are the ``method`` sub-table

@@ -142,6 +142,9 @@ class SplitSummary(_Part):
     geometry_log_range: Optional[Real] = None
     geometry_balance: Optional[Real] = None
     geometry_unstable_t0: Optional[Real] = None
+    path_aa_other_median: Optional[Real] = None
+    path_aa_noise_median: Optional[Real] = None
+    path_measured: Optional[int] = None
 
 
 class Timing(_Part):

@@ -37,7 +37,7 @@ import stability
 from stability import atomic, hardware
 from stability.analysis.headline import headlines
 from stability.analysis.options import AnalysisOptions
-from stability.config import DEFAULT_STAGES, GEOMETRY_STAGE, SweepSummary
+from stability.config import DEFAULT_STAGES, GEOMETRY_STAGE, PATH_STAGE, SweepSummary
 from stability.errors import EXIT_TERMINATED, DivergenceError, StabilityError, Terminated
 from stability.processes import die_with_parent
 from stability.sweep.grid import Cell
@@ -341,11 +341,13 @@ SWEEP_GEOMETRY = {"geometry_samples": 1, "geometry_pick": "first"}
 
 def analysis_options(options, test_iterations: int, device: str):
     """The :class:`~stability.config.AnalysisOptions` a sweep cell's summary runs with (``options``: the grid's
-    :class:`~stability.config.SweepSummary`): its samples, budget and stages, the geometry stage's sample choice
-    pinned (:data:`SWEEP_GEOMETRY`), one split after the other (the sweep runs cells side by side)."""
-    return AnalysisOptions(samples=options.analyze_samples, max_iter=options.analyze_max_iter,
-                           stages=DEFAULT_STAGES + ((GEOMETRY_STAGE,) if options.analyze_geometry else ()),
-                           iterations=test_iterations, device=device, workers=1, **SWEEP_GEOMETRY)
+    :class:`~stability.config.SweepSummary`): its samples, budget, stages and drifting status, the geometry stage's
+    sample choice pinned (:data:`SWEEP_GEOMETRY`), one split after the other (the sweep runs cells side by side)."""
+    stages = (DEFAULT_STAGES + ((PATH_STAGE,) if options.analyze_path_independence else ())
+              + ((GEOMETRY_STAGE,) if options.analyze_geometry else ()))
+    return AnalysisOptions(samples=options.analyze_samples, max_iter=options.analyze_max_iter, stages=stages,
+                           iterations=test_iterations, device=device, workers=1, drift=options.analyze_drift,
+                           **SWEEP_GEOMETRY)
 
 
 # ---- the worker entry: one cell by id --------------------------------------------------------------------

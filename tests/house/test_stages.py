@@ -27,7 +27,8 @@ SAME_SPELLING = {
 def test_the_config_lists_the_registrys_stage_names_in_run_order():
     assert config.STAGES == NAMES
     assert set(config.DEFAULT_STAGES) < set(config.STAGES) and config.GEOMETRY_STAGE in config.STAGES
-    assert config.DEFAULT_STAGES == tuple(s for s in config.STAGES if s != config.GEOMETRY_STAGE)
+    assert config.ANALYZE_STAGES == tuple(s for s in config.STAGES if s not in config.OPT_IN_STAGES)
+    assert config.DEFAULT_STAGES == tuple(s for s in config.ANALYZE_STAGES if s != config.GEOMETRY_STAGE)
 
 
 def test_every_stage_is_one_module_named_after_it_that_declares_its_name_key_and_record_once():
@@ -50,7 +51,7 @@ def _files_quoting(name: str) -> set:
 
 #: the stages whose name is a word of their own (the others' — rho, input, accuracy, reachability — are also the
 #: keys of other things: a root's "rho", a block's "accuracy" curve, a scored_in value)
-DISTINCT_NAMES = ("prop4", "prop5", "a8", "repelling", "rho_wx", "geometry")
+DISTINCT_NAMES = ("prop4", "prop5", "a8", "repelling", "rho_wx", "geometry", "path_independence")
 
 
 def test_a_stages_quoted_name_is_in_its_module_and_the_configs_name_list_only():

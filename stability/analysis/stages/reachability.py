@@ -42,6 +42,7 @@ class Reachability:
     tol: Optional[float] = None
     max_iter: Optional[int] = None
     residual_trace: list = field(default_factory=list)  # (B, N) relative residual at every evaluation
+    drift: Optional[dict] = None  # the drifting test's growth powers (AnalysisOptions.drift; analysis.drift)
 
     @property
     def samples(self) -> int:
@@ -65,6 +66,7 @@ class Reachability:
             "tol": self.tol,
             "max_iter": self.max_iter,
             "residual_trace": self.residual_trace,
+            **({} if self.drift is None else {"drift": self.drift}),
         }
 
 
@@ -111,7 +113,13 @@ def run(at: AtFixedPoint) -> Reachability:
              observe=curve.observe if curve else None, observe_steps=o.iterations if curve else 0)
     if curve is not None:
         at.accuracy_curve = curve.curve()
+    drift = None
+    if o.drift:  # the drifting status (issue 38), only where asked for
+        from stability.analysis.drift import mark_drifting  # a torch-free module: the test where it runs
+
+        drift = mark_drifting(at.solution, at.f, at.x0, o.max_iter)
     reach = reachability(at.solution, solver=o.solver, max_iter=o.max_iter)
+    reach.drift = drift
     at.log(f"{at.split}: {int(at.converged.sum())}/{at.converged.numel()} converged ({o.solver}, τ={o.tol:g})")
     return reach
 

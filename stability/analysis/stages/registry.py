@@ -7,8 +7,8 @@ cost model, the report's rows and the headline's numbers — is read from here.
 
 from __future__ import annotations
 
-from stability.analysis.stages import (a8, accuracy, geometry, input, prop4, prop5, reachability, repelling, rho,
-                                       rho_wx)
+from stability.analysis.stages import (a8, accuracy, geometry, input, path_independence, prop4, prop5,
+                                       reachability, repelling, rho, rho_wx)
 from stability.analysis.stages.base import Stage
 
 REGISTRY: tuple[Stage, ...] = (
@@ -19,6 +19,7 @@ REGISTRY: tuple[Stage, ...] = (
     prop5.STAGE,
     input.STAGE,
     a8.STAGE,
+    path_independence.STAGE,
     repelling.STAGE,
     accuracy.STAGE,
     geometry.STAGE,
