@@ -73,6 +73,8 @@ def _schema_flags(p: argparse.ArgumentParser) -> None:
         args, kw = schema_argument(name.replace("_", "-"), name, info, dest=name, positive=flag.positive)
         d = None if flag.command_default else info.default
         kw["default"] = d
+        if d is False:  # a switch that is off unless given: --NAME alone
+            kw["action"] = "store_true"
         kw["help"] = info.description + (f" (default: {flag.command_default})" if flag.command_default
                                          else "" if d is None else f" ({d:g})" if isinstance(d, float)
                                          else f" ({d})")
