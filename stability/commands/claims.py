@@ -54,8 +54,9 @@ def _markdown(out, spec, results, meta) -> str:
     out = Path(out)
     text = out.read_text(encoding="utf-8") if out.is_file() else ""
     blocks = claims.generated_blocks(text)
+    full, compact_table = _renderers(spec.version)
     if not blocks:
-        return claims.markdown(spec, results, **meta)
+        return full(spec, results, **meta)
     mine = Path(meta["source"])
     if not any(Path(src) == mine for src, _ in blocks):
         raise StabilityError(f"{out}: its generated claims blocks are of {', '.join(sorted({s for s, _ in blocks}))}, "
@@ -66,15 +67,27 @@ def _markdown(out, spec, results, meta) -> str:
             return None
         m = dict(meta, source=source)
         if compact:
-            return claims.compact_markdown(results, records=m["records"], source=source, sha256=m["sha256"])
-        return claims.markdown(spec, results, **m)
+            return compact_table(results, records=m["records"], source=source, sha256=m["sha256"])
+        return full(spec, results, **m)
 
     return claims.splice(text, render)
 
 
+def _renderers(version: int):
+    """(the full table, the compact one) of a claims file's version: version 2's frame has its own columns."""
+    from stability.sweep import claims
+    from stability.sweep.claims import frame
+
+    if version == 2:
+        return frame.frame_markdown, frame.frame_compact
+    return claims.markdown, claims.compact_markdown
+
+
 def run(args: argparse.Namespace) -> int:
     from stability import atomic
+    from stability.errors import StabilityError
     from stability.sweep import claims
+    from stability.sweep.claims import frame
 
     path = _claims_path(args.claims)
     outputs = [(atomic.check_writable(o, "file", flag), kind) for o, flag, kind in
@@ -82,17 +95,20 @@ def run(args: argparse.Namespace) -> int:
     if args.figures:
         atomic.check_writable(args.figures, "dir", "--figures")
     spec, sha = claims.load_claims(path)
+    if args.figures and spec.version == 2:
+        raise StabilityError(f"--figures: the per-claim figures draw version-1 claims; {path} is version 2")
     records = claims.read_results(args.results)
-    results = claims.evaluate(spec, records)
+    results = frame.evaluate_v2(spec, records) if spec.version == 2 else claims.evaluate(spec, records)
     meta = dict(claims_path=str(path), sha256=sha, records=len(records), source=str(args.results))
-    for line in claims.lines(results, spec.claim):
+    for line in (frame.frame_lines if spec.version == 2 else claims.lines)(results, spec.claim):
         print(line)
     counts = {v: sum(r.verdict == v for r in results) for v in ("supported", "contradicted", "inconclusive")}
     print(f"{len(results)} claims from {len(records)} records ({path}, sha256 {sha[:12]}): "
           + ", ".join(f"{n} {v}" for v, n in counts.items()))
     for out, kind in outputs:
         if kind == "json":
-            atomic.write_json(out, claims.verdicts_json(spec, results, **meta), indent=2, sort_keys=True)
+            as_json = frame.frame_json if spec.version == 2 else claims.verdicts_json
+            atomic.write_json(out, as_json(spec, results, **meta), indent=2, sort_keys=True)
         else:
             atomic.write_text(out, _markdown(out, spec, results, meta))
         print(f"wrote {out}")
