@@ -4,7 +4,8 @@ Reads the claims file (default ``experiments/claims.toml``), computes each verdi
 (:mod:`stability.sweep.claims`) and prints one line per claim: id, verdict, n, effect, CI, p, the direction its
 one-sided test took and on which side of it the effect lies, and the reason. ``--json`` writes every number;
 ``--markdown`` the table docs/replication.md includes (generated, never hand-written); ``--figures DIR`` one figure
-per claim (:mod:`stability.sweep.claim_figures`).
+per claim (:mod:`stability.sweep.claim_figures`). A version-2 file (``experiments/claims-v2.toml``, issue 38) is
+judged by :mod:`stability.sweep.claims.frame` instead: configurations (runs), effect, 95 % CI, raw and Holm p.
 """
 
 from __future__ import annotations

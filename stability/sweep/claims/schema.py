@@ -247,6 +247,8 @@ def _check_version(version: int, c: Claim) -> None:
     elif c.test not in TESTS_OF_V2[c.design]:
         raise ValueError(f"claim {c.id!r}: a version-2 file decides by {', '.join(TESTS_OF_V2[c.design])} for "
                          f"design {c.design!r}, not {c.test!r}")
+    elif c.effect != "mean":
+        raise ValueError(f"claim {c.id!r}: a version-2 effect is the mean over configurations; leave effect out")
 
 
 def parse_claims(data: dict, where: str = "claims") -> ClaimsFile:
