@@ -354,3 +354,91 @@ def test_a_malformed_version_2_file_is_one_line_and_exit_2(tmp_path):
     bad = run_cli("claims", "experiments/results/replication", "--claims", claims, check=False, cwd=ROOT)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
     assert "a universal claim needs floor and holds" in bad.stderr
+
+
+# ---- the frame on real records: seven verdicts recomputed from the raw JSON with scipy.stats -----------------------
+def _second_edition_raw() -> list:
+    return [json.loads(f.read_text()) for f in sorted((ROOT / "experiments/results/replication/records").glob("*.json"))]
+
+
+def _acc(r: dict, split: str) -> float:
+    return 0.0 if r["status"] == "diverged" or not r["final"] else 100.0 * r["final"][split]["accuracy"]
+
+
+def _key(r: dict) -> tuple:
+    m, t = r["config"]["model"], r["config"]["train"]
+    return m["norm"], m["recall"], float(t["lr"]), int(t["seed"])
+
+
+def _paired_config_means(raw, value, a_of, b_of, config_of) -> list:
+    """Per configuration, the mean over its units of a's value − b's (units present in both arms)."""
+    a = {k: v for r in raw if (k := a_of(r)) is not None and (v := value(r)) is not None}
+    b = {k: v for r in raw if (k := b_of(r)) is not None and (v := value(r)) is not None}
+    cfg = {}
+    for u in set(a) & set(b):
+        cfg.setdefault(config_of(u), []).append(a[u] - b[u])
+    return [np.mean(v) for _, v in sorted(cfg.items())]
+
+
+def test_the_frame_on_the_second_editions_records_agrees_with_scipy_recomputed_from_the_raw_records(tmp_path):
+    text = V2.read_text().replace("seeds = [5, 6, 7, 8]", "seeds = [0, 1, 2, 3, 4]")
+    (tmp_path / "c.toml").write_text(text)
+    spec, _ = C.load_claims(tmp_path / "c.toml")
+    got = {r.id: r for r in C.evaluate_v2(spec, C.read_results(ROOT / "experiments/results/replication"))}
+    raw = _second_edition_raw()
+    rho = lambda r: (r.get("stability") or {}).get("rho_Wx")
+    expect = {}
+    # rho-wx-grows-with-lr and recall-degrades-as-rho-wx-grows-hard: lr 5e-3 − 1e-3 per (norm, recall, seed)
+    at = lambda lr: (lambda r: (_key(r)[0], _key(r)[1], _key(r)[3]) if _key(r)[0] in ("pre", "peri") and _key(r)[1] in (
+        "internal", "external") and _key(r)[2] == lr else None)
+    expect["rho-wx-grows-with-lr"] = stats.ttest_1samp(_paired_config_means(raw, rho, at(5e-3), at(1e-3),
+                                                                            lambda u: u[:2]), 0.0)
+    expect["recall-degrades-as-rho-wx-grows-hard"] = stats.ttest_1samp(
+        _paired_config_means(raw, lambda r: _acc(r, "hard"), at(5e-3), at(1e-3), lambda u: u[:2]), 0.0)
+    # internal-competitive-outer-norm-hard: internal − external per (norm, lr, seed) over post/gru, against −10
+    rec_of = lambda recall: (lambda r: (_key(r)[0], _key(r)[2], _key(r)[3]) if _key(r)[0] in ("post", "gru")
+                             and _key(r)[1] == recall else None)
+    expect["internal-competitive-outer-norm-hard"] = stats.ttest_1samp(
+        _paired_config_means(raw, lambda r: _acc(r, "hard"), rec_of("internal"), rec_of("external"),
+                             lambda u: u[:2]), -10.0)
+    # autonomous-val-to-hard-degradation: runs with val >= 50, per (norm, lr) the mean val − hard, against 20
+    cfg = {}
+    for r in raw:
+        if _key(r)[1] == "none" and _acc(r, "val") >= 50.0 and r["final"]:
+            cfg.setdefault((_key(r)[0], _key(r)[2]), []).append(_acc(r, "val") - _acc(r, "hard"))
+    expect["autonomous-val-to-hard-degradation"] = stats.ttest_1samp([np.mean(v) for v in cfg.values()], 20.0)
+    # outer-norm-extrapolates-internal: per (norm, lr) the share >= 50 % hard, Welch post/gru against pre/peri
+    share = {}
+    for r in raw:
+        if _key(r)[1] == "internal":
+            share.setdefault((_key(r)[0], _key(r)[2]), []).append(100.0 * (_acc(r, "hard") >= 50.0))
+    arm = lambda norms: [np.mean(v) for k, v in share.items() if k[0] in norms]
+    expect["outer-norm-extrapolates-internal"] = stats.ttest_ind(arm(("post", "gru")), arm(("pre", "peri")),
+                                                                 equal_var=False)
+    # recall-beats-fixed-depth-hard: per (norm, lr) recall's mean (internal and external, every seed) − fixed's
+    by = {}
+    for r in raw:
+        n, rc, lr, _ = _key(r)
+        by.setdefault(("fixed" if rc == "fixed" else "recall" if rc != "none" else "none", n, lr), []).append(
+            _acc(r, "hard"))
+    diffs = [np.mean(by[("recall", n, lr)]) - np.mean(by[("fixed", n, lr)]) for (g, n, lr) in by if g == "fixed"]
+    expect["recall-beats-fixed-depth-hard"] = stats.ttest_1samp(diffs, 0.0)
+    # the headline: per (norm, recall, lr) mean signed ranks of converged share (+) and rho(J*) over all inputs (−)
+    h = {}
+    for r in raw:
+        if _key(r)[1] != "fixed":
+            a = r["analysis"]["hard"]
+            h.setdefault(_key(r)[:3], []).append((a["converged_fraction"], a["rho_J_median_all"], _acc(r, "hard")))
+    m = np.array([np.mean(v, axis=0) for _, v in sorted(h.items())])
+    score = (stats.rankdata(m[:, 0]) + stats.rankdata(-m[:, 1])) / 2
+    rho_s = stats.spearmanr(score, m[:, 2]).statistic
+    assert got["headline-performance-tracks-predictions"].effect == pytest.approx(rho_s, rel=1e-12)
+    assert len(expect) == 6
+    for cid, ref in expect.items():
+        assert got[cid].p == pytest.approx(ref.pvalue, rel=1e-9), cid
+        ci = ref.confidence_interval(0.95)
+        assert got[cid].ci == pytest.approx((ci.low, ci.high), rel=1e-9), cid
+    adj = C.holm([got[c.id].p for c in spec.claim])
+    for c, a in zip(spec.claim, adj):
+        if got[c.id].p is not None:
+            assert got[c.id].p_holm == pytest.approx(a)
