@@ -15,7 +15,7 @@ The universal rule: k = 12 configurations × 4 seeds all exactly at the floor (t
 noise; the share of grids in which some configuration is declared a counterexample (``counterexamples``) must be
 ≤ α = 0.05.
 
-    OMP_NUM_THREADS=1 python benchmarks/claims_coverage.py [--reps 2000] [--json benchmarks/results-claims-coverage.json]
+    OMP_NUM_THREADS=1 python benchmarks/claims_coverage.py [--reps 2000] [--json OUT.json]
 
 Not in the suite (a minute of numpy); the numbers are in docs/replication.md and benchmarks/RESULTS.md.
 """

@@ -247,7 +247,8 @@ def test_claims_v2_judges_synthetic_records_of_the_third_edition_grid():
     for cell in cells:
         m = cell.config.model
         r = rec(m.norm, m.recall, float(cell.config.train.lr), cell.config.train.seed,
-                val=float(rng.uniform(50, 100)), hard=0.0 if m.recall in ("none", "fixed") else float(rng.uniform(0, 80)),
+                val=float(rng.uniform(50, 100)),
+                hard=0.0 if m.recall in ("none", "fixed") else float(rng.uniform(0, 80)),
                 rho=float(rng.uniform(0.5, 2.0)), monitor=[{"rho_Wx": 0.5}])
         r["config"]["model"]["depth"] = m.depth
         with_analysis(r, "hard", converged_fraction=float(rng.uniform()), rho_J_median_all=float(rng.uniform(0.5, 1.5)))
@@ -358,7 +359,8 @@ def test_a_malformed_version_2_file_is_one_line_and_exit_2(tmp_path):
 
 # ---- the frame on real records: seven verdicts recomputed from the raw JSON with scipy.stats -----------------------
 def _second_edition_raw() -> list:
-    return [json.loads(f.read_text()) for f in sorted((ROOT / "experiments/results/replication/records").glob("*.json"))]
+    files = sorted((ROOT / "experiments/results/replication/records").glob("*.json"))
+    return [json.loads(f.read_text()) for f in files]
 
 
 def _acc(r: dict, split: str) -> float:

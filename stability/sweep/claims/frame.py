@@ -3,8 +3,8 @@ statistical frame of the third edition").
 
 * **Unit of analysis: the configuration** (the claim's ``cluster`` keys; default the unit's keys without the
   seed). A configuration's value is the mean of its runs' values (a paired claim: of its paired differences; a
-  claim with a ``success`` block: the share of its runs that succeed, in points). Seeds replicate a configuration; they are
-  not independent evidence about the claim.
+  claim with a ``success`` block: the share of its runs that succeed, in points). Seeds replicate a
+  configuration; they are not independent evidence about the claim.
 * ``test = "t"``: one-sample t over the configurations' values against ``null`` (one-sample and paired designs),
   Welch's t between the arms' configuration values (unpaired); the (1 − α) two-sided t-interval of the estimate.
 * ``test = "universal"`` (a claim worded "only", "all", "0 %"): every configuration's value should lie ``holds``

@@ -210,9 +210,9 @@ def spearman_fisher(x, y, null: float, level: float) -> Optional[dict]:
     r = min(max(rho, -0.999999), 0.999999)
     se = math.sqrt((1.0 + r * r / 2.0) / (len(x) - 3))
     z = (math.atanh(r) - math.atanh(null)) / se
-    q = float(stats.norm.ppf(0.5 + level / 2.0))
+    half = float(stats.norm.ppf(0.5 + level / 2.0)) * se
     return {"estimate": rho, "p": float(2.0 * stats.norm.sf(abs(z))), "greater": float(stats.norm.sf(z)),
-            "less": float(stats.norm.cdf(z)), "ci": (math.tanh(math.atanh(r) - q * se), math.tanh(math.atanh(r) + q * se)),
+            "less": float(stats.norm.cdf(z)), "ci": (math.tanh(math.atanh(r) - half), math.tanh(math.atanh(r) + half)),
             "z": z}
 
 
