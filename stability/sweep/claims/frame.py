@@ -26,7 +26,6 @@ statistical frame of the third edition").
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Optional
 
