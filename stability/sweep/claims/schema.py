@@ -187,6 +187,9 @@ def _check_v2(c: "Claim") -> None:
     """The version-2 rule types' own requirements (the version is checked by :class:`ClaimsFile`)."""
     if c.test == "universal" and (c.floor is None or c.holds is None):
         raise ValueError("a universal claim needs floor and holds (below or above)")
+    if c.test == "universal" and c.direction != {"below": "less", "above": "greater"}[c.holds]:
+        raise ValueError(f"a universal claim that holds {c.holds} its floor has direction "
+                         f"{'less' if c.holds == 'below' else 'greater'}")
     if c.test != "universal" and (c.floor is not None or c.holds is not None):
         raise ValueError("floor and holds belong to a universal claim")
     if (c.test == "spearman") != bool(c.predictors):
