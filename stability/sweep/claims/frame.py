@@ -260,7 +260,9 @@ def _num(v: Optional[float]) -> str:
 def _rule(claim: Claim) -> str:
     """The rule in a few words: the test, the values it sees, the null or floor, the direction."""
     if claim.test == "universal":
-        return f"universal: every configuration {claim.holds} {claim.floor:g} (counterexample: one-sided t, Bonferroni)"
+        what = "A − B" if claim.design == "paired" else "value"
+        return (f"universal: every configuration's {what} {claim.holds} {claim.floor:g} (counterexample: one-sided t, "
+                "Bonferroni)")
     sym = ">" if claim.direction == "greater" else "<"
     if claim.test == "spearman":
         terms = ", ".join(f"{'+' if p.sign > 0 else '−'}{p.metric}" for p in claim.predictors)
