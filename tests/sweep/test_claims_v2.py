@@ -124,6 +124,14 @@ def test_a_one_run_configuration_beyond_the_floor_is_a_counterexample():
     assert r.verdict == "contradicted" and r.p == 0.0
 
 
+def test_a_counterexample_contradicts_below_min_n_while_its_absence_then_supports_nothing():
+    claim = dict(ZERO, cluster=["model.norm", "train.lr", "train.seed"], floor=5.0, min_n=3)
+    hit = C.evaluate_v2(spec2(claim), [rec("pre", "none", 1e-3, 0, hard=6.0)])[0]
+    assert hit.verdict == "contradicted" and hit.n_configurations == 1
+    none = C.evaluate_v2(spec2(claim), [rec("pre", "none", 1e-3, 0, hard=1.0)])[0]
+    assert none.verdict == "inconclusive" and "n too small (1 configurations < 3" in none.reason
+
+
 # ---- the effect rule: configurations as units, Holm across the file -------------------------------------------
 def paired_records(diffs_by_cfg: dict) -> list:
     out = []

@@ -17,7 +17,8 @@ statistical frame of the third edition").
   verdict is read from its **Holm-adjusted** value over the whole file (m = the number of claims; a claim with no p
   counts as p = 1): adjusted p < α with the estimate on the predicted side of the null → supported, on the other
   side → contradicted; a universal claim: adjusted p < α → contradicted (a counterexample), else supported when
-  every configuration's mean is on the claim's side of the floor, inconclusive when some mean is beyond it within
+  every configuration's mean is on the claim's side of the floor (and there are ``min_n`` configurations: a
+  counterexample contradicts at any n), inconclusive when some mean is beyond it within
   noise (a configuration of one run is a counterexample when its value is beyond the floor: the floor is then the
   whole noise allowance). Fewer configurations than ``min_n``:
   inconclusive (n too small), the numbers still shown.
@@ -219,7 +220,8 @@ def _decide(r: FrameResult, claim: Claim, alpha: float) -> FrameResult:
         why = f"{holm_p} < α = {alpha:g}, estimate on the {side} side of {claim.null:g}"
     else:
         verdict, why = "inconclusive", f"not significant: {holm_p} ≥ α = {alpha:g}"
-    if (r.n_configurations or 0) < claim.min_n:
+    decisive = claim.test == "universal" and verdict == "contradicted"  # one counterexample suffices at any n
+    if (r.n_configurations or 0) < claim.min_n and not decisive:
         verdict, why = "inconclusive", f"n too small ({r.n_configurations} configurations < {claim.min_n}; the test " \
                                        f"alone: {why})"
     r.verdict, r.reason = verdict, why + _missing(r.detail)
