@@ -4,7 +4,8 @@ Reads the claims file (default ``experiments/claims.toml``), computes each verdi
 (:mod:`stability.sweep.claims`) and prints one line per claim: id, verdict, n, effect, CI, p, the direction its
 one-sided test took and on which side of it the effect lies, and the reason. ``--json`` writes every number;
 ``--markdown`` the table docs/replication.md includes (generated, never hand-written); ``--figures DIR`` one figure
-per claim (:mod:`stability.sweep.claim_figures`).
+per claim (:mod:`stability.sweep.claim_figures`). A version-2 file (``experiments/claims-v2.toml``, issue 38) is
+judged by :mod:`stability.sweep.claims.frame` instead: configurations (runs), effect, 95 % CI, raw and Holm p.
 """
 
 from __future__ import annotations
@@ -57,8 +58,9 @@ def _markdown(out, spec, results, meta) -> str:
     out = Path(out)
     text = out.read_text(encoding="utf-8") if out.is_file() else ""
     blocks = claims.generated_blocks(text)
+    full, compact_table = _renderers(spec.version)
     if not blocks:
-        return claims.markdown(spec, results, **meta)
+        return full(spec, results, **meta)
     mine = Path(meta["source"])
     if not any(Path(src) == mine for src, _ in blocks):
         raise StabilityError(f"{out}: its generated claims blocks are of {', '.join(sorted({s for s, _ in blocks}))}, "
@@ -69,15 +71,27 @@ def _markdown(out, spec, results, meta) -> str:
             return None
         m = dict(meta, source=source)
         if compact:
-            return claims.compact_markdown(results, records=m["records"], source=source, sha256=m["sha256"])
-        return claims.markdown(spec, results, **m)
+            return compact_table(results, records=m["records"], source=source, sha256=m["sha256"])
+        return full(spec, results, **m)
 
     return claims.splice(text, render)
+
+
+def _renderers(version: int):
+    """(the full table, the compact one) of a claims file's version: version 2's frame has its own columns."""
+    # lazy: numpy; `stability --help` imports this module without it
+    from stability.sweep import claims
+    from stability.sweep.claims import frame
+
+    if version == 2:
+        return frame.frame_markdown, frame.frame_compact
+    return claims.markdown, claims.compact_markdown
 
 
 def run(args: argparse.Namespace) -> int:
     # lazy: numpy; `stability --help` imports this module without it
     from stability.sweep import claims
+    from stability.sweep.claims import frame
 
     path = _claims_path(args.claims)
     outputs = [(atomic.check_writable(o, "file", flag), kind) for o, flag, kind in
@@ -85,17 +99,20 @@ def run(args: argparse.Namespace) -> int:
     if args.figures:
         atomic.check_writable(args.figures, "dir", "--figures")
     spec, sha = claims.load_claims(path)
+    if args.figures and spec.version == 2:
+        raise StabilityError(f"--figures: the per-claim figures draw version-1 claims; {path} is version 2")
     records = claims.read_results(args.results)
-    results = claims.evaluate(spec, records)
+    results = frame.evaluate_v2(spec, records) if spec.version == 2 else claims.evaluate(spec, records)
     meta = dict(claims_path=str(path), sha256=sha, records=len(records), source=str(args.results))
-    for line in claims.lines(results, spec.claim):
+    for line in (frame.frame_lines if spec.version == 2 else claims.lines)(results, spec.claim):
         print(line)
     counts = {v: sum(r.verdict == v for r in results) for v in ("supported", "contradicted", "inconclusive")}
     print(f"{len(results)} claims from {len(records)} records ({path}, sha256 {sha[:12]}): "
           + ", ".join(f"{n} {v}" for v, n in counts.items()))
     for out, kind in outputs:
         if kind == "json":
-            atomic.write_json(out, claims.verdicts_json(spec, results, **meta), indent=2, sort_keys=True)
+            as_json = frame.frame_json if spec.version == 2 else claims.verdicts_json
+            atomic.write_json(out, as_json(spec, results, **meta), indent=2, sort_keys=True)
         else:
             atomic.write_text(out, _markdown(out, spec, results, meta))
         print(f"wrote {out}")

@@ -62,6 +62,10 @@ readable ``cell_id`` (:func:`short_cell_id`), e.g. ``ps-external-post-lr1e-3-s0`
 learning rate and seed, then the values of the grid's other axes; unique within the grid (a 6-digit hash is
 appended where two cells would share one). ``stability sweep GRID --only CELL_ID`` reruns a cell by either id.
 
+``tie = { "task.seed" = "train.seed" }`` sets an option in every cell of that file to another option's value
+there (the data seed follows the training seed, so seeds replicate the data too, issue 38); the tied option may
+be neither fixed nor an axis, and the option it follows must be one of them.
+
 A grid must define cells: a file with no ``fixed``, ``axes`` or ``include`` (e.g. an empty file) is an error,
 not one cell with the paper's full-size defaults.
 """
@@ -87,7 +91,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-TOP_KEYS = ("name", "description", "include", "fixed", "axes", "slurm", "summary")
+TOP_KEYS = ("name", "description", "include", "fixed", "axes", "slurm", "summary", "tie")
 #: the ``[summary]`` table: how each cell is summarised after training (:class:`stability.config.SweepSummary`; the
 #: command line overrides it)
 SUMMARY_KEYS = tuple(SweepSummary.model_fields)
@@ -322,6 +326,7 @@ def parse(data: dict, *, path: Optional[Path] = None, extra_fixed: Optional[dict
         SweepSummary(**summary)
     except ConfigError as exc:
         raise ConfigError(f"{_where(path)}{exc}") from None
+    tie = _ties(path, data.get("tie", {}), fixed, axes)
     grid = Grid(name=name, path=path, description=description, slurm=dict(slurm),
                 axes={k: list(v) for k, v in axes.items()}, summary=dict(summary))
     includes = data.get("include", [])
@@ -347,7 +352,8 @@ def parse(data: dict, *, path: Optional[Path] = None, extra_fixed: Optional[dict
         keys = list(axes)
         for combo in itertools.product(*(axes[k] for k in keys)):
             chosen = dict(zip(keys, combo))
-            config = _build(path, {**fixed, **chosen})
+            options = {**fixed, **chosen}
+            config = _build(path, {**options, **{k: options[src] for k, src in tie.items()}})
             cell = Cell(id=cell_id(chosen, config), axes=chosen, config=config, slurm=dict(grid.slurm))
             if cell.id not in seen_ids:
                 seen_ids.add(cell.id)
@@ -355,6 +361,23 @@ def parse(data: dict, *, path: Optional[Path] = None, extra_fixed: Optional[dict
     if not _seen:  # the top-level file: readable ids over the whole grid
         grid.cells = _assign_cell_ids(grid.cells)
     return grid
+
+
+def _ties(path, tie: Any, fixed: dict, axes: dict) -> dict:
+    """The ``tie`` table checked: {"section.option": "section.option it follows"}, each a known option, the tied
+    one neither fixed nor an axis, the followed one fixed or an axis."""
+    if not isinstance(tie, dict):
+        raise ConfigError(f"{_where(path)}tie: expected a table of \"section.option\" = \"section.option\"")
+    for key, src in tie.items():
+        for name in (key, src):
+            section, _, option = str(name).partition(".")
+            if section not in SECTIONS or option not in option_names(section):
+                raise ConfigError(f"{_where(path)}tie.{key}: {name!r} is not an option (section.option)")
+        if key in fixed or key in axes:
+            raise ConfigError(f"{_where(path)}tie.{key}: the tied option is also fixed or an axis; choose one")
+        if src not in fixed and src not in axes:
+            raise ConfigError(f"{_where(path)}tie.{key}: follows {src}, which is neither fixed nor an axis here")
+    return dict(tie)
 
 
 def load(path: Path | str, *, extra_fixed: Optional[dict] = None, _seen: tuple = ()) -> Grid:

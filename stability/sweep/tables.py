@@ -30,8 +30,9 @@ from stability.sweep.grid import _matches, _parse_value, shortest_e
 TASK_ORDER = ("chess", "sudoku", "prefix-sums")
 TASK_TITLE = {"chess": "Chess", "sudoku": "Sudoku", "prefix-sums": "Prefix sums"}
 RECALL_ORDER = ("internal", "external", "none", "fixed")
-#: options that may differ between the seeds of one cell (they do not change the experiment)
-IGNORED = {"train.seed", "train.device", "train.compile", "train.eval_batch_size", "train.monitor_every",
+#: options that may differ between the seeds of one cell (they do not change the experiment; ``task.seed``: a
+#: grid may tie each run's data seed to its seed, issue 38, so the seeds replicate the data too)
+IGNORED = {"train.seed", "task.seed", "train.device", "train.compile", "train.eval_batch_size", "train.monitor_every",
            "train.monitor_samples", "train.train_accuracy_samples", "task.data_path", "task.cache_dir", "task.engine"}
 KEY = ("task.name", "model.norm", "model.recall", "train.lr")
 

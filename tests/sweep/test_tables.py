@@ -105,6 +105,15 @@ def test_records_of_one_cell_that_differ_in_another_option_are_refused():
         tables.collect(dup)
 
 
+def test_seeds_whose_data_seed_follows_the_seed_are_one_cell_averaged():
+    recs = [record("prefix-sums", "pre", "external", 1e-3, s, v, 0) for s, v in ((5, 40.0), (6, 60.0))]
+    for r in recs:
+        r["config"]["task"]["seed"] = r["config"]["train"]["seed"]  # the third edition's tie
+    cells = tables.collect(recs)
+    (cell,) = cells.values()
+    assert sorted(cell.seeds) == [5, 6] and sum(cell.values["val"]) / 2 == pytest.approx(50.0)
+
+
 def test_latex_tables_are_well_formed_booktabs():
     for t in tables.build_tables(tables.collect(paper_like())):
         tex = tables.latex(t)

@@ -24,7 +24,10 @@ Every claim reports n, the effect (mean or median of the paired differences or o
 the arms' means; the difference of success rates for Fisher) in the metric's unit, its (1 − 2α) bootstrap CI
 resampling whole configurations (the ``cluster`` keys; default: the unit's keys without the seed), and p.
 Ties (differences within 1e-9) are dropped by the sign test and by Wilcoxon (``zero_method="wilcox"``).
-Pure functions: no plotting, no training. The package's modules: :mod:`~stability.sweep.claims.schema` (the claims
+A claims file of version 2 (issue 38, ``experiments/claims-v2.toml``) is judged by one statistical frame instead
+(:mod:`~stability.sweep.claims.frame`: configurations as units, t-intervals, two-sided p, Holm across the file,
+literal rules for universal claims, a rank correlation for the headline); version 1's rule and output are
+unchanged. Pure functions: no plotting, no training. The package's modules: :mod:`~stability.sweep.claims.schema` (the claims
 file, on the project's one config base), :mod:`~stability.sweep.claims.records` (what a record holds: a run's
 coordinates, whether it trained, each metric), :mod:`~stability.sweep.claims.statistics` (the tests and the
 bootstrap), :mod:`~stability.sweep.claims.evaluation` (the rule, claim by claim) and
@@ -39,11 +42,13 @@ from stability.sweep.claims.rendering import (BLOCK, compact_markdown, compared,
                                               hypothesis, lines, markdown, splice, test_text, verdicts_json)
 from stability.sweep.claims.schema import (FORMAT, METRICS, TESTS_OF, UNITS, VERDICTS_FORMAT, Arm, Bootstrap, Claim,
                                            ClaimsFile, Condition, Exclude, Select, Success, load_claims, parse_claims)
-from stability.sweep.claims.statistics import TIE
+from stability.sweep.claims.frame import FrameResult, evaluate_v2, frame_compact, frame_json, frame_lines, frame_markdown
+from stability.sweep.claims.statistics import TIE, holm
 
 __all__ = ["ClaimsFile", "Claim", "Arm", "Condition", "Exclude", "Success", "Select", "Bootstrap", "Result",
            "load_claims", "parse_claims", "evaluate", "evaluate_claim", "metric_value", "never_trained", "run_keys",
            "select_runs", "resolve_lrs", "FIGURE3_RULE", "markdown", "compact_markdown", "splice",
            "generated_blocks", "lines", "verdicts_json", "read_results", "hypothesis", "direction_text", "compared",
            "test_text", "BLOCK", "METRICS", "UNITS", "TESTS_OF", "FORMAT", "VERDICTS_FORMAT", "TIE",
-           "GEOMETRY_FIELDS"]
+           "GEOMETRY_FIELDS", "FrameResult", "evaluate_v2", "frame_lines", "frame_markdown", "frame_compact",
+           "frame_json", "holm"]

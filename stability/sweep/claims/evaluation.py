@@ -92,9 +92,15 @@ def _same_lr(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0)
 
 
-def _in_arm(keys: dict, arm: Arm, lrs_of_arm: Optional[list[float]]) -> bool:
+def _in_arm(keys: dict, arm: Arm, lrs_of_arm: Optional[list[float]], depth: int = 15) -> bool:
     return (keys["model.norm"] in arm.norm and keys["model.recall"] in arm.recall
-            and (lrs_of_arm is None or any(_same_lr(keys["train.lr"], lr) for lr in lrs_of_arm)))
+            and (lrs_of_arm is None or any(_same_lr(keys["train.lr"], lr) for lr in lrs_of_arm))
+            and (arm.depth is None or depth in arm.depth))
+
+
+def _depth(rec: dict) -> int:
+    """The record's model.depth (the fixed-depth baseline's blocks; 15, the default, where the config omits it)."""
+    return int(rec["config"]["model"].get("depth") or 15)
 
 
 def _excluded(keys: dict, exclude: list[Exclude], lrs: list[float]) -> bool:
@@ -147,7 +153,7 @@ def select_runs(runs: list[dict], sel: Select = FIGURE3_RULE) -> tuple[list[dict
 
 
 def _unit(claim: Claim) -> str:
-    if claim.test == "fisher":
+    if claim.success is not None:
         return "points (share)"
     metrics = claim.metric if isinstance(claim.metric, list) else [claim.metric]
     return UNITS[metrics[0]]
@@ -163,7 +169,8 @@ def _arm_runs(claim: Claim, spec: ClaimsFile, name: str, arm: Arm, recs: list[di
     """The runs of one arm: its cells less the excluded ones, the never-trained ones dropped where the claim says
     so (an arm mostly never trained: :class:`_Decided` inconclusive), then those meeting every ``require``."""
     arm_lrs = None if arm.lr is None else [_resolve_lr(v, lrs) for v in arm.lr]
-    runs = [r for r in recs if _in_arm(run_keys(r), arm, arm_lrs) and not _excluded(run_keys(r), claim.exclude, lrs)]
+    runs = [r for r in recs if _in_arm(run_keys(r), arm, arm_lrs, _depth(r))
+            and not _excluded(run_keys(r), claim.exclude, lrs)]
     if not runs:
         raise _Undecidable(f"arm {name} ({arm.label}) matches no record")
     flagged = [r for r in runs if never_trained(r, spec.untrained_loss_fraction)]
@@ -191,7 +198,7 @@ def _arm_runs(claim: Claim, spec: ClaimsFile, name: str, arm: Arm, recs: list[di
 
 # ---- the values the test sees -------------------------------------------------------------------------------------
 def _metrics(claim: Claim) -> list:
-    return ([claim.success.metric] if claim.test == "fisher"
+    return ([claim.success.metric] if claim.success is not None
             else claim.metric if isinstance(claim.metric, list) else [claim.metric])
 
 

@@ -41,6 +41,11 @@ def never_trained(rec: dict, loss_fraction: float) -> Optional[str]:
 GEOMETRY_FIELDS = {"median_radius": "geometry_median_radius", "anisotropy_log_range": "geometry_log_range"}
 
 
+#: a version-2 ``<split>.analysis.<name>`` metric -> the record's key in ``analysis.<split>`` where it differs;
+#: ``path_alignment`` is the path stage's headline (Anil et al. 2022's asymptotic alignment, the median over inputs)
+ANALYSIS_FIELDS = {"path_alignment": "path_alignment_median"}
+
+
 def _curve_at(rec: dict, split: str, iteration: int) -> Optional[float]:
     curve = ((rec.get("final") or {}).get(split) or {}).get("curve") or []
     return 100.0 * float(curve[iteration - 1]) if 1 <= iteration <= len(curve) else None
@@ -89,6 +94,13 @@ def metric_value(rec: dict, metric: str) -> tuple[Optional[float], Optional[str]
         if not series:
             return None, "no monitor series of ρ(W_x) (train.monitor_every = 0 or no recall)"
         return max(series), None
+    if ".analysis." in metric:
+        split, _, key = metric.split(".", 2)
+        field = ANALYSIS_FIELDS.get(key, key)
+        v = ((rec.get("analysis") or {}).get(split) or {}).get(field)
+        if v is None or not math.isfinite(float(v)):
+            return None, f"analysis.{split}.{field} not recorded"
+        return float(v), None
     if ".geometry." in metric:
         split, _, key = metric.split(".", 2)
         summary = (rec.get("analysis") or {}).get(split) or {}

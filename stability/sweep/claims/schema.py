@@ -23,10 +23,14 @@ Metric = Literal[
     "rho_Wx", "monitor.rho_Wx.max",
     "val.geometry.anisotropy_log_range", "hard.geometry.anisotropy_log_range",
     "val.geometry.median_radius", "hard.geometry.median_radius",
+    # version 2: the analysis summary's fields (records.ANALYSIS_FIELDS)
+    "val.analysis.samples", "hard.analysis.samples", "val.analysis.converged_fraction",
+    "hard.analysis.converged_fraction", "hard.analysis.rho_J_median", "hard.analysis.rho_J_median_all",
+    "hard.analysis.input_grad_norm_median", "val.analysis.path_alignment", "hard.analysis.path_alignment",
 ]
 LrSymbol = Literal["lowest", "middle", "highest"]
 UnitKey = Literal["model.norm", "model.recall", "train.lr", "train.seed"]
-Test = Literal["sign", "wilcoxon", "mann-whitney", "fisher", "bootstrap"]
+Test = Literal["sign", "wilcoxon", "mann-whitney", "fisher", "bootstrap", "t", "universal", "spearman"]
 Design = Literal["paired", "one-sample", "unpaired"]
 Direction = Literal["greater", "less"]
 
@@ -35,9 +39,18 @@ METRICS = typing.get_args(Metric)
 UNITS = {m: "points" for m in METRICS if "accuracy" in m or "overthinking" in m}
 UNITS.update({"rho_Wx": "ρ(W_x)", "monitor.rho_Wx.max": "ρ(W_x)",
               "val.geometry.anisotropy_log_range": "log-range", "hard.geometry.anisotropy_log_range": "log-range",
-              "val.geometry.median_radius": "radius", "hard.geometry.median_radius": "radius"})
+              "val.geometry.median_radius": "radius", "hard.geometry.median_radius": "radius",
+              "val.analysis.samples": "inputs", "hard.analysis.samples": "inputs",
+              "val.analysis.converged_fraction": "share", "hard.analysis.converged_fraction": "share",
+              "hard.analysis.rho_J_median": "ρ(J*)", "hard.analysis.rho_J_median_all": "ρ(J*)",
+              "hard.analysis.input_grad_norm_median": "‖dx*/dx0‖",
+              "val.analysis.path_alignment": "cosine", "hard.analysis.path_alignment": "cosine"})
 TESTS_OF = {"paired": ("sign", "wilcoxon", "bootstrap"), "one-sample": ("sign", "wilcoxon", "bootstrap"),
             "unpaired": ("mann-whitney", "fisher", "bootstrap")}
+#: version 2's tests (one frame: configurations as units, two-sided p, Holm across the file)
+TESTS_OF_V2 = {"paired": ("t", "universal"), "one-sample": ("t", "universal", "spearman"), "unpaired": ("t",)}
+#: the fields only a version-2 claim may set
+V2_FIELDS = ("floor", "holds", "predictors", "seeds", "confirmatory")
 
 
 # ---- schema --------------------------------------------------------------------------------------------------
@@ -72,6 +85,7 @@ class Arm(_Claims):
     recall: list[Recall] = Field(min_length=1)
     lr: Optional[list[Union[float, LrSymbol]]] = Field(None, min_length=1)
     require: list[Condition] = []
+    depth: Optional[list[int]] = Field(None, min_length=1)  # version 2: the fixed-depth runs' model.depth
 
 
 class Exclude(_Claims):
@@ -99,6 +113,13 @@ class Select(_Claims):
     by: list[Metric] = Field(min_length=1)
 
 
+class Predictor(_Claims):
+    """A term of a correlation claim's prediction score: a metric and the sign the framework gives it."""
+
+    metric: Metric
+    sign: Literal[1, -1]
+
+
 class Claim(_Claims):
     """One empirical claim of the paper and the rule that decides it."""
 
@@ -123,10 +144,17 @@ class Claim(_Claims):
     untestable_untrained_fraction: Optional[float] = Field(None, ge=0.0, le=1.0)
     min_n: int = Field(ge=1)
     note: str = ""
+    # version 2 only (V2_FIELDS): a universal claim's noise floor and side, a correlation claim's prediction
+    # score, and the seeds a claim is judged on (confirmatory: seeds the second edition did not run)
+    floor: Optional[float] = None
+    holds: Optional[Literal["below", "above"]] = None
+    predictors: list[Predictor] = []
+    seeds: Optional[list[int]] = Field(None, min_length=1)
+    confirmatory: bool = False
 
     @model_validator(mode="after")
     def _check(self):
-        if self.test not in TESTS_OF[self.design]:
+        if self.test not in TESTS_OF[self.design] + TESTS_OF_V2[self.design]:
             raise ValueError(f"test {self.test!r} does not fit design {self.design!r}; allowed: "
                              f"{', '.join(TESTS_OF[self.design])}")
         if (self.b is None) != (self.design == "one-sample"):
@@ -137,8 +165,12 @@ class Claim(_Claims):
                 raise ValueError("a fisher claim names its outcome in success (metric, at_least), not metric")
             if self.null != 0.0 or self.effect != "mean":
                 raise ValueError("a fisher claim compares success rates: leave null and effect at their defaults")
+        elif self.success is not None and self.test in ("t", "universal"):
+            if self.metric is not None:
+                raise ValueError("a claim with a success block names its outcome there, not in metric")
         elif self.metric is None or self.success is not None:
             raise ValueError(f"a {self.test} claim needs metric and no success block")
+        _check_v2(self)
         if len(set(self.unit)) != len(self.unit):
             raise ValueError("unit names a key twice")
         if self.cluster is not None and not set(self.cluster) <= set(self.unit):
@@ -149,6 +181,23 @@ class Claim(_Claims):
             if clash:
                 raise ValueError(f"unit key {clash[0]} is what the arms differ in, so no unit would have both arms")
         return self
+
+
+def _check_v2(c: "Claim") -> None:
+    """The version-2 rule types' own requirements (the version is checked by :class:`ClaimsFile`)."""
+    if c.test == "universal" and (c.floor is None or c.holds is None):
+        raise ValueError("a universal claim needs floor and holds (below or above)")
+    if c.test == "universal" and c.direction != {"below": "less", "above": "greater"}[c.holds]:
+        raise ValueError(f"a universal claim that holds {c.holds} its floor has direction "
+                         f"{'less' if c.holds == 'below' else 'greater'}")
+    if c.test != "universal" and (c.floor is not None or c.holds is not None):
+        raise ValueError("floor and holds belong to a universal claim")
+    if (c.test == "spearman") != bool(c.predictors):
+        raise ValueError("a spearman claim needs predictors, and only it has them")
+    if c.test == "spearman" and not -1.0 < c.null < 1.0:
+        raise ValueError(f"a spearman claim's null (its floor for ρ) must lie in (-1, 1), got {c.null:g}")
+    if c.confirmatory and c.seeds is None:
+        raise ValueError("a confirmatory claim names the fresh seeds it is judged on (seeds)")
 
 
 def _arm_differences(a: Arm, b: Arm) -> set:
@@ -171,7 +220,7 @@ class ClaimsFile(_Claims):
     """The claims file: one α, the never-trained rule, the bootstrap settings and the claims."""
 
     format: Literal["stability-claims"]
-    version: Literal[1]
+    version: Literal[1, 2]
     title: str = Field(min_length=1)
     task: TaskName
     alpha: float = Field(gt=0.0, lt=0.5)
@@ -186,7 +235,23 @@ class ClaimsFile(_Claims):
             if c.id in seen:
                 raise ValueError(f"claim id {c.id!r} is used twice")
             seen.add(c.id)
+            _check_version(self.version, c)
         return self
+
+
+def _check_version(version: int, c: Claim) -> None:
+    """A version-1 claim uses version 1's tests and fields; a version-2 claim only version 2's tests."""
+    if version == 1:
+        extra = [k for k in V2_FIELDS if k in c.model_fields_set] + (["a.depth"] if c.a.depth else []) + (
+            ["b.depth"] if c.b is not None and c.b.depth else [])
+        if c.test not in TESTS_OF[c.design] or extra:
+            what = f"test {c.test!r}" if c.test not in TESTS_OF[c.design] else ", ".join(extra)
+            raise ValueError(f"claim {c.id!r}: {what} needs a version-2 claims file")
+    elif c.test not in TESTS_OF_V2[c.design]:
+        raise ValueError(f"claim {c.id!r}: a version-2 file decides by {', '.join(TESTS_OF_V2[c.design])} for "
+                         f"design {c.design!r}, not {c.test!r}")
+    elif c.effect != "mean":
+        raise ValueError(f"claim {c.id!r}: a version-2 effect is the mean over configurations; leave effect out")
 
 
 def parse_claims(data: dict, where: str = "claims") -> ClaimsFile:
