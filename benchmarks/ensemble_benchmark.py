@@ -1,17 +1,25 @@
 """A K-seed ensemble (`stability train --seeds`) against the K solo runs in sequence, side by side in one run.
 
     python benchmarks/ensemble_benchmark.py [--seeds 5] [--epochs 45] [--threads 2] [--out DIR]
+    python benchmarks/ensemble_benchmark.py --ceiling [--threads 2] [--out DIR]
 
 The demo's architecture (`--preset cpu`, stability/config.py PRESETS). Prints and writes ``DIR/ensemble.json``:
 wall seconds of both (whole runs, and the training epochs alone), their ratio, each member's first-epoch loss
 against its solo run's (relative difference), and its final val / hard accuracy (last iteration) against the solo
 run's (points).
+
+``--ceiling``: what batching can buy at all at this size, per batch of the progressive loss at a fixed depth
+(n, k) = (4, 4), forward and backward (the median of ``--reps`` timings, writes ``DIR/ensemble-ceiling.json``): one
+solo model at batch 50 (sdpa, the solo run's attention; and ``dense``, the members'), the same model at batch
+5 × 50 = 250 (one model, 5× the data, the same operations: no stacking scheme can do better than it), the 5-member
+batched step (``batched_losses``) and 5 members run one after another.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -26,11 +34,15 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, default=None, help="default: the preset's (45)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default="benchmarks/out")
+    p.add_argument("--ceiling", action="store_true", help="per-batch timings: what batching can buy at this size")
+    p.add_argument("--reps", type=int, default=15, help="--ceiling: timings per variant (the median is kept)")
     args = p.parse_args(argv)
 
     import torch
 
     torch.set_num_threads(args.threads)
+    if args.ceiling:
+        return ceiling(args)
     from stability.commands.train import config_from_args
     from stability.train.ensemble import train_ensemble
     from stability.train.loop import train
@@ -77,6 +89,53 @@ def main(argv=None) -> int:
               f"{m['max_rel_loss_diff_all_epochs']:.1e}); val {m['val_accuracy'][0]:.3f} vs "
               f"{m['val_accuracy'][1]:.3f}, "
               f"hard {m['hard_accuracy'][0]:.3f} vs {m['hard_accuracy'][1]:.3f}")
+    return 0
+
+
+def ceiling(args) -> int:
+    """Per-batch milliseconds of the variants in the module docstring (``--ceiling``)."""
+    import torch
+
+    from stability.commands.train import config_from_args
+    from stability.train import ensemble, loop
+
+    config = config_from_args(argparse.Namespace(preset="cpu", config=None))
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = [loop._start(c, Path(tmp) / name, resume=False, progress=False)
+                for name, c in ensemble.members(config, range(5))]
+    task, model = runs[0].task, runs[0].model
+    inputs, targets = task.dataset("train")
+    B = config.train.batch_size
+
+    def solo(batch: int, impl: str, member=model) -> None:
+        member.attention_impl = impl
+        loop.progressive_loss(member, task, inputs[:batch], targets[:batch], 4, 4, 1.0, 8).backward()
+
+    def batched() -> None:
+        for r in runs:
+            r.model.attention_impl = "dense"
+        xb, yb = torch.stack([inputs[:B]] * 5), torch.stack([targets[:B]] * 5)
+        ensemble.batched_losses(runs, xb, yb, [(4, 4)] * 5).sum().backward()
+
+    def ms(fn) -> float:
+        fn()
+        times = []
+        for _ in range(args.reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append(1000 * (time.perf_counter() - t0))
+        return statistics.median(times)
+
+    result = {"threads": args.threads, "torch": torch.__version__, "reps": args.reps, "depth": [4, 4],
+              "solo_sdpa_ms": ms(lambda: solo(B, "sdpa")), "solo_dense_ms": ms(lambda: solo(B, "dense")),
+              "one_model_5x_batch_ms": ms(lambda: solo(5 * B, "dense")), "batched_5_ms": ms(batched),
+              "five_in_sequence_ms": ms(lambda: [solo(B, "dense", r.model) for r in runs])}
+    result["ceiling_vs_5_solo_sdpa"] = 5 * result["solo_sdpa_ms"] / result["one_model_5x_batch_ms"]
+    result["batched_vs_5_solo_sdpa"] = 5 * result["solo_sdpa_ms"] / result["batched_5_ms"]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ensemble-ceiling.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1))
     return 0
 
 

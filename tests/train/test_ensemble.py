@@ -14,6 +14,7 @@ from stability.config import AnalysisOptions, ModelConfig, RunConfig, TaskConfig
 from stability.errors import ConfigError
 from stability.train.ensemble import member_name, parse_lrs, parse_seeds, train_ensemble
 from stability.train.loop import metrics_path, train
+from tests.conftest import run_process
 
 SMALL = ["--task", "prefix-sums", "--width", "16", "--heads", "2", "--train-size", "200", "--val-size", "20",
          "--hard-size", "20", "--train-length", "8", "--hard-length", "12", "--batch-size", "50",
@@ -80,6 +81,23 @@ def test_an_ensemble_is_deterministic(tmp_path):
     for x, y in zip(a, b):
         p, q = torch.load(x.path, weights_only=True)["model"], torch.load(y.path, weights_only=True)["model"]
         assert all(torch.equal(p[k], q[k]) for k in p)
+
+
+def test_a_reproducible_ensemble_gives_the_same_bits_twice(tmp_path):
+    """``--reproducible`` (pinned kernels, one thread): two ensemble processes on one machine write bitwise the
+    same members, and each member's checkpoint says it was computed in the pinned mode."""
+    args = SMALL + ["--epochs", "1", "--seeds", "0-1", "--lrs", "1e-3,3e-3", "--reproducible"]
+    for name in ("a", "b"):
+        run_process("train", *args, "--out", tmp_path / name)
+    names = [member_name(s, lr) for lr in (1e-3, 3e-3) for s in (0, 1)]
+    for name in names:
+        a, b = (torch.load(tmp_path / d / name, weights_only=True) for d in ("a", "b"))
+        assert a["hardware"]["reproducible"] is True and b["hardware"]["reproducible"] is True
+        assert a["model"].keys() == b["model"].keys()
+        assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"]), name
+        assert [r["loss"] for r in a["history"]] == [r["loss"] for r in b["history"]]
+    first = [torch.load(tmp_path / "a" / n, weights_only=True)["model"] for n in names]
+    assert not torch.equal(first[0]["input.weight"], first[1]["input.weight"])  # members are distinct runs
 
 
 @pytest.mark.slow
