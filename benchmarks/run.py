@@ -131,6 +131,12 @@ SUITE = (
               _script("lm_size.py", "--quick", "--threads", "2", "--json", "{out}/lm-size.json"),
               "a Huginn-shaped LM of 101 M parameters (random weights), 4 x 32 tokens: reachability, per-token "
               "ρ and Prop. 5 on 2 threads: wall time and peak RSS against the float32 size"),
+    Benchmark("claims-coverage", "Claims: coverage of the intervals with 3–6 configurations "
+              "(`benchmarks/claims_coverage.py`, issue 38)",
+              _script("claims_coverage.py", "--reps", "2000", "--json", "{out}/results-claims-coverage.json"),
+              _script("claims_coverage.py", "--reps", "50", "--json", "{out}/results-claims-coverage.json"),
+              "the coverage of the claims' intervals (bootstrap vs t) and the universal rule's false counterexamples, "
+              "by simulation"),
     Benchmark("busy-machine", "Busy machine (issue 25)",
               _script("busy_machine.py", "--ckpt", CKPT, "--json", "{out}/busy-machine.json"),
               _script("busy_machine.py", "--quick", "--ckpt", CKPT, "--json", "{out}/busy-machine.json"),
