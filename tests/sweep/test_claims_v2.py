@@ -452,3 +452,15 @@ def test_the_frame_on_the_second_editions_records_agrees_with_scipy_recomputed_f
     for c, a in zip(spec.claim, adj):
         if got[c.id].p is not None:
             assert got[c.id].p_holm == pytest.approx(a)
+
+
+def test_every_analysis_metric_of_claims_v2_names_a_field_the_sweep_record_holds():
+    """`<split>.analysis.path_alignment` reads the path stage's headline key, which the record's analysis block has."""
+    from stability.analysis.stages import path_independence
+    from stability.sweep.claims.records import ANALYSIS_FIELDS
+
+    from stability.sweep.record import SplitSummary
+
+    head = path_independence.STAGE.headline({"other": {"median": 0.5}, "noise": {"median": 0.25}}, {})
+    key = ANALYSIS_FIELDS["path_alignment"]
+    assert head[key] == 0.5 and key in SplitSummary.model_fields

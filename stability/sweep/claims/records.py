@@ -42,8 +42,9 @@ GEOMETRY_FIELDS = {"median_radius": "geometry_median_radius", "anisotropy_log_ra
 
 
 #: a version-2 ``<split>.analysis.<name>`` metric -> the record's key in ``analysis.<split>`` where it differs;
-#: ``path_alignment`` is the path stage's headline (Anil et al. 2022's asymptotic alignment, the median over inputs)
-ANALYSIS_FIELDS = {"path_alignment": "path_alignment_median"}
+#: ``path_alignment`` is the path stage's headline (Anil et al. 2022's asymptotic alignment, the median over inputs,
+#: restarted from another input's fixed point: stability/analysis/stages/path_independence.py)
+ANALYSIS_FIELDS = {"path_alignment": "path_aa_other_median"}
 
 
 def _curve_at(rec: dict, split: str, iteration: int) -> Optional[float]:
