@@ -75,14 +75,7 @@ def distinct_clusters(points, *, atol: float = 0.0, rtol: float = 0.0) -> tuple[
     if not (atol >= 0 and rtol >= 0 and math.isfinite(atol) and math.isfinite(rtol)):
         raise ConfigError(f"atol and rtol must be finite and ≥ 0, got {atol!r}, {rtol!r}")
     finite = np.isfinite(P).all(axis=1)
-    parent = list(range(N))
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
+    links: list = []
     idx = np.flatnonzero(finite)
     if idx.size > 1:
         from scipy.spatial import cKDTree
@@ -95,16 +88,25 @@ def distinct_clusters(points, *, atol: float = 0.0, rtol: float = 0.0) -> tuple[
             i, j = pairs[:, 0], pairs[:, 1]
             dist = np.abs(Q[i] - Q[j]).max(axis=1)
             keep = dist <= atol + rtol * np.maximum(scale[i], scale[j])
-            for a, b in zip(idx[i[keep]].tolist(), idx[j[keep]].tolist()):
-                ra, rb = find(a), find(b)
-                if ra != rb:
-                    parent[max(ra, rb)] = min(ra, rb)
-    return _labels(N, find)
+            links = list(zip(idx[i[keep]].tolist(), idx[j[keep]].tolist()))
+    return _components(N, links)
 
 
-def _labels(N: int, find) -> tuple[int, list[int]]:
-    """(clusters, labels) of N points from a union-find's ``find``: clusters numbered in the order of their first
-    point."""
+def _components(N: int, links) -> tuple[int, list[int]]:
+    """(clusters, labels) of N points joined by the pairs ``links`` (a union-find): clusters numbered in the order
+    of their first point, so the labels depend on the partition only."""
+    parent = list(range(N))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for a, b in links:
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
     roots, labels = {}, []
     for k in range(N):
         labels.append(roots.setdefault(find(k), len(roots)))
@@ -116,18 +118,4 @@ def linked_clusters(linked) -> tuple[int, list[int]]:
     (symmetric; computed by the caller with the same metric and bound, e.g. for many small sets at once on a
     device). Single linkage, labels in the order of the clusters' first points, as :func:`distinct_clusters`."""
     N = len(linked)
-    parent = list(range(N))
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for a in range(N):
-        for b in range(a + 1, N):
-            if linked[a][b]:
-                ra, rb = find(a), find(b)
-                if ra != rb:
-                    parent[max(ra, rb)] = min(ra, rb)
-    return _labels(N, find)
+    return _components(N, [(a, b) for a in range(N) for b in range(a + 1, N) if linked[a][b]])
