@@ -13,29 +13,9 @@ import stability
 from stability.analysis.options import ANALYZE_STAGES, DEFAULT_STAGES, AnalysisOptions
 from stability.analysis.path_independence import derangement
 from stability.sweep.record import SplitSummary
+from tests.analysis.test_repelling import LinearMap  # x_{t+1} = A x_t + x0: x* = (I − A)⁻¹ x0 attracts when ρ(A) < 1
 
 C = 0.1  # the offset of the two-basin map
-
-
-class LinearMap(nn.Module):
-    """x_{t+1} = A x_t + x0 on a state (B, n, 1): with ρ(A) < 1 one fixed point x* = (I − A)⁻¹ x0 attracts every
-    start."""
-
-    def __init__(self, A):
-        super().__init__()
-        self.A = nn.Parameter(torch.as_tensor(A, dtype=torch.float64), requires_grad=False)
-
-    def embed(self, inputs):
-        return inputs.to(self.A.dtype)
-
-    def initial_state(self, x0, generator=None):
-        return x0
-
-    def step(self, x, x0):
-        return (x.squeeze(-1) @ self.A.T).unsqueeze(-1) + x0
-
-    def readout(self, x):
-        return torch.cat([x, -x], -1)
 
 
 class TwoBasins(nn.Module):
