@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -83,12 +84,13 @@ def _subprocess(args, env):
 @pytest.mark.slow
 def test_pinned_mode_gives_the_same_bits_under_dispatch_settings_that_differ_unpinned(tmp_path):
     a, b = _dispatch_settings()
-    unpinned_a = _run_and_analyse(tmp_path, "ua", a, pinned=False)
-    unpinned_b = _run_and_analyse(tmp_path, "ub", b, pinned=False)
+    # the four runs are independent single-threaded processes: two at a time on two cores
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = [pool.submit(_run_and_analyse, tmp_path, name, env, pinned)
+                for name, env, pinned in (("ua", a, False), ("ub", b, False), ("pa", a, True), ("pb", b, True))]
+        unpinned_a, unpinned_b, pinned_a, pinned_b = (run.result() for run in runs)
     assert unpinned_a[0] != unpinned_b[0], "the two dispatch settings should train different weights unpinned"
     assert unpinned_a[1] != unpinned_b[1]
-    pinned_a = _run_and_analyse(tmp_path, "pa", a, pinned=True)
-    pinned_b = _run_and_analyse(tmp_path, "pb", b, pinned=True)
     assert pinned_a[0] == pinned_b[0]
     assert pinned_a[1] == pinned_b[1]
     # and the pinned analysis JSON says it was pinned, with the pins in force
