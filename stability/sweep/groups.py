@@ -12,11 +12,10 @@ rate. ``--ensemble off`` (the default) makes every cell its own job, as before.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 from stability.config import dotted
-from stability.sweep.grid import Cell
+from stability.sweep.grid import Cell, digest
 from stability.train.batchable import solo_reason
 
 #: the options in which an ensemble's members may differ
@@ -47,7 +46,7 @@ class Plan:
 def group_key(cell: Cell) -> str:
     """What the members of one group share: every option but :data:`MEMBER_OPTIONS`, and the SLURM resources."""
     options = {k: v for k, v in dotted(cell.config).items() if k not in MEMBER_OPTIONS}
-    return json.dumps({"options": options, "slurm": cell.slurm}, sort_keys=True, default=str)
+    return digest({"options": options, "slurm": cell.slurm})
 
 
 def plan(cells: list, todo: list, mode: str) -> Plan:

@@ -8,6 +8,10 @@ Layout of a results directory (``stability sweep GRID --results DIR``)::
     DIR/locks/<cell id>.lock      held while a process works on the cell
     DIR/cells/<cell id>.json      the cell its worker runs (written by the executor)
 
+With ``--ensemble auto`` the members of one group (:mod:`stability.sweep.groups`) run in one process
+(:func:`run_group`): trained together in one batched step, then each summarised and recorded as a solo cell is,
+its record with an ``ensemble`` note; its files, lock and resume are its own cell's.
+
 A cell is *done* when its record exists: a resumed sweep skips it. A cell killed in flight has a checkpoint but
 no record; running it again continues the checkpoint (``train(..., resume=True)``), so a kill loses at most the
 epoch in progress. A run that diverges (non-finite loss or gradient) is a result, not a failure: its record has
