@@ -233,3 +233,17 @@ def test_a_reproducible_ensemble_sweep_writes_the_same_records_twice(tmp_path):
         assert a["options"]["reproducible"] is True and a["environment"]["hardware"]["reproducible"] is True
         p, q = (torch.load(tmp_path / d / a["checkpoint"], weights_only=True)["model"] for d in ("a", "b"))
         assert all(torch.equal(p[k], q[k]) for k in p)
+
+
+@pytest.mark.slow
+def test_on_slurm_a_group_is_one_submitit_job_writing_every_members_record(tmp_path):
+    pytest.importorskip("submitit")
+    grid = write_grid(tmp_path / "g.toml", fixed=tiny_fixed(model__norm="pre", train__epochs=1),
+                      axes={"train": {"seed": [0, 1]}}, extra="[slurm]\ntimeout_min = 20\n")
+    results = tmp_path / "results"
+    out = cli("sweep", grid, "--results", results, "--executor", "slurm", "--cluster", "local", "--summary", "monitor",
+              "--ensemble", "auto").stdout
+    assert "summary: 2 done" in out
+    assert len(list((results / "submitit").glob("*_log.out"))) == 1  # one job for the group
+    notes = [json.loads(p.read_text())["ensemble"] for p in sorted((results / "records").glob("*.json"))]
+    assert sorted(n["index"] for n in notes) == [0, 1] and all(n["size"] == 2 for n in notes)
