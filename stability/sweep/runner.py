@@ -189,9 +189,7 @@ def run_cell(cell, results: Path, options: SweepSummary = SweepSummary(), *, gri
     rpath = record_path(results, cell.id)
     if rpath.exists():
         return {"id": cell.id, "status": "skipped", "seconds": 0.0, "message": "record exists"}
-    if options.reproducible and not hardware.pinned():
-        raise StabilityError(f"{cell.cell_id}: the grid asks for reproducible mode, but this process's CPU kernels "
-                             "are not pinned (start it with stability.hardware.pinned_env(); `stability sweep` does)")
+    _check_pinned(cell, options)
     with cell_lock(results, cell.id) as mine:
         if not mine:
             return {"id": cell.id, "status": "busy", "seconds": 0.0, "message": "another process runs this cell"}
@@ -207,6 +205,13 @@ def run_cell(cell, results: Path, options: SweepSummary = SweepSummary(), *, gri
                 "message": trained.error or ""}
 
 
+def _check_pinned(cell, options: SweepSummary) -> None:
+    """Refuse to run a reproducible grid's cell in a process whose CPU kernels are not pinned."""
+    if options.reproducible and not hardware.pinned():
+        raise StabilityError(f"{cell.cell_id}: the grid asks for reproducible mode, but this process's CPU kernels "
+                             "are not pinned (start it with stability.hardware.pinned_env(); `stability sweep` does)")
+
+
 def run_group(cells: list, results: Path, options: SweepSummary = SweepSummary(), *, notes: list,
               grid_name: str = "", log=None) -> list[dict]:
     """Run the members ``cells`` of one ensemble group (``--ensemble auto``, :mod:`stability.sweep.groups`): those
@@ -216,10 +221,7 @@ def run_group(cells: list, results: Path, options: SweepSummary = SweepSummary()
     until its last record is written (a member another process holds is ``busy`` and left out)."""
     say = log or (lambda msg: None)
     results = Path(results)
-    if options.reproducible and not hardware.pinned():
-        raise StabilityError(f"{cells[0].cell_id}: the grid asks for reproducible mode, but this process's CPU "
-                             "kernels are not pinned (start it with stability.hardware.pinned_env(); `stability "
-                             "sweep` does)")
+    _check_pinned(cells[0], options)
     outcomes: dict[str, dict] = {}
     with ExitStack() as stack:
         mine = []

@@ -19,6 +19,10 @@ run is deterministic per machine, and a killed ensemble resumed with ``--resume`
 an uninterrupted one (when every member had written the same epoch; a member behind the others is trained on with
 the members at its epoch until it catches up, which is a different batch shape).
 
+:func:`train_members` is the trainer itself, given each member's checkpoint path and config: ``stability sweep
+--ensemble auto`` trains a group of a grid's cells through it (members that differ in ``task.seed`` as well, each
+on its own training set), each into its own cell's checkpoint.
+
 Stays solo: deep supervision and implicit training (per-sample halting and solver iterations make a batched step
 unnatural), ``--compile``, and the ``noise`` initial state (drawn from the global generator each batch).
 """
