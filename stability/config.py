@@ -497,13 +497,15 @@ class SweepSummary(_Config):
     ``analyze_samples`` samples of ``analyze_splits``, its solver budget ``analyze_max_iter``) or monitor (the
     stability monitor's four quantities only); ``reproducible``: every cell with pinned CPU kernels (the global
     ``--reproducible``); ``analyze_geometry``: the analysis adds the geometry stage; ``analyze_path_independence``
-    and ``analyze_drift`` (issue 38): the path-independence stage and the drifting status. The same options reach the
-    runner, each cell file and each record's ``options`` (:meth:`to_record`, :meth:`from_record`: the splits as a
-    list)."""
+    and ``analyze_drift`` (issue 38): the path-independence stage and the drifting status; ``ensemble`` (issue 37):
+    ``auto`` trains each group of cells that differ only in seeds and learning rates as one batched ensemble. The
+    same options reach the runner, each cell file and each record's ``options`` (:meth:`to_record`,
+    :meth:`from_record`: the splits as a list; ``ensemble`` stays out)."""
 
     owner_name: typing.ClassVar[str] = "summary"
     #: the fields with a flag of ``stability sweep`` (the others: ``--reproducible``, or the grid file only)
-    FLAGS: typing.ClassVar[tuple[str, ...]] = ("summary", "analyze_samples", "analyze_splits", "analyze_max_iter")
+    FLAGS: typing.ClassVar[tuple[str, ...]] = ("summary", "analyze_samples", "analyze_splits", "analyze_max_iter",
+                                               "ensemble")
 
     summary: Literal["analyze", "monitor"] = _f("analyze", "after training: the analysis pipeline, or only the "
                                                 "monitor's four quantities")
@@ -519,6 +521,10 @@ class SweepSummary(_Config):
                                          "asymptotic alignment; docs/analysis.md)")
     analyze_drift: bool = _f(False, "the analysis names drifting states in reachability (AnalysisOptions.drift; "
                              "docs/analysis.md)")
+    # issue 37: how cells are trained, not summarised; never in a record's options (a member's record has its own
+    # ``ensemble`` note), so records of every other sweep keep their shape and bits
+    ensemble: Literal["off", "auto"] = _f("off", "auto: the cells that differ only in seed, learning rate and data "
+                                          "seed train as one batched ensemble per group (docs/experiments.md)")
 
     #: ``analyze_splits`` -> the splits it analyses, in order (the record's form of it)
     SPLITS: typing.ClassVar[dict[str, tuple[str, ...]]] = {"val": ("val",), "hard": ("hard",), "both": ("val", "hard")}
@@ -531,7 +537,8 @@ class SweepSummary(_Config):
     def to_record(self) -> dict:
         """The form a sweep record's ``options`` and a cell file hold: ``analyze_splits`` as the list of splits,
         ``reproducible``, ``analyze_geometry`` and issue 38's two only when set (the records of grids that never
-        asked for them keep their shape)."""
+        asked for them keep their shape); ``ensemble`` never (how the cells trained, not how they were summarised: an
+        ensemble member's record says so in its own ``ensemble`` note)."""
         out = {"summary": self.summary, "analyze_samples": self.analyze_samples,
                "analyze_splits": list(self.splits), "analyze_max_iter": self.analyze_max_iter}
         out.update({k: True for k in ("reproducible", "analyze_geometry", "analyze_path_independence",

@@ -23,6 +23,7 @@ from stability.config import MAX_WORKERS, SweepSummary
 from stability.errors import ConfigError, StabilityError
 from stability.extras import require
 from stability.sweep import grid as gridlib
+from stability.sweep import groups
 from stability.sweep.export import write_records
 from stability.sweep.runner import analysis_path, checkpoint_path, load_records, outcome_line, record_path
 from stability.tasks import make_task
@@ -183,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
     if options.reproducible and not hardware.env_is_pinned():
         # the grid asks for pinned kernels: this sweep reruns itself pinned, and its workers inherit the settings
         return hardware.run_pinned(args._argv, replace=getattr(args, "_top", False))
-    todo = _show_state(args, grid, cells, results)
+    todo = _show_state(args, grid, cells, results, options)
     if todo is None:
         return 0
     if not todo:
@@ -191,10 +192,13 @@ def run(args: argparse.Namespace) -> int:
         _export(results)  # every finishing sweep writes them (a killed one may have left them behind)
         return 0
     _check_resources(args)
+    plan = groups.plan(cells, todo, options.ensemble)
+    if options.ensemble == "auto":
+        print("\n".join(groups.describe(plan, every_group=False)), flush=True)
     results.mkdir(parents=True, exist_ok=True)
-    executors.write_cell_files(todo, results, options, grid.name)
+    executors.write_cell_files(todo, results, options, grid.name, notes={c.id: plan.note(c) for c in todo})
     try:
-        outcomes = _execute(args, grid, todo, results)
+        outcomes = _execute(args, grid, todo, plan.jobs, results)
     except KeyboardInterrupt:
         left = [c for c in todo if not record_path(results, c.id).exists()]
         print("interrupted: finished cells keep their records; " + (
@@ -240,10 +244,10 @@ def summary_options(args: argparse.Namespace, grid):
     return chosen.replace(reproducible=True) if getattr(args, "reproducible", False) else chosen
 
 
-def _show_state(args: argparse.Namespace, grid, cells: list, results: Path) -> Optional[list]:
-    """Print the grid's state; with ``--dry-run`` or ``--list`` the cells (and the estimate), returning None (run
-    nothing); else the cells to run (``--only``: the chosen ones, their old files removed: a rerun from
-    scratch)."""
+def _show_state(args: argparse.Namespace, grid, cells: list, results: Path, options) -> Optional[list]:
+    """Print the grid's state; with ``--dry-run`` or ``--list`` the cells (and the estimate; with ``--ensemble
+    auto`` the groups), returning None (run nothing); else the cells to run (``--only``: the chosen ones, their old
+    files removed: a rerun from scratch)."""
     done = [c for c in cells if record_path(results, c.id).exists()]
     todo = [c for c in cells if not record_path(results, c.id).exists()]
     partial = [c for c in todo if checkpoint_path(results, c.id).exists()]
@@ -259,6 +263,9 @@ def _show_state(args: argparse.Namespace, grid, cells: list, results: Path) -> O
         if args.dry_run:
             for line in _estimate(cells if args.only is not None else todo, results):
                 print(line)
+            if options.ensemble == "auto":
+                rest = cells if args.only is not None else todo
+                print("\n".join(groups.describe(groups.plan(cells, rest, "auto"), every_group=True)))
         return None
     if args.only is not None:  # a rerun from scratch: the chosen cells lose their record, checkpoint, analysis
         for c in cells:
@@ -285,16 +292,17 @@ def _check_resources(args: argparse.Namespace) -> None:
                           "try the same path locally with --cluster local")
 
 
-def _execute(args: argparse.Namespace, grid, todo: list, results: Path) -> list:
-    """Run the cells (a local pool or submitit), printing one line per finished cell with the time left."""
+def _execute(args: argparse.Namespace, grid, todo: list, jobs: list, results: Path) -> list:
+    """Run the cells ``todo`` as ``jobs`` (each a solo cell or an ensemble group's members, :mod:`stability.sweep
+    .groups`) in a local pool or through submitit, printing one line per finished cell with the time left."""
     # lazy: submitit; `stability --help` imports this module without it
     from stability.sweep import executors
 
     report = _reporter(args, todo)
     if args.executor == "local":
-        return executors.run_local([c.id for c in todo], results, workers=args.workers or 1, gpus=args.gpus,
-                                   report=report, progress=None if args.quiet else _progress)
-    return executors.run_submitit(todo, results, cluster=args.cluster, gpus=args.gpus, name=f"stability-{grid.name}",
+        return executors.run_local([[c.id for c in job] for job in jobs], results, workers=args.workers or 1,
+                                   gpus=args.gpus, report=report, progress=None if args.quiet else _progress)
+    return executors.run_submitit(jobs, results, cluster=args.cluster, gpus=args.gpus, name=f"stability-{grid.name}",
                                   wait=not args.no_wait, report=None if args.no_wait else report)
 
 

@@ -31,6 +31,7 @@ Both are tables of the RunConfig sections ``model``, ``task`` and ``train`` (``s
     analyze_geometry = true                   # the analysis adds the geometry stage (docs/analysis.md)
     analyze_path_independence = true          # ... and the path-independence stage (issue 38)
     analyze_drift = true                      # reachability names drifting states (issue 38)
+    ensemble = "auto"                         # seeds and rates of one configuration as one batched ensemble
 
 The keys of ``model``, ``task`` and ``train`` are the fields of the one configuration schema
 (``stability/config.py``, docs/configuration.md). A training method and its options are the ``method`` sub-table

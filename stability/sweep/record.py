@@ -172,6 +172,15 @@ class Environment(_Part):
     hardware: Optional[dict[str, Any]] = None
 
 
+class EnsembleNote(_Part):
+    """A member of an ensemble group (``stability sweep --ensemble auto``): the group's size, its members' readable
+    cell ids in grid order, and this cell's index among them. A solo cell's record has no such key."""
+
+    size: int
+    members: list[str]
+    index: int
+
+
 class SweepRecord(_Part):
     """One finished cell: its identity and config, the final metrics, the training-time monitor and curves, the
     stability summary and the compact analysis, how it was summarised (``options``: the grid's
@@ -196,6 +205,7 @@ class SweepRecord(_Part):
     analysis: Optional[dict[Split, SplitSummary]]
     analysis_note: Optional[str]
     options: SweepSummary
+    ensemble: Optional[EnsembleNote] = None
     timing: Timing
     environment: Environment
     finished_at: str

@@ -8,6 +8,10 @@ Layout of a results directory (``stability sweep GRID --results DIR``)::
     DIR/locks/<cell id>.lock      held while a process works on the cell
     DIR/cells/<cell id>.json      the cell its worker runs (written by the executor)
 
+With ``--ensemble auto`` the members of one group (:mod:`stability.sweep.groups`) run in one process
+(:func:`run_group`): trained together in one batched step, then each summarised and recorded as a solo cell is,
+its record with an ``ensemble`` note; its files, lock and resume are its own cell's.
+
 A cell is *done* when its record exists: a resumed sweep skips it. A cell killed in flight has a checkpoint but
 no record; running it again continues the checkpoint (``train(..., resume=True)``), so a kill loses at most the
 epoch in progress. A run that diverges (non-finite loss or gradient) is a result, not a failure: its record has
@@ -28,7 +32,7 @@ import os
 import platform
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -159,6 +163,7 @@ class _Trained:
     final: Optional[dict] = None
     resumed_from: int = 0
     train_call: float = 0.0
+    share: float = 1.0  # an ensemble member's share of its group's training time: 1 / the members trained
 
 
 @dataclass
@@ -184,9 +189,7 @@ def run_cell(cell, results: Path, options: SweepSummary = SweepSummary(), *, gri
     rpath = record_path(results, cell.id)
     if rpath.exists():
         return {"id": cell.id, "status": "skipped", "seconds": 0.0, "message": "record exists"}
-    if options.reproducible and not hardware.pinned():
-        raise StabilityError(f"{cell.cell_id}: the grid asks for reproducible mode, but this process's CPU kernels "
-                             "are not pinned (start it with stability.hardware.pinned_env(); `stability sweep` does)")
+    _check_pinned(cell, options)
     with cell_lock(results, cell.id) as mine:
         if not mine:
             return {"id": cell.id, "status": "busy", "seconds": 0.0, "message": "another process runs this cell"}
@@ -202,23 +205,103 @@ def run_cell(cell, results: Path, options: SweepSummary = SweepSummary(), *, gri
                 "message": trained.error or ""}
 
 
+def _check_pinned(cell, options: SweepSummary) -> None:
+    """Refuse to run a reproducible grid's cell in a process whose CPU kernels are not pinned."""
+    if options.reproducible and not hardware.pinned():
+        raise StabilityError(f"{cell.cell_id}: the grid asks for reproducible mode, but this process's CPU kernels "
+                             "are not pinned (start it with stability.hardware.pinned_env(); `stability sweep` does)")
+
+
+def run_group(cells: list, results: Path, options: SweepSummary = SweepSummary(), *, notes: list,
+              grid_name: str = "", log=None) -> list[dict]:
+    """Run the members ``cells`` of one ensemble group (``--ensemble auto``, :mod:`stability.sweep.groups`): those
+    without a record trained together in one batched step (:func:`stability.train.ensemble.train_members`), then
+    each summarised and recorded as :func:`run_cell` does, its record with its ``ensemble`` note ``notes[i]``.
+    Returns one outcome per cell, as :func:`run_cell`'s; each member's lock is held from before the group trains
+    until its last record is written (a member another process holds is ``busy`` and left out)."""
+    say = log or (lambda msg: None)
+    results = Path(results)
+    _check_pinned(cells[0], options)
+    outcomes: dict[str, dict] = {}
+    with ExitStack() as stack:
+        mine = []
+        for cell, note in zip(cells, notes):
+            if record_path(results, cell.id).exists():
+                outcomes[cell.id] = {"id": cell.id, "status": "skipped", "seconds": 0.0, "message": "record exists"}
+            elif not stack.enter_context(cell_lock(results, cell.id)):
+                outcomes[cell.id] = {"id": cell.id, "status": "busy", "seconds": 0.0,
+                                     "message": "another process runs this cell"}
+            elif record_path(results, cell.id).exists():  # finished by another process meanwhile
+                outcomes[cell.id] = {"id": cell.id, "status": "skipped", "seconds": 0.0, "message": "record exists"}
+            else:
+                mine.append((cell, note))
+        if mine:
+            outcomes.update(_run_members(mine, results, options, grid_name, say))
+    return [outcomes[c.id] for c in cells]
+
+
+def _run_members(mine: list, results: Path, options: SweepSummary, grid_name: str, say) -> dict:
+    """Train the (cell, note) pairs ``mine`` as one ensemble, then summarise and record each; their outcomes."""
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    trained = _train_group([c for c, _ in mine], [n for _, n in mine], results, say)
+    train_wall, train_cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    outcomes = {}
+    for (cell, note), tr in zip(mine, trained):
+        name = cell.cell_id or cell.id
+        # the member's clocks: its share of the group's training, then its own summary
+        t1, cpu1 = time.perf_counter() - train_wall * tr.share, time.process_time() - train_cpu * tr.share
+        summary = _summary_of(tr, results, cell.id, options, lambda m, name=name: say(f"{name}: {m}"))
+        record = _record(cell, results, grid_name, options, tr, summary, t1, cpu1, ensemble=note).to_dict()
+        atomic_write_json(record_path(results, cell.id), record)
+        outcomes[cell.id] = {"id": cell.id, "status": tr.status, "record": record,
+                             "seconds": time.perf_counter() - t1, "message": tr.error or ""}
+    return outcomes
+
+
+def _train_group(cells: list, notes: list, results: Path, say) -> list[_Trained]:
+    """Train the members ``cells`` in one batched step, continuing their checkpoints; a member that diverges is a
+    result (status ``diverged``, its last good checkpoint kept) and the others train on from their checkpoints
+    without it. Each holds :func:`stability.train.loop.run_lock` on its checkpoint meanwhile."""
+    # lazy: torch; this module imports without it
+    from stability.train.ensemble import train_members
+    from stability.train.loop import run_lock, sigterm_unwinds
+
+    trained = [_before_training(cell, results, say) for cell in cells]
+    left = list(range(len(cells)))
+    say(f"ensemble of {len(cells)} ({', '.join(c.cell_id or c.id for c in cells)}): training "
+        f"({cells[0].config.train.epochs} epochs) in one batched step")
+    t_train = time.perf_counter()
+    with sigterm_unwinds(), ExitStack() as locks:
+        for tr in trained:
+            locks.enter_context(run_lock(tr.checkpoint))
+        while left:
+            try:
+                train_members([(trained[i].checkpoint, cells[i].config) for i in left],
+                              [{**notes[i], "batched": True} for i in left], resume=True, progress=False)
+                break
+            except DivergenceError as exc:
+                i = next((i for i in left if trained[i].checkpoint == getattr(exc, "member", None)), None)
+                if i is None:
+                    raise
+                trained[i].status, trained[i].error = "diverged", str(exc)
+                left.remove(i)
+                say(f"{cells[i].cell_id or cells[i].id}: diverged; the other members train on without it")
+    seconds = time.perf_counter() - t_train
+    say(f"ensemble of {len(cells)}: training ended in {seconds:.1f} s")
+    for cell, tr in zip(cells, trained):
+        tr.train_call, tr.share = seconds, 1.0 / len(cells)
+        _after_training(tr, cell)
+    return trained
+
+
 def _train_cell(cell, results: Path, say) -> _Trained:
     """Train the cell, continuing its checkpoint where one is left (a corrupt leftover starts again); a divergence
     is a result (status ``diverged``), any other error propagates."""
     # lazy: torch; this module imports without it
-    from stability import checkpoint as ckpt
-    from stability.train.loop import resolve_device, train
+    from stability.train.loop import train
 
-    out = checkpoint_path(results, cell.id)
-    resumed_from = 0
-    if out.exists():
-        try:
-            resumed_from = int(ckpt.read(out)["epoch"])
-        except StabilityError:
-            out.unlink()  # a corrupt leftover cannot be resumed: start again
-        else:
-            say(f"{cell.id}: resuming from its checkpoint at epoch {resumed_from}/{cell.config.train.epochs}")
-    trained = _Trained("done", None, None, out, resolve_device(cell.config.train.device), resumed_from=resumed_from)
+    trained = _before_training(cell, results, say)
+    out = trained.checkpoint
     name = cell.cell_id or cell.id
     say(f"{name}: training ({cell.config.train.epochs} epochs)")
     t_train = time.perf_counter()
@@ -229,14 +312,41 @@ def _train_cell(cell, results: Path, say) -> _Trained:
         trained.status, trained.error = "diverged", str(exc)
     trained.train_call = time.perf_counter() - t_train
     say(f"{name}: training {trained.status} in {trained.train_call:.1f} s")
-    trained.config = _with_task_options(cell.config)
-    if out.exists():
-        obj = ckpt.read(out)
-        trained.history, trained.final = list(obj["history"]), obj.get("final")
-        trained.config = ckpt.run_config(obj, out)
+    _after_training(trained, cell)
     if result is not None:
         trained.final = result.final
     return trained
+
+
+def _before_training(cell, results: Path, say) -> _Trained:
+    """The cell's training state before it trains: its checkpoint, device and the epoch it resumes from (a corrupt
+    leftover checkpoint is removed: it starts again)."""
+    # lazy: torch; this module imports without it
+    from stability import checkpoint as ckpt
+    from stability.train.loop import resolve_device
+
+    out = checkpoint_path(results, cell.id)
+    resumed_from = 0
+    if out.exists():
+        try:
+            resumed_from = int(ckpt.read(out)["epoch"])
+        except StabilityError:
+            out.unlink()  # a corrupt leftover cannot be resumed: start again
+        else:
+            say(f"{cell.id}: resuming from its checkpoint at epoch {resumed_from}/{cell.config.train.epochs}")
+    return _Trained("done", None, None, out, resolve_device(cell.config.train.device), resumed_from=resumed_from)
+
+
+def _after_training(trained: _Trained, cell) -> None:
+    """The config as trained, the history and final evaluation, from the checkpoint where there is one."""
+    # lazy: torch; this module imports without it
+    from stability import checkpoint as ckpt
+
+    trained.config = _with_task_options(cell.config)
+    if trained.checkpoint.exists():
+        obj = ckpt.read(trained.checkpoint)
+        trained.history, trained.final = list(obj["history"]), obj.get("final")
+        trained.config = ckpt.run_config(obj, trained.checkpoint)
 
 
 def _summary_of(trained: _Trained, results: Path, cell_id: str, options: SweepSummary, say) -> _Summary:
@@ -254,8 +364,9 @@ def _summary_of(trained: _Trained, results: Path, cell_id: str, options: SweepSu
 
 
 def _record(cell, results: Path, grid_name: str, options: SweepSummary, trained: _Trained, summary: _Summary,
-            t0: float, cpu0: float) -> SweepRecord:
-    """The cell's record, built through the typed :class:`~stability.sweep.record.SweepRecord`."""
+            t0: float, cpu0: float, ensemble: Optional[dict] = None) -> SweepRecord:
+    """The cell's record, built through the typed :class:`~stability.sweep.record.SweepRecord`; an ensemble
+    member's with its group's ``ensemble`` note."""
     # lazy: torch; this module imports without it
     from stability.analysis.monitor import monitor_history
 
@@ -283,6 +394,7 @@ def _record(cell, results: Path, grid_name: str, options: SweepSummary, trained:
         "analysis": summary.analysis,
         "analysis_note": summary.note,
         "options": options,
+        **({"ensemble": ensemble} if ensemble else {}),
         "timing": _timing(trained, summary, t0, cpu0),
         "environment": _environment(trained.device),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -291,10 +403,11 @@ def _record(cell, results: Path, grid_name: str, options: SweepSummary, trained:
 
 def _timing(trained: _Trained, summary: _Summary, t0: float, cpu0: float) -> dict:
     """Where the cell's time went: all its epochs (across resumes), the rest of this process's train call (final
-    evaluation, monitor, checkpoints), the summary; their sum is the run's cost on its device."""
-    epoch_seconds = sum(float(r.get("seconds", 0.0)) for r in trained.history)
+    evaluation, monitor, checkpoints), the summary; their sum is the run's cost on its device. An ensemble
+    member's epochs and train call are its share of its group's (``trained.share``)."""
+    epoch_seconds = sum(float(r.get("seconds", 0.0)) for r in trained.history) * trained.share
     epochs_here = [r for r in trained.history if int(r.get("epoch", 0)) > trained.resumed_from]
-    overhead = max(0.0, trained.train_call - sum(float(r.get("seconds", 0.0)) for r in epochs_here))
+    overhead = max(0.0, trained.train_call - sum(float(r.get("seconds", 0.0)) for r in epochs_here)) * trained.share
     return {
         "epoch_seconds": epoch_seconds,
         "eval_and_io_seconds": overhead,
@@ -381,11 +494,37 @@ def run_cell_file(results: Path, cell_id: str, log=None) -> dict:
     return outcome
 
 
+def run_cell_files(results: Path, cell_ids: list, log=None) -> list[dict]:
+    """Run the cells DIR/cells/<id>.json of ``cell_ids``: one solo cell (:func:`run_cell_file`), or the members of
+    one ensemble group (their cell files carry its ``ensemble`` note, :func:`run_group`); writes each outcome to
+    DIR/logs/<id>.status.json and returns them."""
+    results = Path(results)
+    data = []
+    for cid in cell_ids:
+        path = cell_file(results, cid)
+        try:
+            data.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise StabilityError(f"{path}: cannot read the cell ({type(exc).__name__})") from None
+    if not any("ensemble" in d for d in data):
+        if len(cell_ids) != 1:
+            raise StabilityError(f"{', '.join(cell_ids)}: several cells, but no ensemble group")
+        return [run_cell_file(results, cell_ids[0], log=log)]
+    options = SweepSummary.from_record(data[0]["options"])
+    raw = run_group([Cell.from_dict(d) for d in data], results, options, notes=[d.get("ensemble") for d in data],
+                    grid_name=data[0]["grid"], log=log)
+    outcomes = [outcome_line(o) for o in raw]
+    for cid, out in zip(cell_ids, outcomes):
+        atomic_write_json(results / "logs" / f"{cid}.status.json", out)
+    return outcomes
+
+
 def main(argv: Optional[list] = None) -> int:
-    """``python -m stability.sweep.runner RESULTS CELL_ID``: the local pool's worker process."""
+    """``python -m stability.sweep.runner RESULTS CELL_ID [CELL_ID ...]``: the local pool's worker process (several
+    ids: an ensemble group's members)."""
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2:
-        print("usage: python -m stability.sweep.runner RESULTS CELL_ID", file=sys.stderr)
+    if len(argv) < 2:
+        print("usage: python -m stability.sweep.runner RESULTS CELL_ID [CELL_ID ...]", file=sys.stderr)
         return 2
 
     die_with_parent()  # a sweep killed with SIGKILL takes its workers with it: no orphan finishes a cell
@@ -394,14 +533,15 @@ def main(argv: Optional[list] = None) -> int:
 
         if os.environ.get("OMP_NUM_THREADS"):
             torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-        out = run_cell_file(Path(argv[0]), argv[1], log=lambda m: print(m, file=sys.stderr, flush=True))
+        outs = run_cell_files(Path(argv[0]), argv[1:], log=lambda m: print(m, file=sys.stderr, flush=True))
     except StabilityError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except Terminated:  # the sweep stopping its workers: the cell's lock is released, its checkpoint kept
         print("terminated", file=sys.stderr)
         return EXIT_TERMINATED
-    print(atomic.json_text(out), flush=True)
+    for out in outs:
+        print(atomic.json_text(out), flush=True)
     return 0
 
 

@@ -19,6 +19,10 @@ run is deterministic per machine, and a killed ensemble resumed with ``--resume`
 an uninterrupted one (when every member had written the same epoch; a member behind the others is trained on with
 the members at its epoch until it catches up, which is a different batch shape).
 
+:func:`train_members` is the trainer itself, given each member's checkpoint path and config: ``stability sweep
+--ensemble auto`` trains a group of a grid's cells through it (members that differ in ``task.seed`` as well, each
+on its own training set), each into its own cell's checkpoint.
+
 Stays solo: deep supervision and implicit training (per-sample halting and solver iterations make a batched step
 unnatural), ``--compile``, and the ``noise`` initial state (drawn from the global generator each batch).
 """
@@ -39,7 +43,9 @@ from stability.config import RunConfig, short_number
 from stability.errors import ConfigError, DivergenceError
 from stability.protocols import is_looped
 from stability.train import loop
+from stability.train.batchable import solo_reason
 from stability.train.loop import TrainResult, _Run, evaluate, lr_factor
+from stability.train.monitor import StabilityMonitor
 
 #: the most members one ensemble may have
 MAX_MEMBERS = 256
@@ -98,17 +104,11 @@ def members(config: RunConfig, seeds: Sequence[int],
 
 
 def check_ensemble(config: RunConfig) -> None:
-    """Refuse (one line) what the batched step does not cover."""
-    cfg = config.train
-    if cfg.method.name != "progressive":
-        raise ConfigError(f"--seeds with --method {cfg.method.name}: ensembles train the progressive loss only "
-                          "(deep supervision's and implicit training's per-sample halting stay solo); train each "
-                          "seed with its own `stability train`, or use `stability sweep`")
-    if cfg.compile:
-        raise ConfigError("--seeds with --compile: ensembles are not compiled; leave --compile out")
-    if config.model.initial_state == "noise":
-        raise ConfigError("--seeds with --initial-state noise: the noise is drawn from one global generator per "
-                          "batch, so ensembles refuse it; train the seeds solo")
+    """Refuse (one line) what the batched step does not cover (:func:`~stability.train.batchable.solo_reason`)."""
+    reason = solo_reason(config)
+    if reason is not None:
+        raise ConfigError(f"--seeds with {reason}; train each seed with its own `stability train`, or use "
+                          "`stability sweep`")
 
 
 class _Call(torch.nn.Module):
@@ -193,10 +193,19 @@ def _draw_depth(run: _Run) -> tuple[int, int]:
     return n, k
 
 
-def _ensemble_epoch(runs: list[_Run], epoch: int, inputs, targets, bar) -> list[dict]:
-    """One epoch of the members in ``runs`` (all at ``epoch``), batched; their records (without evaluations)."""
+def _diverged(run: _Run, what: str, epoch: int) -> DivergenceError:
+    """The member's DivergenceError, its checkpoint path as ``member`` (the sweep goes on without it)."""
+    exc = DivergenceError(loop._diverged(what, epoch, run.step, run.out))
+    exc.member = run.out
+    return exc
+
+
+def _ensemble_epoch(runs: list[_Run], epoch: int, inputs: list, targets: list, bar) -> list[dict]:
+    """One epoch of the members in ``runs`` (all at ``epoch``), batched, each on its own training set
+    (``inputs[i]``, ``targets[i]``: the same tensors where the members' data are the same); their records
+    (without evaluations)."""
     cfg0, device = runs[0].config.train, runs[0].device
-    N = inputs.shape[0]
+    N = inputs[0].shape[0]
     lrs = []
     for run in runs:
         lr = run.config.train.lr * lr_factor(epoch, run.config.train)
@@ -209,21 +218,21 @@ def _ensemble_epoch(runs: list[_Run], epoch: int, inputs, targets, bar) -> list[
     totals, count = [0.0] * len(runs), 0
     for i in range(0, N, cfg0.batch_size):
         idx = [p[i:i + cfg0.batch_size] for p in perms]
-        xb = torch.stack([inputs[j] for j in idx])
-        yb = torch.stack([targets[j] for j in idx])
+        xb = torch.stack([x[j] for x, j in zip(inputs, idx)])
+        yb = torch.stack([y[j] for y, j in zip(targets, idx)])
         depths = [_draw_depth(run) for run in runs]
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=runs[0].use_bf16):
             losses = batched_losses(runs, xb, yb, depths)
         values = losses.detach().tolist()
         for run, v in zip(runs, values):
             if not torch.isfinite(torch.tensor(v)):
-                raise DivergenceError(loop._diverged("loss", epoch, run.step, run.out))
+                raise _diverged(run, "loss", epoch)
             run.optimizer.zero_grad(set_to_none=True)
         losses.sum().backward()
         for run in runs:
             norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.config.train.grad_clip)
             if not torch.isfinite(norm):
-                raise DivergenceError(loop._diverged("gradient", epoch, run.step, run.out))
+                raise _diverged(run, "gradient", epoch)
         for run in runs:
             run.optimizer.step()
             run.step += 1
@@ -271,56 +280,84 @@ def train_ensemble(config: RunConfig, out_dir: Path | str, seeds: Sequence[int],
     check_ensemble(config)
     plan = members(config, seeds, lrs)
     out_dir = check_outputs(out_dir, [name for name, _ in plan])
+    names = [name for name, _ in plan]
+    notes = [{"members": names, "index": i, "seeds": [int(s) for s in seeds],
+              "lrs": [float(r) for r in lrs] if lrs else None, "batched": True} for i in range(len(plan))]
     with loop.sigterm_unwinds(), loop.run_lock(out_dir):
         out_dir.mkdir(parents=True, exist_ok=True)
-        return _train_ensemble(plan, out_dir, seeds, lrs, resume=resume, progress=progress)
+        if progress:
+            print(f"ensemble: {len(plan)} members ({', '.join(names)}) in {out_dir}, one batched step",
+                  file=sys.stderr, flush=True)
+        return train_members([(out_dir / name, c) for name, c in plan], notes, resume=resume, progress=progress)
 
 
-def _train_ensemble(plan, out_dir: Path, seeds, lrs, *, resume: bool, progress: bool) -> list[TrainResult]:
-    names = [name for name, _ in plan]
+def train_members(plan: Sequence[tuple[Path, RunConfig]], notes: Sequence[dict], *, resume: bool,
+                  progress: bool) -> list[TrainResult]:
+    """Train the members ``plan`` ((checkpoint path, config) each) in one batched step, each checkpoint carrying
+    its ``notes[i]`` as its ``ensemble`` note. The members' configs may differ in seed, learning rate and data
+    (``task.seed``: each member trains on its own training set), nothing that changes the model's shape. A
+    member's divergence raises its DivergenceError (``.member``: its checkpoint path) with every member's last
+    good checkpoint in place. The caller holds the locks."""
     runs: list[_Run] = []
     torch_states = []  # each member's global generator state, as its solo run leaves it after initialisation
-    for i, (name, member_config) in enumerate(plan):
-        run = loop._start(member_config, out_dir / name, resume=resume, progress=progress)
-        run.ensemble = {"members": names, "index": i, "seeds": [int(s) for s in seeds],
-                        "lrs": [float(r) for r in lrs] if lrs else None, "batched": True}
-        run.signature = hardware.signature()
+    for (path, member_config), note in zip(plan, notes):
+        run = loop._start(member_config, Path(path), resume=resume, progress=progress)
+        run.ensemble, run.signature = dict(note), hardware.signature()
         torch_states.append(torch.get_rng_state())
         runs.append(run)
     shapes = {tuple((n, tuple(p.shape)) for n, p in r.model.named_parameters()) for r in runs}
     if len(shapes) != 1:
         raise ConfigError("--seeds: the members' models differ in shape; train them solo")
-    cfg, task, device = runs[0].config.train, runs[0].task, runs[0].device
-    inputs, targets = task.dataset("train")
-    inputs, targets = inputs.to(device), targets.to(device)
-    N = inputs.shape[0]
+    data = _training_sets(runs)
     for run in runs:
         run.model.attention_impl = "dense"  # sdpa written out: torch.vmap has no batching rule for sdpa on the CPU
     monitors = [None] * len(runs)
+    cfg, device = runs[0].config.train, runs[0].device
     if cfg.monitor_every and is_looped(runs[0].model):
-        from stability.train.monitor import StabilityMonitor
-
-        monitors = [StabilityMonitor(task, every=cfg.monitor_every, samples=cfg.monitor_samples, device=device)
-                    for _ in runs]
+        monitors = [StabilityMonitor(r.task, every=cfg.monitor_every, samples=cfg.monitor_samples, device=device)
+                    for r in runs]
 
     def save(i: int, epoch: int) -> None:
         torch.set_rng_state(torch_states[i])  # the checkpoint's "rng" is the member's own
         runs[i].save(epoch)
 
-    per_epoch = -(-N // cfg.batch_size)
+    _train_runs(runs, data, monitors, save, progress)
+    return [TrainResult(path=r.out, epochs=cfg.epochs, history=r.history, final=r.final) for r in runs]
+
+
+def _training_sets(runs: Sequence[_Run]) -> tuple[list, list]:
+    """Each member's training inputs and targets on its device (one tensor shared by the members of one data)."""
+    cache: dict = {}
+    inputs, targets = [], []
+    for run in runs:
+        key = repr(run.config.task)
+        if key not in cache:
+            x, y = run.task.dataset("train")
+            cache[key] = (x.to(run.device), y.to(run.device))
+        inputs.append(cache[key][0])
+        targets.append(cache[key][1])
+    if len({x.shape for x in inputs}) != 1:
+        raise ConfigError("--seeds: the members' training sets differ in size; train them solo")
+    return inputs, targets
+
+
+def _train_runs(runs: list[_Run], data: tuple[list, list], monitors: list, save, progress: bool) -> None:
+    """The epochs of the members from the earliest one's (a member behind catches up, one ahead waits), then each
+    member's final evaluation; ``save(i, epoch)`` writes member i's checkpoint."""
+    inputs, targets = data
+    cfg = runs[0].config.train
+    per_epoch = -(-inputs[0].shape[0] // cfg.batch_size)
     start = min(r.start_epoch for r in runs)
-    if progress:
-        print(f"ensemble: {len(runs)} members ({', '.join(names)}) in {out_dir}, one batched step", file=sys.stderr,
-              flush=True)
     bar = loop._bar(progress, cfg.epochs * per_epoch, "train", "batch", initial=start * per_epoch, leave=True)
     try:
         for epoch in range(start, cfg.epochs):
             active = [i for i, r in enumerate(runs) if r.start_epoch <= epoch]  # a member behind catches up
-            records = _ensemble_epoch([runs[i] for i in active], epoch, inputs, targets, bar)
+            records = _ensemble_epoch([runs[i] for i in active], epoch, [inputs[i] for i in active],
+                                      [targets[i] for i in active], bar)
             for i, record in zip(active, records):
                 _evaluations(runs[i], record, epoch, progress)
                 if monitors[i] is not None:
-                    monitors[i](runs[i].model, task, record)
+                    monitors[i](runs[i].model, runs[i].task, record)
                 runs[i].history.append(record)
                 runs[i].start_epoch = epoch + 1
             for i in active:
@@ -328,11 +365,10 @@ def _train_ensemble(plan, out_dir: Path, seeds, lrs, *, resume: bool, progress: 
         bar.close()
         for i, run in enumerate(runs):
             if run.final is None:
-                run.final = {s: evaluate(run.model, task, s, cfg.test_iterations, batch_size=cfg.eval_batch_size,
-                                         device=device, bf16=run.use_bf16,
-                                         progress=progress and f"{names[i]} final eval")
+                run.final = {s: evaluate(run.model, run.task, s, cfg.test_iterations, batch_size=cfg.eval_batch_size,
+                                         device=run.device, bf16=run.use_bf16,
+                                         progress=progress and f"{run.out.name} final eval")
                              for s in ("val", "hard")}
                 save(i, cfg.epochs)
     finally:
         bar.close()
-    return [TrainResult(path=r.out, epochs=cfg.epochs, history=r.history, final=r.final) for r in runs]
