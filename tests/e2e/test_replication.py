@@ -80,7 +80,7 @@ def _rerun(results_dir, out):
     committed = {r["cell_id"]: r for r in load_records(results_dir)}[CELL]
     kernels = committed["environment"]["hardware"].get("kernels") or hardware.LEGACY_KERNELS
     proc = run_process("sweep", GRID, "--only", CELL, "--results", out, "--workers", "1",
-                       env={hardware.KERNELS: kernels}, check=False)
+                       env={hardware.KERNELS: kernels}, check=False, timeout=1800)  # ~2 min quiet; a loaded machine
     return committed, proc
 
 
