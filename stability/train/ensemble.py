@@ -40,6 +40,7 @@ from stability.errors import ConfigError, DivergenceError
 from stability.protocols import is_looped
 from stability.train import loop
 from stability.train.loop import TrainResult, _Run, evaluate, lr_factor
+from stability.train.monitor import StabilityMonitor
 
 #: the most members one ensemble may have
 MAX_MEMBERS = 256
@@ -298,8 +299,6 @@ def _train_ensemble(plan, out_dir: Path, seeds, lrs, *, resume: bool, progress: 
         run.model.attention_impl = "dense"  # sdpa written out: torch.vmap has no batching rule for sdpa on the CPU
     monitors = [None] * len(runs)
     if cfg.monitor_every and is_looped(runs[0].model):
-        from stability.train.monitor import StabilityMonitor
-
         monitors = [StabilityMonitor(task, every=cfg.monitor_every, samples=cfg.monitor_samples, device=device)
                     for _ in runs]
 
