@@ -21,12 +21,25 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Optional
 
 import torch
 
-from stability.analysis.results import JsonView
+from stability.analysis.fixed_point import analysis_model
+from stability.analysis.pipeline import check_finite_weights, run_stages
+from stability.analysis.results import Analysis, JsonView
+from stability.atomic import clean, write_json
+from stability.config import AnalysisOptions, resolve_device
 from stability.errors import StabilityError
+from stability.lm import exits, routing, scoring, tokens
+from stability.lm.inputs import IGNORE_INDEX, load_inputs, pack, unpack
+from stability.lm.precision import check_float64, model_dtype, precision_hint
+from stability.lm.pretrained import PretrainedLoaded, is_pretrained_dir, load_pretrained
+from stability.lm.report import lm_summary
+from stability.lm.scoring import lm_score, next_token_targets
+from stability.protocols import check_contract, check_model, differentiable_attention
+from stability.stored import load_plain
 
 #: the LM numbers :func:`analyze_lm` computes (each can be left out with ``lm_stages``)
 LM_STAGES = ("tokens", "token_rho", "scoring", "routing", "exits")
@@ -44,8 +57,6 @@ class LMAnalysis(JsonView):
     lm: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        from stability.atomic import clean
-
         return {**self.analysis.to_json(), "lm": clean(self.lm)}
 
     def plot(self, directory) -> list:
@@ -53,21 +64,15 @@ class LMAnalysis(JsonView):
         return self.analysis.plot(directory)
 
     def summary(self) -> str:
-        from stability.lm.report import lm_summary
-
         return self.analysis.summary() + lm_summary(self.lm)
 
     def write_json(self, path):
-        from stability.atomic import write_json
-
         return write_json(path, self.to_json(), indent=1)
 
 
 def is_lm_source(source) -> bool:
     """A looped language model: a save_pretrained directory, its :class:`PretrainedLoaded`, or a model marked
     ``lm_adapter`` (every :class:`~stability.lm.LMAdapter`)."""
-    from stability.lm.pretrained import PretrainedLoaded, is_pretrained_dir
-
     if isinstance(source, PretrainedLoaded) or getattr(source, "lm_adapter", False) is True:
         return True
     return isinstance(source, (str, os.PathLike)) and is_pretrained_dir(source)
@@ -77,13 +82,8 @@ def analyze_inputs_file(source, inputs_path, targets_path=None, options=None, *,
     """``stability analyze HF_DIR --inputs ids.pt [--targets FILE.pt]`` (and ``--model`` of an LM adapter):
     ``source`` (a directory or a model) on the token ids of the file (:func:`~stability.lm.inputs.load_inputs`:
     ids, or a dict with mask, positions and labels)."""
-    from stability.lm.inputs import load_inputs
-    from stability.stored import load_plain
-
     packed, targets = load_inputs(inputs_path)
     if targets_path is not None:
-        from pathlib import Path
-
         if not Path(targets_path).is_file():
             raise StabilityError(f"--targets {targets_path}: no such file")
         obj = load_plain(Path(targets_path), f"--targets {targets_path}", "tensor file",
@@ -98,10 +98,6 @@ def analyze_inputs_file(source, inputs_path, targets_path=None, options=None, *,
 def as_adapter(source, dtype: torch.dtype = torch.float64):
     """(the model in ``dtype``, the source's description) of a directory, a loaded directory or a model; the model
     is copied only when it is not in ``dtype`` already."""
-    from stability.analysis.fixed_point import analysis_model
-    from stability.lm.pretrained import PretrainedLoaded, load_pretrained
-    from stability.lm.precision import model_dtype
-
     if isinstance(source, (str, os.PathLike)):
         loaded = load_pretrained(source, dtype=dtype)
         return loaded.model, {"pretrained": str(source), "model_type": loaded.model_type}
@@ -124,9 +120,6 @@ def as_adapter(source, dtype: torch.dtype = torch.float64):
 def lm_inputs(inputs, attention_mask=None, position_ids=None, targets=None):
     """(packed inputs (B, 3, T), targets (B, T)) from ids (B, T) or packed inputs; the targets default to the next
     tokens (:func:`~stability.lm.scoring.next_token_targets`); pad positions are never scored."""
-    from stability.lm.inputs import IGNORE_INDEX, pack, unpack
-    from stability.lm.scoring import next_token_targets
-
     if not isinstance(inputs, torch.Tensor):
         raise StabilityError("a language model is analysed on token ids: analyze_lm(model, ids (B, T), "
                              "attention_mask) or stability.analyze(model, stability.lm.pack(ids, attention_mask))")
@@ -142,10 +135,6 @@ def lm_inputs(inputs, attention_mask=None, position_ids=None, targets=None):
 
 
 def _options(options, N: int, precision: str):
-    from stability.config import AnalysisOptions
-
-    from stability.config import resolve_device
-
     options = AnalysisOptions(samples=N) if options is None else options
     options = options.replace(device=str(resolve_device(options.device)))  # auto -> cpu or cuda, said in the JSON
     if precision == "float32":
@@ -165,12 +154,6 @@ def analyze_lm(source, inputs: torch.Tensor, attention_mask: Optional[torch.Tens
     stages); ``exit_passes``: the passes of the exit audit (default the larger of 4 × the model's depth and 32,
     at most ``options.max_iter``); ``parameter_groups``: the geometry stage's groups, label → parameter-name
     prefixes (default: by module type, :meth:`~stability.lm.LMAdapter.parameter_groups`)."""
-    from stability.analysis.pipeline import check_finite_weights, run_stages
-    from stability.analysis.results import Analysis
-    from stability.lm.precision import check_float64, precision_hint
-    from stability.lm.scoring import lm_score
-    from stability.protocols import check_contract, check_model
-
     packed, targets = lm_inputs(inputs, attention_mask, position_ids, targets)
     options = _options(options, int(packed.shape[0]), precision)
     model, desc = as_adapter(source, torch.float32 if precision == "float32" else torch.float64)
@@ -223,9 +206,6 @@ def _precision_block(precision: str, options) -> dict:
 def lm_numbers(model, x0: torch.Tensor, x_star: torch.Tensor, targets: torch.Tensor, options, *,
                lm_stages=LM_STAGES, exit_passes: Optional[int] = None, log: Optional[Callable] = None) -> dict:
     """The ``lm`` block: every LM number of ``lm_stages`` for the float64 ``model`` at x0 and x*."""
-    from stability.lm import exits, routing, scoring, tokens
-    from stability.protocols import differentiable_attention
-
     say = log or (lambda msg: None)
     out: dict = {"model_steps": int(getattr(model, "model_steps", 0)), "causal": bool(getattr(model, "causal", False))}
     with differentiable_attention(), torch.no_grad():

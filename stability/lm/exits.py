@@ -32,6 +32,7 @@ from typing import Optional
 import torch
 
 from stability.lm.inputs import IGNORE_INDEX
+from stability.lm.tokens import token_residuals
 
 #: the rules and the thresholds audited by default
 DEFAULT_RULES = {"kl": (1e-2, 1e-3, 5e-4, 1e-4, 1e-5), "entropy": (1e-2, 1e-3, 1e-4),
@@ -70,8 +71,6 @@ def _criteria(logp, prev_logp, x, prev_x, D):
 @torch.no_grad()
 def exit_trace(model, x0: torch.Tensor, e: torch.Tensor, passes: int) -> ExitTrace:
     """Iterate ``passes`` passes from e and record every criterion per token (:class:`ExitTrace`)."""
-    from stability.lm.tokens import token_residuals
-
     D = int(getattr(model, "dynamic_channels", e.shape[-1]))
     prev_x, x = e, model.step(e, x0)
     prev_logp = torch.log_softmax(model.readout(prev_x).double(), -1)

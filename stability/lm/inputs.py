@@ -27,6 +27,7 @@ import torch
 
 from stability.analysis.accuracy import IGNORE_INDEX  # noqa: F401 - the one ignore index, re-exported here
 from stability.errors import StabilityError
+from stability.stored import load_plain
 
 #: positions ride in x0 as position · 2⁻¹⁶ (a power of two: exact in every float format the models use)
 POSITION_SCALE = 2.0 ** -16
@@ -145,8 +146,6 @@ def load_inputs(path: Path | str) -> tuple[torch.Tensor, Optional[torch.Tensor]]
     Face's convention: the tokens, −100 where not scored, shifted here by :func:`hf_labels_to_targets`) or
     ``targets`` (aligned with the logits: targets[b, t] is the token position t should predict); a pad position is
     never scored. Read without executing code (``weights_only``)."""
-    from stability.stored import load_plain
-
     p = Path(path)
     if not p.is_file():
         raise StabilityError(f"--inputs {path}: no such file")

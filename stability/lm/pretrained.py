@@ -23,18 +23,17 @@ from typing import Callable, Optional
 import torch
 
 from stability.errors import CheckpointError, StabilityError
+from stability.extras import require
+from stability.lm.hrm import HrmTextAdapter
+from stability.lm.inkling import InklingLoopAdapter
 from stability.stored import Loaded
 
 
 def _inkling(model):
-    from stability.lm.inkling import InklingLoopAdapter
-
     return InklingLoopAdapter(model)
 
 
 def _hrm(model):
-    from stability.lm.hrm import HrmTextAdapter
-
     return HrmTextAdapter(model)
 
 
@@ -96,8 +95,6 @@ def _auto_classes(cfg: dict):
 def load_hf_model(path, *, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False):
     """The Hugging Face model of a local ``save_pretrained`` directory, in ``dtype``, eval mode; from the local
     files only. One :class:`CheckpointError` line for what cannot be loaded."""
-    from stability.extras import require
-
     path = Path(path)
     if not is_pretrained_dir(path):
         raise CheckpointError(f"{path}: not a save_pretrained directory (no config.json)")

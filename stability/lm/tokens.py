@@ -23,6 +23,7 @@ from typing import Optional
 import torch
 
 from stability.numerics import spectral_radius
+from stability.numerics.eigen import krylov_schur
 
 #: the statuses of a token (as the solver's, per token; "pad" for a pad position)
 TOKEN_STATUSES = ("converged", "periodic", "stalled", "max-iterations", "non-finite", "pad")
@@ -247,8 +248,6 @@ def _diagonal_apply(f, x: torch.Tensor, x0: torch.Tensor, D: int, real: torch.Te
 def _token_rho_matrix_free(f, x, x0, D, mask, tol, *, chunk: int = 8, prefix: bool = False):
     """ρ per real token by Krylov–Schur on every diagonal block at once, matrix-free (products: T per Krylov
     step, whatever D, ``chunk`` positions at a time); (rho (B, T) NaN at pads, acausal (B,))."""
-    from stability.numerics.eigen import krylov_schur
-
     real = mask.to(x.device)
     acausal = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
     P = int(real.sum())

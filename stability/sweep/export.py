@@ -17,11 +17,12 @@ import csv
 import io
 import json
 from pathlib import Path
+from typing import Union
 
 from stability import atomic
 from stability.config import RunConfig, from_dict
 from stability.errors import ConfigError, StabilityError
-from stability.sweep.record import parse_record
+from stability.sweep.record import SweepRecord, parse_record, typed
 
 #: per-split analysis quantities in the CSV (the keys of ``runner.analysis_summary``)
 ANALYSIS_COLUMNS = ("samples", "converged_fraction", "rho_J_median", "rho_M_median", "rho_Wx",
@@ -55,30 +56,30 @@ def csv_columns(records: list[dict]) -> list[str]:
     return cols + ["stability_source", "train_seconds", "summary_seconds", "run_seconds", "cpu_seconds"]
 
 
-def csv_row(rec: dict) -> dict:
-    """The flat CSV row of one record (empty strings where a value is undefined)."""
-    c = rec["config"]
-    row = {"cell_id": rec.get("cell_id") or rec["id"], "id": rec["id"], "task": c["task"]["name"],
+def csv_row(rec: Union[SweepRecord, dict]) -> dict:
+    """The flat CSV row of one record, read typed (empty strings where a value is undefined)."""
+    rec = typed(rec)
+    c = rec.config
+    row = {"cell_id": rec.cell_id or rec.id, "id": rec.id, "task": c["task"]["name"],
            "norm": c["model"]["norm"], "recall": c["model"]["recall"], "lr": c["train"]["lr"],
-           "seed": c["train"]["seed"], "status": rec.get("status"), "epochs_completed": rec.get("epochs_completed"),
-           "loss_last": rec.get("loss_last")}
-    final = rec.get("final") or {}
+           "seed": c["train"]["seed"], "status": rec.status, "epochs_completed": rec.epochs_completed,
+           "loss_last": rec.loss_last}
     for split in ("val", "hard"):
-        f = final.get(split) or {}
-        row[f"{split}_accuracy"] = f.get("accuracy")
-        row[f"{split}_position_accuracy"] = f.get("position_accuracy")
-        row[f"{split}_best_accuracy"] = f.get("best_accuracy")
-    for split, block in (rec.get("analysis") or {}).items():
+        f = (rec.final or {}).get(split)
+        row[f"{split}_accuracy"] = None if f is None else f.accuracy
+        row[f"{split}_position_accuracy"] = None if f is None else f.position_accuracy
+        row[f"{split}_best_accuracy"] = None if f is None else f.best_accuracy
+    for split, block in (rec.analysis or {}).items():
         for k in ANALYSIS_COLUMNS + OPTIONAL_ANALYSIS_COLUMNS:
-            row[f"{split}_{k}"] = block.get(k)
-    row["train_accuracy_last"] = next((a for a in reversed((rec.get("curves") or {}).get("train_accuracy") or [])
-                                       if a is not None), None)
-    timing = rec.get("timing") or {}
-    row["stability_source"] = (rec.get("stability") or {}).get("source")
-    row["train_seconds"] = (timing.get("epoch_seconds") or 0.0) + (timing.get("eval_and_io_seconds") or 0.0)
-    row["summary_seconds"] = timing.get("summary_seconds")
-    row["run_seconds"] = timing.get("run_seconds")
-    row["cpu_seconds"] = timing.get("cpu_seconds")
+            row[f"{split}_{k}"] = getattr(block, k)
+    train_accuracy = rec.curves.train_accuracy if rec.curves is not None else []
+    row["train_accuracy_last"] = next((a for a in reversed(train_accuracy) if a is not None), None)
+    timing = rec.timing
+    row["stability_source"] = rec.stability.source if rec.stability is not None else None
+    row["train_seconds"] = (timing.epoch_seconds or 0.0) + (timing.eval_and_io_seconds or 0.0)
+    row["summary_seconds"] = timing.summary_seconds
+    row["run_seconds"] = timing.run_seconds
+    row["cpu_seconds"] = timing.cpu_seconds
     return {k: ("" if v is None else v) for k, v in row.items()}
 
 
@@ -88,7 +89,8 @@ def records_csv(records: list[dict]) -> str:
     w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n", extrasaction="ignore")
     w.writeheader()
     for rec in _sorted(records):
-        w.writerow({k: csv_row(rec).get(k, "") for k in cols})
+        row = csv_row(rec)
+        w.writerow({k: row.get(k, "") for k in cols})
     return buf.getvalue()
 
 

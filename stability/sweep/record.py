@@ -261,6 +261,12 @@ def parse_record(obj: Any, where: str, migrate_path: Any = None) -> SweepRecord:
         raise StabilityError(f"{where}: not a valid sweep record: {exc}") from None
 
 
+def typed(rec: Union[SweepRecord, dict]) -> SweepRecord:
+    """``rec`` as a :class:`SweepRecord`: a record's JSON validated through it (a ConfigError line where it does
+    not fit), a SweepRecord as it is."""
+    return rec if isinstance(rec, SweepRecord) else SweepRecord(**rec)
+
+
 def check_config_shape(obj: dict, path, migrate_path) -> None:
     """Refuse (one line naming ``stability migrate``) a record whose config was written before the method block."""
     if isinstance(obj, dict) and is_flat_config(obj.get("config")):

@@ -20,12 +20,13 @@ import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 from stability.atomic import write_text
 from stability.config import dotted
 from stability.errors import ConfigError
 from stability.sweep.grid import _matches, _parse_value, shortest_e
+from stability.sweep.record import SweepRecord, typed
 
 TASK_ORDER = ("chess", "sudoku", "prefix-sums")
 TASK_TITLE = {"chess": "Chess", "sudoku": "Sudoku", "prefix-sums": "Prefix sums"}
@@ -63,12 +64,13 @@ def _options(config: dict) -> dict:
     return {k: (tuple(v) if isinstance(v, list) else v) for k, v in dotted(config).items()}
 
 
-def collect(records: list[dict]) -> dict[tuple, Cell]:
-    """Group records by (task, norm, recall, lr), checking that the seeds of a cell are the same experiment."""
+def collect(records: list[Union[SweepRecord, dict]]) -> dict[tuple, Cell]:
+    """Group records (typed, or their JSON read typed) by (task, norm, recall, lr), checking that the seeds of a
+    cell are the same experiment."""
     cells: dict[tuple, Cell] = {}
     reference: dict[tuple, tuple[dict, str]] = {}
-    for rec in records:
-        flat = _options(rec["config"])
+    for rec in map(typed, records):
+        flat = _options(rec.config)
         key = tuple(flat[k] for k in KEY)
         rest = {k: v for k, v in flat.items() if k not in IGNORED and k not in KEY}
         if key in reference:
@@ -77,42 +79,44 @@ def collect(records: list[dict]) -> dict[tuple, Cell]:
             if diff:
                 k = diff[0]
                 raise ConfigError(
-                    f"records {ref_id} and {rec['id']} share the cell {'/'.join(map(str, key))} but differ in "
+                    f"records {ref_id} and {rec.id} share the cell {'/'.join(map(str, key))} but differ in "
                     f"{', '.join(diff)} ({ref.get(k)!r} vs {rest.get(k)!r}); a table averages one setting per cell: "
                     f"select one with --where {k}=VALUE")
         else:
-            reference[key] = (rest, rec["id"])
+            reference[key] = (rest, rec.id)
         cell = cells.setdefault(key, Cell(*key))
         if flat["train.seed"] in cell.seeds:
             raise ConfigError(f"two records of the cell {'/'.join(map(str, key))} have seed {flat['train.seed']} "
-                              f"({rec['id']} and another): keep one, or select with --where")
+                              f"({rec.id} and another): keep one, or select with --where")
         cell.seeds.append(flat["train.seed"])
-        if rec.get("status") == "diverged" or not rec.get("final"):
+        if rec.status == "diverged" or not rec.final:
             cell.diverged += 1
             for split in ("val", "hard"):
                 cell.values[split].append(0.0)
             continue
         for split in ("val", "hard"):
-            acc = rec["final"][split]["accuracy"]
-            cell.values[split].append(100.0 * float(acc))
-        cell.test_iterations.add(rec["final"]["val"]["test_iteration"])
+            cell.values[split].append(100.0 * float(rec.final[split].accuracy))
+        cell.test_iterations.add(rec.final["val"].test_iteration)
     return cells
 
 
-def filter_records(records: list[dict], where: list[str]) -> list[dict]:
-    """Records whose config matches every ``section.option=v1,v2`` (as ``stability sweep --where``)."""
-    out = list(records)
+def filter_records(records: list, where: list[str]) -> list:
+    """Records (typed or their JSON, given back as given) whose config matches every ``section.option=v1,v2`` (as
+    ``stability sweep --where``)."""
+    if not where:
+        return list(records)
+    options = [_options(typed(r).config) for r in records]
+    keep = list(range(len(records)))
     for cond in where:
         if "=" not in cond or "." not in cond.split("=", 1)[0]:
             raise ConfigError(f"--where {cond!r}: expected section.option=value[,value...]")
         key, _, raw = cond.partition("=")
         section, _, name = key.strip().partition(".")
         wanted = [_parse_value(v.strip()) for v in raw.split(",")]
-        known = {k for r in records for k in _options(r["config"])}
-        if f"{section}.{name}" not in known:
+        if not any(f"{section}.{name}" in o for o in options):
             raise ConfigError(f"--where {key}: no record has option {key!r}")
-        out = [r for r in out if _matches(_options(r["config"]).get(f"{section}.{name}"), wanted)]
-    return out
+        keep = [i for i in keep if _matches(options[i].get(f"{section}.{name}"), wanted)]
+    return [records[i] for i in keep]
 
 
 # ---- layout ------------------------------------------------------------------------------------------------
@@ -302,7 +306,7 @@ def latex(table: Table) -> str:
 
 
 # ---- files --------------------------------------------------------------------------------------------------
-def write_tables(records: list[dict], out_dir: Path) -> list[Path]:
+def write_tables(records: list, out_dir: Path) -> list[Path]:
     """Write table{4,5,6}.{md,csv,tex} for ``records`` into ``out_dir`` (atomically); returns the paths."""
     out_dir = Path(out_dir)
     paths = []

@@ -9,9 +9,6 @@ import stability
 
 ROOT = Path(stability.__file__).resolve().parent
 
-#: files other changes are editing at the same time: their imports are moved in a later change
-#: (moved in a later change)
-LATER = ("lm/", "train/ensemble.py", "numerics/eigen", "analysis/stages/")
 
 
 def _internal(node: ast.AST) -> bool:
@@ -55,8 +52,6 @@ def test_function_level_imports_of_the_package_say_why_they_are_lazy():
     found = {}
     for path in sorted(ROOT.rglob("*.py")):
         rel = str(path.relative_to(ROOT))
-        if rel.startswith(LATER):
-            continue
         lines = unexplained_imports(path.read_text(encoding="utf-8"))
         if lines:
             found[rel] = lines

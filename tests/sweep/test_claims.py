@@ -12,28 +12,47 @@ from itertools import combinations
 import pytest
 
 from tests.conftest import ROOT, run_cli
+from stability.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
 from stability.sweep import claims as C
+from stability.sweep.record import SplitSummary, StabilitySummary
 from stability.sweep.runner import RECORD_FORMAT, RECORD_SCHEMA
 
 CLAIMS = ROOT / "experiments" / "claims.toml"
 
 
 # ---- helpers -----------------------------------------------------------------------------------------------------
+#: the keys every record's split headline and stability summary have (None: not measured here)
+SPLIT = {k: None for k, f in SplitSummary.model_fields.items() if f.is_required()}
+STABILITY = {k: None for k, f in StabilitySummary.model_fields.items() if f.is_required()}
+
+
 def rec(norm, recall, lr, seed, val=0.0, hard=0.0, *, loss=0.01, T=8, curve=None, rho=None, monitor=(),
         geometry=None, status="done", task="prefix-sums"):
-    """A minimal sweep record: accuracies in percent, whole-answer curves over 20 iterations (flat, or ``curve``
-    for val, whose last entry is then the val accuracy)."""
+    """A whole sweep record (the typed record reads it), nothing measured but: accuracies in percent, whole-answer
+    curves over 20 iterations (flat, or ``curve`` for val, whose last entry is then the val accuracy), the final
+    loss, ρ(W_x), the monitor series and the val split's geometry headline."""
     final = None if status == "diverged" else {
-        s: {"accuracy": v / 100, "test_iteration": 20, "curve": [v / 100] * 20} for s, v in (("val", val), ("hard", hard))}
+        s: {"test_iteration": 20, "accuracy": v / 100, "position_accuracy": None, "best_accuracy": None,
+            "best_iteration": None, "n": None, "curve": [v / 100] * 20} for s, v in (("val", val), ("hard", hard))}
     if final and curve:
         final["val"].update(curve=list(curve), accuracy=curve[-1])
-    return {"format": RECORD_FORMAT, "schema_version": RECORD_SCHEMA, "id": f"{recall}-{norm}-{lr}-{seed}",
-            "cell_id": f"ps-{recall}-{norm}-lr{lr:g}-s{seed}", "status": status, "final": final, "loss_last": loss,
-            "config": {"task": {"name": task}, "model": {"norm": norm, "recall": recall, "out_channels": 2},
-                       "train": {"lr": lr, "seed": seed, "iterations": T}},
-            "monitor": [dict(m) for m in monitor], "stability": {"rho_Wx": rho},
-            "analysis": {"val": ({f"geometry_{'log_range' if k == 'anisotropy_log_range' else k}": v
-                                  for k, v in geometry.items()} if geometry is not None else {})}}
+    config = RunConfig(model=ModelConfig(norm=norm, recall=recall), task=TaskConfig(name=task),
+                       train=TrainConfig(lr=lr, seed=seed, iterations=T))
+    geometry = {f"geometry_{'log_range' if k == 'anisotropy_log_range' else k}": v
+                for k, v in (geometry or {}).items()}
+    rid = f"{recall}-{norm}-{lr}-{seed}"
+    return {"format": RECORD_FORMAT, "schema_version": RECORD_SCHEMA, "id": rid,
+            "cell_id": f"ps-{recall}-{norm}-lr{lr:g}-s{seed}", "grid": "test", "axes": {}, "config": config.to_dict(),
+            "status": status, "error": "loss is nan" if status == "diverged" else None, "checkpoint": f"{rid}.pt",
+            "epochs_completed": 1, "final": final, "loss_last": loss, "monitor": [dict(m) for m in monitor],
+            "stability": dict(STABILITY, source="monitor", split="val", rho_Wx=rho),
+            "analysis": {"val": dict(SPLIT, **geometry)}, "analysis_note": None,
+            "options": {"summary": "analyze", "analyze_samples": 4, "analyze_splits": ["val"],
+                        "analyze_max_iter": 500},
+            "timing": {"epoch_seconds": 1.0, "eval_and_io_seconds": 0.0, "summary_seconds": 0.0, "run_seconds": 1.0,
+                       "wall_seconds": 1.0, "resumed_from_epoch": 0},
+            "environment": {"device": "cpu", "host": "test", "torch": "2", "package": "0", "cuda_visible_devices": None},
+            "finished_at": "2026-01-01T00:00:00+0000"}
 
 
 def spec(claim: dict, **top) -> C.ClaimsFile:

@@ -15,7 +15,7 @@ from stability.sweep import claims as C
 from stability.sweep import grid as G
 from stability.sweep.claims.statistics import counterexamples, t_over_configurations, welch_over_configurations
 from tests.conftest import ROOT, run_cli
-from tests.sweep.test_claims import rec
+from tests.sweep.test_claims import SPLIT, rec
 
 V2 = ROOT / "experiments" / "claims-v2.toml"
 GRID = ROOT / "experiments" / "replication-v3.toml"
@@ -30,7 +30,7 @@ def spec2(*claims, alpha=0.05) -> C.ClaimsFile:
 
 
 def with_analysis(r: dict, split: str, **fields) -> dict:
-    r["analysis"].setdefault(split, {}).update(fields)
+    r["analysis"].setdefault(split, dict(SPLIT)).update(fields)
     return r
 
 
@@ -257,7 +257,7 @@ def test_claims_v2_judges_synthetic_records_of_the_third_edition_grid():
         r = rec(m.norm, m.recall, float(cell.config.train.lr), cell.config.train.seed,
                 val=float(rng.uniform(50, 100)),
                 hard=0.0 if m.recall in ("none", "fixed") else float(rng.uniform(0, 80)),
-                rho=float(rng.uniform(0.5, 2.0)), monitor=[{"rho_Wx": 0.5}])
+                rho=float(rng.uniform(0.5, 2.0)), monitor=[{"epoch": 1, "rho_Wx": 0.5}])
         r["config"]["model"]["depth"] = m.depth
         with_analysis(r, "hard", converged_fraction=float(rng.uniform()), rho_J_median_all=float(rng.uniform(0.5, 1.5)))
         recs.append(r)

@@ -10,10 +10,12 @@ import shutil
 import pytest
 
 from stability import atomic
+from stability.analysis.headline import HEADLINE
 from stability.config import SweepSummary
 from stability.errors import StabilityError
 from stability.sweep.export import read_jsonl
-from stability.sweep.record import RECORD_SCHEMA, SweepRecord, load_records, parse_record, read_record
+from stability.sweep.record import (RECORD_SCHEMA, SplitSummary, SweepRecord, load_records, parse_record, read_record,
+                                    typed)
 from tests.conftest import ROOT, run_cli
 
 COMMITTED = [ROOT / "experiments" / "results" / "replication", ROOT / "experiments" / "results" / "ieee-kernels"]
@@ -51,6 +53,20 @@ def test_the_typed_record_knows_its_parts():
     assert rec.final["val"].accuracy > 0.9 and rec.analysis["hard"].repelling_searched == 4
     assert rec.options.splits == ("val", "hard") and rec.options.analyze_geometry is True
     assert rec.run_config().model.recall == "external" and rec.monitor[0].epoch == 8
+
+
+def test_the_records_headline_block_has_the_documented_headline_keys_in_their_order():
+    """A split of ``record["analysis"]`` is the analysis' headline block: the typed record reads it by the names
+    headline.HEADLINE documents, one per quantity, in the block's order."""
+    assert list(SplitSummary.model_fields) == [key for key, _ in HEADLINE]
+
+
+def test_typed_reads_a_records_json_once_and_gives_a_typed_record_back_as_it_is():
+    raw = _one_committed()
+    rec = typed(raw)
+    assert typed(rec) is rec and rec.to_dict() == raw
+    assert rec.final["val"].accuracy == raw["final"]["val"]["accuracy"]
+    assert rec.analysis["val"].rho_J_median == raw["analysis"]["val"]["rho_J_median"]
 
 
 def test_a_key_a_record_predates_stays_absent_when_it_is_written_back():

@@ -468,12 +468,14 @@ def test_csv_has_the_later_stages_columns_only_where_some_record_has_them():
     """records.csv gains the repelling, e-dependence and geometry columns (and the last training accuracy) when a
     record carries them, and an older grid's CSV keeps its shape."""
     from stability.sweep.export import csv_columns, csv_row
+    from tests.sweep.test_claims import SPLIT
+    from tests.sweep.test_tables import record
 
-    base = {"id": "a", "cell_id": "a", "status": "done", "config": {"task": {"name": "prefix-sums"}, "model": {
-        "norm": "post", "recall": "external"}, "train": {"lr": 1e-3, "seed": 0}}, "final": None}
-    old = dict(base, analysis={"val": {"converged_fraction": 1.0}})
-    new = dict(base, analysis={"val": {"converged_fraction": 1.0, "repelling_found": 2, "geometry_median_radius": 0.3}},
-               curves={"train_accuracy": [0.1, 0.5, None]})
+    base = record("prefix-sums", "post", "external", 1e-3, 0, 10, 5)
+    old = dict(base, analysis={"val": dict(SPLIT, converged_fraction=1.0)})
+    new = dict(base, analysis={"val": dict(SPLIT, converged_fraction=1.0, repelling_found=2,
+                                           geometry_median_radius=0.3)},
+               curves={"epoch": [1, 2, 3], "loss": [0.3, 0.2, 0.1], "train_accuracy": [0.1, 0.5, None]})
     assert not any("repelling" in c or "geometry" in c or c == "train_accuracy_last" for c in csv_columns([old]))
     cols = csv_columns([old, new])
     assert {"val_repelling_found", "val_geometry_median_radius", "train_accuracy_last"} <= set(cols)

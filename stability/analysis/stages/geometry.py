@@ -61,7 +61,7 @@ def run(at: AtFixedPoint) -> Geometry:
     def fill(missing):  # ρ(J*) at θ* of samples stage rho did not measure, by its routine
         if not missing:
             return
-        import torch
+        import torch  # a torch-free module: torch and the numerics where ρ is filled in
 
         from stability.numerics import Linearisation, spectral_radius
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Optional, Union
 
 from stability.analysis.stages import reachability
 from stability.analysis.stages.base import Cost, NotApplicable, Stage, applies, fmt
+from stability.protocols import has_recall_parts, recall_parts_missing
 from stability.stats import FIXED_POINT_STATUSES, median
 
 if TYPE_CHECKING:
@@ -29,7 +30,6 @@ def run(at: AtFixedPoint) -> Union[Prop4Result, NotApplicable, None]:
 
     from stability.analysis.fixed_point import cast_copy
     from stability.analysis.recall import prop4
-    from stability.protocols import has_recall_parts, recall_parts_missing
 
     if not has_recall_parts(at.model):
         return NotApplicable(f"the model does not expose the named recall parts (RecallParts: missing "

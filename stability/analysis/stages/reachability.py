@@ -74,8 +74,7 @@ def reachability(result: SolveResult, *, distinct_tol: Optional[float] = None, s
                  max_iter: Optional[int] = None) -> Reachability:
     """Summarise a solve: statuses (why a sample did not converge), cycles, and distinct fixed points among the
     converged samples (tolerance default max(1e-3, 100·τ)); nothing is recomputed."""
-    import torch  # a torch-free module: torch where a solve is summarised
-
+    # a torch-free module: the routines where a solve is summarised
     from stability.analysis.reachability import distinct_fixed_points, status_counts
 
     cycles: dict = {}

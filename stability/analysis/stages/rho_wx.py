@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Union
 
 from stability.analysis.stages.base import Cost, NotApplicable, Stage, applies, fmt
+from stability.protocols import has_recall_parts
 
 if TYPE_CHECKING:
     from stability.analysis.fixed_point import AtFixedPoint
@@ -33,7 +34,6 @@ class RecallWeight:
 def run(at: AtFixedPoint) -> Union[RecallWeight, NotApplicable]:
     """ρ(W_x) of the recall weight (bias ignored), the one quantity the paper's release computes."""
     from stability.analysis.recall import rho_W_x  # a torch-free module: the routine where the stage runs
-    from stability.protocols import has_recall_parts
 
     if not has_recall_parts(at.model):
         return NotApplicable("the model does not expose the named recall parts (RecallParts), so no W_x")

@@ -10,6 +10,7 @@ from typing import Optional
 from stability.sweep.claims.records import metric_value, never_trained, run_keys
 from stability.sweep.claims.schema import UNITS, Arm, Claim, ClaimsFile, Condition, Exclude, Select
 from stability.sweep.claims.statistics import bootstrap_ci, format_p, location, p_values
+from stability.sweep.record import SweepRecord, typed
 
 
 class _Undecidable(Exception):
@@ -70,7 +71,7 @@ class _Sample:
 
 
 # ---- which runs ---------------------------------------------------------------------------------------------------
-def resolve_lrs(records: list[dict], task: str) -> list[float]:
+def resolve_lrs(records: list, task: str) -> list[float]:
     return sorted({run_keys(r)["train.lr"] for r in records if run_keys(r)["task.name"] == task})
 
 
@@ -98,9 +99,9 @@ def _in_arm(keys: dict, arm: Arm, lrs_of_arm: Optional[list[float]], depth: int 
             and (arm.depth is None or depth in arm.depth))
 
 
-def _depth(rec: dict) -> int:
+def _depth(rec: SweepRecord) -> int:
     """The record's model.depth (the fixed-depth baseline's blocks; 15, the default, where the config omits it)."""
-    return int(rec["config"]["model"].get("depth") or 15)
+    return int(rec.config["model"].get("depth") or 15)
 
 
 def _excluded(keys: dict, exclude: list[Exclude], lrs: list[float]) -> bool:
@@ -130,25 +131,26 @@ def _meets(rec: dict, conditions: list[Condition]) -> tuple[bool, Optional[str]]
 FIGURE3_RULE = Select(rule="max-mean", over=["model.norm", "train.lr"], by=["hard.accuracy", "val.accuracy"])
 
 
-def select_runs(runs: list[dict], sel: Select = FIGURE3_RULE) -> tuple[list[dict], dict]:
+def select_runs(runs: list, sel: Select = FIGURE3_RULE) -> tuple[list, dict]:
     """The runs of the group a selection rule picks, and what it picked (``selected``, ``selected_by``): the group
-    of ``over`` with the largest mean of ``by`` (tie-breakers in order; then the first group in sorted order)."""
-    groups: dict[tuple, list[dict]] = {}
+    of ``over`` with the largest mean of ``by`` (tie-breakers in order; then the first group in sorted order).
+    The runs come back as given (a record's JSON or a typed record), each read typed."""
+    groups: dict[tuple, list] = {}
     for r in runs:
-        k = run_keys(r)
-        groups.setdefault(tuple(k[o] for o in sel.over), []).append(r)
+        k = run_keys(t := typed(r))
+        groups.setdefault(tuple(k[o] for o in sel.over), []).append((r, t))
     best, best_score = None, None
     for key in sorted(groups):
         score = []
         for m in sel.by:
-            vals = [v for v, _ in (metric_value(r, m) for r in groups[key]) if v is not None]
+            vals = [v for v, _ in (metric_value(t, m) for _, t in groups[key]) if v is not None]
             score.append(sum(vals) / len(vals) if vals else -math.inf)
         if best_score is None or tuple(score) > tuple(best_score):
             best, best_score = key, score
     if best is None:
         raise _Undecidable("nothing to select from")
     chosen = dict(zip(sel.over, best))
-    return groups[best], {"selected": chosen, "selected_by": dict(zip(sel.by, best_score)),
+    return [r for r, _ in groups[best]], {"selected": chosen, "selected_by": dict(zip(sel.by, best_score)),
                           "candidates": len(groups)}
 
 
@@ -164,8 +166,8 @@ def _count(table: dict, arm: str, why: str) -> None:
     per[why] = per.get(why, 0) + 1
 
 
-def _arm_runs(claim: Claim, spec: ClaimsFile, name: str, arm: Arm, recs: list[dict], lrs: list[float],
-              detail: dict) -> list[dict]:
+def _arm_runs(claim: Claim, spec: ClaimsFile, name: str, arm: Arm, recs: list[SweepRecord],
+              lrs: list[float], detail: dict) -> list[SweepRecord]:
     """The runs of one arm: its cells less the excluded ones, the never-trained ones dropped where the claim says
     so (an arm mostly never trained: :class:`_Decided` inconclusive), then those meeting every ``require``."""
     arm_lrs = None if arm.lr is None else [_resolve_lr(v, lrs) for v in arm.lr]
@@ -202,7 +204,7 @@ def _metrics(claim: Claim) -> list:
             else claim.metric if isinstance(claim.metric, list) else [claim.metric])
 
 
-def _unit_values(claim: Claim, names: list[str], arm_runs: list[list[dict]], detail: dict) -> list[dict]:
+def _unit_values(claim: Claim, names: list[str], arm_runs: list[list[SweepRecord]], detail: dict) -> list[dict]:
     """Per arm, {unit: the mean of the arm's runs in the unit} (a pooled metric list: each metric its own unit);
     every unit's value also goes to ``detail["values"]`` for the claim's figure and the JSON."""
     metrics = _metrics(claim)
@@ -330,10 +332,11 @@ def _selected_note(detail: dict) -> str:
 
 
 # ---- one claim, every claim -----------------------------------------------------------------------------------
-def evaluate_claim(claim: Claim, spec: ClaimsFile, records: list[dict]) -> Result:
-    """The verdict of one claim on ``records`` by the rule of the claims file (the package's docstring)."""
+def evaluate_claim(claim: Claim, spec: ClaimsFile, records: list) -> Result:
+    """The verdict of one claim on ``records`` (typed records or their JSON) by the rule of the claims file (the
+    package's docstring)."""
     try:
-        return _evaluate(claim, spec, records)
+        return _evaluate(claim, spec, [typed(r) for r in records])
     except _Decided as done:
         return done.result
     except _Undecidable as exc:
@@ -341,7 +344,7 @@ def evaluate_claim(claim: Claim, spec: ClaimsFile, records: list[dict]) -> Resul
                       unit=_unit(claim))
 
 
-def _evaluate(claim: Claim, spec: ClaimsFile, records: list[dict]) -> Result:
+def _evaluate(claim: Claim, spec: ClaimsFile, records: list[SweepRecord]) -> Result:
     task = claim.task or spec.task
     recs = [r for r in records if run_keys(r)["task.name"] == task]
     if not recs:
@@ -376,6 +379,7 @@ def _evaluate(claim: Claim, spec: ClaimsFile, records: list[dict]) -> Result:
     return Result(verdict=verdict, reason=reason, **base)
 
 
-def evaluate(spec: ClaimsFile, records: list[dict]) -> list[Result]:
-    """Every claim's verdict, in the file's order."""
+def evaluate(spec: ClaimsFile, records: list) -> list[Result]:
+    """Every claim's verdict, in the file's order (the records read typed once)."""
+    records = [typed(r) for r in records]
     return [evaluate_claim(c, spec, records) for c in spec.claim]

@@ -35,6 +35,7 @@ from stability.sweep.claims.records import metric_value, run_keys
 from stability.sweep.claims.schema import VERDICTS_FORMAT, Claim, ClaimsFile
 from stability.sweep.claims.statistics import (_scipy_stats, counterexamples, format_p, holm, spearman_fisher,
                                                t_over_configurations, welch_over_configurations)
+from stability.sweep.record import typed
 
 
 @dataclass
@@ -247,7 +248,9 @@ def _decide_universal(r: FrameResult, claim: Claim, alpha: float, holm_p: str) -
 
 
 def evaluate_v2(spec: ClaimsFile, records: list) -> list:
-    """Every claim's verdict under the version-2 frame, Holm-adjusted across the whole file, in the file's order."""
+    """Every claim's verdict under the version-2 frame, Holm-adjusted across the whole file, in the file's order
+    (the records, typed or their JSON, read typed once)."""
+    records = [typed(r) for r in records]
     raw = [_raw(c, spec, records) for c in spec.claim]
     for r, adj in zip(raw, holm([r.p for r in raw])):
         r.p_holm = adj if r.p is not None else None
