@@ -93,24 +93,22 @@ def test_the_device_scale_is_the_measured_product_over_the_fits_product_for_the_
     assert all(fast[k] == pytest.approx(0.05 * one[k]) for k in one)
 
 
-def test_the_forecast_rescaled_by_the_measured_product_is_within_2x_of_the_analysis_time(monkeypatch):
-    """A small analysis on this machine (chess shape 8 × 8 × 32, 2 samples, default stages, one thread): the
-    prediction rescaled by its own measured J-product, against the stages' measured seconds."""
-    seen, predicted = {}, pipeline.predicted
-
-    def spy(at, options):
-        seen["predicted"] = predicted(at, options)
-        return seen["predicted"]
-
-    monkeypatch.setattr(pipeline, "predicted", spy)
+def test_the_forecast_covers_the_stages_run_and_scales_with_the_measured_product(monkeypatch):
+    """A small analysis (chess shape 8 × 8 × 32, 2 samples, default stages): the prediction names exactly the
+    stages that then run, and is the fit's prediction times the measured J-product over the fit's (a device twice
+    as slow is predicted twice as long). Untimed: how close the forecast comes to the clock is a benchmark's
+    question (benchmarks/RESULTS.md), not a unit test's on a shared machine."""
+    seen, predicted, product = [], pipeline.predicted, [1e-3]
+    monkeypatch.setattr(pipeline, "product_seconds", lambda at: product[0])
+    monkeypatch.setattr(pipeline, "predicted", lambda at, options: seen.append(predicted(at, options)) or seen[-1])
     model, inputs = build("chess", 32, (8, 8), 0.5, 2)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        split = pipeline.run_stages(model, inputs, None, AnalysisOptions(samples=2), split="inputs")
-    finally:
-        torch.set_num_threads(threads)
-    actual = sum(split.timings.values())
-    predicted = sum(seen["predicted"].values())
-    assert set(seen["predicted"]) == set(split.timings)
-    assert 0.5 <= predicted / actual <= 2.0, (predicted, actual)
+    options = AnalysisOptions(samples=2)
+    split = pipeline.run_stages(model, inputs, None, options, split="inputs")
+    assert set(seen[0]) == set(split.timings)
+    n, N = 8 * 8 * 32, 2
+    fit = cost.predict(n, N, options.stages, geometry_samples=options.geometry_count(n, N), few=options.measured(n, N))
+    factor = 1e-3 / (N * cost.PRODUCT[0] * (n / 1000.0) ** cost.PRODUCT[1])
+    assert seen[0] == pytest.approx({k: factor * v for k, v in fit.items()})
+    product[0] = 2e-3
+    pipeline.run_stages(model, inputs, None, options, split="inputs")
+    assert seen[1] == pytest.approx({k: 2 * v for k, v in seen[0].items()})
