@@ -86,7 +86,7 @@ def _wait_for(predicate, timeout: float, what: str):
     pytest.fail(f"timed out waiting for {what}")
 
 
-def _gone_after_kill(parent: subprocess.Popen, children: list[int], within: float = 5.0) -> list[int]:
+def _gone_after_kill(parent: subprocess.Popen, children: list[int], within: float = 30.0) -> list[int]:
     """SIGKILL ``parent`` alone (not its process group) and return the children still alive ``within`` s later."""
     parent.send_signal(signal.SIGKILL)
     parent.wait()
