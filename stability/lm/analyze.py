@@ -97,10 +97,12 @@ def analyze_inputs_file(source, inputs_path, targets_path=None, options=None, *,
 
 def as_adapter(source, dtype: torch.dtype = torch.float64):
     """(the model in ``dtype``, the source's description) of a directory, a loaded directory or a model; the model
-    is copied only when it is not in ``dtype`` already."""
+    is copied only when it is not in ``dtype`` already (to float64: :func:`~stability.lm.storage.analysis_copy`,
+    its vocabulary tables in float32)."""
     from stability.analysis.fixed_point import analysis_model
     from stability.lm.pretrained import PretrainedLoaded, load_pretrained
     from stability.lm.precision import model_dtype
+    from stability.lm.storage import analysis_copy
 
     if isinstance(source, (str, os.PathLike)):
         loaded = load_pretrained(source, dtype=dtype)
@@ -118,6 +120,8 @@ def as_adapter(source, dtype: torch.dtype = torch.float64):
         for p in source.parameters():
             p.requires_grad_(False)
         return source, desc
+    if dtype == torch.float64:  # the analysis copy with the vocabulary tables in float32 (stability.lm.storage)
+        return analysis_copy(source), desc
     return analysis_model(source, dtype), desc
 
 
