@@ -4,14 +4,16 @@
 
 The model: :class:`stability.lm.huginn.Huginn` with Huginn-0125's layer counts (prelude 2, recurrent core 4, coda 2;
 vocabulary 65,536; 32 recurrences) at a tenth of its width (hidden 528, MLP 1,792, 8 heads): 101.4 M parameters,
-random weights (seed 0). It is built in float64 directly, as ``stability.load(HF_DIR)`` loads a directory: one
-copy of the model, the analysis copy. ``--quick``: the same steps at a toy size (hidden 64, vocabulary 1,024), for
+random weights (seed 0), drawn in float32 (as a directory stores them) and made the analysis copy in place as
+``stability.load(HF_DIR)`` makes it (:func:`stability.lm.storage.mixed_storage`: the loop, prelude and coda in
+float64, the embedding and LM head in float32): one copy of the model. ``--quick``: the same steps at a toy size (hidden 64, vocabulary 1,024), for
 the suite's smoke run.
 
 The measurement, in this process: :func:`stability.lm.analyze_lm` on 4 random sequences of 32 tokens with the
 stages ``reachability`` and ``prop5`` and the per-token ρ (matrix-free route: Krylov–Schur on every token's
 diagonal block of J*), on ``--threads`` threads: wall seconds (per stage), and the peak RSS of the process against
-the model's float32 size (parameters × 4 bytes). The goal (benchmarks/RESULTS.md, "Looped language models at
+the model's float32 size (parameters × 4 bytes), and the peak resident set within each logged phase (a thread
+reading VmRSS every 20 ms: ``phase_peak_mib``). The goal (benchmarks/RESULTS.md, "Looped language models at
 100 M parameters"): ≤ 10 minutes, peak ≤ 3× the float32 size.
 """
 
@@ -21,6 +23,7 @@ import argparse
 import json
 import resource
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -37,32 +40,56 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+class PhasePeaks:
+    """The peak VmRSS (MiB) within each phase, read every 20 ms by a daemon thread; :meth:`enter` names the
+    phase from here on."""
+
+    def __init__(self):
+        self.phase, self.peaks = "start", {}
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    @staticmethod
+    def rss() -> float:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS")) / 1024
+
+    def _watch(self):
+        while True:
+            r, k = self.rss(), self.phase
+            self.peaks[k] = max(self.peaks.get(k, 0.0), r)
+            time.sleep(0.02)
+
+    def enter(self, phase: str) -> None:
+        self.phase = phase
+
+
 def build(sizes: dict, seed: int = 0):
-    """The Huginn of ``sizes`` with seeded random weights, built in float64 (no float32 copy ever exists)."""
+    """The Huginn of ``sizes`` with seeded random weights, drawn in float32 (as a directory stores them) and made
+    the analysis copy in place as ``stability.load(HF_DIR)`` makes it for the analysis
+    (:func:`stability.lm.storage.mixed_storage`: the embedding and LM head stay float32, the rest float64)."""
+    # lazy: the resident set before the model counts the imports (rss_before_model_mib)
     import torch
 
     from stability.lm.huginn import Huginn, HuginnConfig
+    from stability.lm.storage import mixed_storage
 
-    default = torch.get_default_dtype()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        torch.set_default_dtype(torch.float64)
-        try:
-            model = Huginn(HuginnConfig(**sizes)).eval()
-        finally:
-            torch.set_default_dtype(default)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model
+        model = Huginn(HuginnConfig(**sizes)).eval()
+    return mixed_storage(model)
 
 
 def measure(sizes: dict, batch: int, tokens: int, max_iter: int) -> dict:
+    # lazy: the resident set before the model counts the imports (rss_before_model_mib)
     import torch
 
     from stability.config import AnalysisOptions
     from stability.lm import analyze_lm
+    from stability.lm.storage import stored_float32
 
     rss0 = peak_rss_mib()
+    peaks = PhasePeaks()
+    peaks.enter("build")
     t0 = time.perf_counter()
     model = build(sizes)
     build_s = time.perf_counter() - t0
@@ -71,9 +98,14 @@ def measure(sizes: dict, batch: int, tokens: int, max_iter: int) -> dict:
     rss_model = peak_rss_mib()
     ids = torch.randint(0, sizes["vocab_size"], (batch, tokens), generator=torch.Generator().manual_seed(1))
     options = AnalysisOptions(samples=batch, stages=("reachability", "prop5"), max_iter=max_iter)
+    peaks.enter("checks (contract, finite weights, precision audit)")
     t0 = time.perf_counter()
-    result = analyze_lm(model, ids, options=options, lm_stages=("token_rho",),
-                        log=lambda msg: print(f"  [{time.perf_counter() - t0:7.1f} s] {msg}", flush=True))
+
+    def log(msg):
+        print(f"  [{time.perf_counter() - t0:7.1f} s] {msg}", flush=True)
+        peaks.enter(msg.split(",")[0])
+
+    result = analyze_lm(model, ids, options=options, lm_stages=("token_rho",), log=log)
     wall = time.perf_counter() - t0
     split = result.to_json()["inputs"]
     stages = dict(split["timings"]) if "timings" in split else {}
@@ -85,6 +117,8 @@ def measure(sizes: dict, batch: int, tokens: int, max_iter: int) -> dict:
             "token_rho_s": round(wall - sum(stages.values()), 1),
             "rss_before_model_mib": round(rss0, 1), "rss_after_model_mib": round(rss_model, 1),
             "peak_rss_mib": round(peak, 1), "peak_over_float32": round(peak / f32_mib, 2),
+            "phase_peak_mib": {k: round(v, 1) for k, v in peaks.peaks.items()},
+            "stored_float32_parameters": stored_float32(model),
             "converged_fraction": split["fixed_point"]["converged_fraction"],
             "picard_steps": split["fixed_point"]["nfe"],
             "rho_per_sequence": rho["rho"], "bottleneck": rho["bottleneck"], "exact": rho["exact"],

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Protocol
 import torch
 
 from stability.analysis.initial_iterate import initial_iterate_sensitivity_batched
+from stability.analysis.perturbation import reached_parameters
 from stability.analysis.prop5 import default_T_grid
 from stability.solvers import solve
 
@@ -49,17 +50,53 @@ if TYPE_CHECKING:
     from stability.solvers import SolveResult
 
 
-def cast_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+def cast_copy(model: torch.nn.Module, dtype: torch.dtype, keep: frozenset = frozenset()) -> torch.nn.Module:
     """A deep copy of ``model`` whose floating parameters and buffers are in ``dtype``, each cast straight from the
     original's tensor: the same module as ``copy.deepcopy(model).to(dtype)``, without that route's moment of
-    holding a second full copy in the original's precision."""
+    holding a second full copy in the original's precision. Tensors whose ids are in ``keep`` are copied in their
+    own dtype (a language model's float32 vocabulary tables: :mod:`stability.lm.storage`)."""
     memo: dict = {}
     for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
         if id(t) in memo or not t.is_floating_point():
             continue
-        c = t.detach().to(dtype=dtype, copy=True)
+        c = t.detach().to(dtype=t.dtype if id(t) in keep else dtype, copy=True)
         memo[id(t)] = torch.nn.Parameter(c, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else c
     return copy.deepcopy(model, memo)
+
+
+def step_parameters(model: torch.nn.Module, x: torch.Tensor, x0: torch.Tensor) -> set:
+    """The ids of the parameters that ``model.step(x, x0)`` reaches (autograd's graph of one step, structural:
+    :func:`stability.analysis.perturbation.loop_parameters`' test, no copy, no gradient)."""
+    named = {k: v for k, v in model.named_parameters() if v.is_floating_point()}
+    return {id(named[k]) for k in reached_parameters(model, "step", named, (x, x0))}
+
+
+def step_copy(model: torch.nn.Module, dtype: torch.dtype, x: torch.Tensor, x0: torch.Tensor) -> torch.nn.Module:
+    """A copy of ``model`` for products of ``step`` in ``dtype`` (stage rho's and prop4's float32 products): the
+    parameters ``step`` reaches (:func:`step_parameters`, at one sample of (x, x0)) and the buffers cast to
+    ``dtype``, every other parameter an empty placeholder on the meta device (a language model's embedding and
+    head: no memory). Checked by one step on that sample; where that fails (a parameter ``step`` reads out of
+    autograd's sight), the whole model is cast (:func:`cast_copy`)."""
+    try:
+        reached = step_parameters(model, x[:1], x0[:1])
+    except Exception:  # noqa: BLE001 - a step autograd cannot follow: the whole copy, as before
+        return cast_copy(model, dtype)
+    memo: dict = {}
+    for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        if id(t) in memo or not t.is_floating_point():
+            continue
+        if isinstance(t, torch.nn.Parameter) and id(t) not in reached:
+            c = torch.empty(t.shape, dtype=dtype, device="meta")
+        else:
+            c = t.detach().to(dtype=dtype, copy=True)
+        memo[id(t)] = torch.nn.Parameter(c, requires_grad=False) if isinstance(t, torch.nn.Parameter) else c
+    fast = copy.deepcopy(model, memo)
+    try:
+        with torch.no_grad():
+            fast.step(x[:1].to(dtype), x0[:1].to(dtype) if x0.is_floating_point() else x0[:1])
+    except Exception:  # noqa: BLE001 - a parameter step reads that autograd did not see: the whole copy
+        return cast_copy(model, dtype)
+    return fast
 
 
 def analysis_model(model: torch.nn.Module, dtype: torch.dtype = torch.float64, device: Optional[str] = None):

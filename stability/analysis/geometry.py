@@ -128,7 +128,9 @@ def measure(model, inputs: torch.Tensor, x_star: torch.Tensor, x0: torch.Tensor,
     sel = torch.tensor(samples, dtype=torch.long, device=dev)
     inp, xs, x0s = inputs[sel], x_star[sel], x0[sel]
     names, outside, in_embed = loop_parameters(model, inp[:1], xs[:1], x0s[:1])
-    base = {k: v.detach() for k, v in model.named_parameters() if k in names}
+    # the analysis precision (x*'s): a language model's float32-stored embedding perturbed in float64 too
+    base = {k: v.detach().to(xs.dtype) if v.is_floating_point() else v.detach()
+            for k, v in model.named_parameters() if k in names}
     groups = parameter_groups(model, names, inp[:1], xs[:1], x0s[:1]) if group_directions > 0 else {}
     full = random_directions(base, directions, seed)
     parts = [full]

@@ -127,25 +127,40 @@ class Family:
 
 # ---- parameters: which enter the loop, and their groups --------------------------------------------------------
 
-def _used(model, name: str, params: dict, args, cotangent_seed: int = 0) -> set:
-    """The names of ``params`` that ``model.<name>(*args)`` reaches (autograd's graph, not values)."""
-    leaves = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
+def graph_leaves(out) -> set:
+    """The ids of the leaf tensors autograd's graph of ``out`` reaches (its AccumulateGrad nodes' variables): the
+    parameters an output depends on, read off the graph without computing a gradient."""
+    found, seen, todo = set(), set(), [getattr(out, "grad_fn", None)]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        var = getattr(node, "variable", None)  # an AccumulateGrad node: a leaf
+        if var is not None:
+            found.add(id(var))
+        todo.extend(n for n, _ in node.next_functions)
+    return found
+
+
+def reached_parameters(model, name: str, params: dict, args) -> set:
+    """The names of ``params`` that ``model.<name>(*args)`` reaches (autograd's graph, not values; the parameters
+    made graph leaves by ``detach``, which shares their storage: no copy, no gradient)."""
+    leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
     with torch.enable_grad():
         out = _call(model, name, leaves, *args)
-        if not isinstance(out, torch.Tensor) or not out.requires_grad:  # reaches no parameter (an identity)
-            return set()
-        g = torch.Generator(device="cpu").manual_seed(cotangent_seed)
-        w = torch.randn(out.shape, generator=g, dtype=torch.float64).to(out)
-        grads = torch.autograd.grad((out * w).sum(), list(leaves.values()), allow_unused=True)
-    return {k for k, gr in zip(leaves, grads) if gr is not None}
+    if not isinstance(out, torch.Tensor) or not out.requires_grad:  # reaches no parameter (an identity)
+        return set()
+    found = graph_leaves(out)
+    return {k for k, v in leaves.items() if id(v) in found}
 
 
 def loop_parameters(model, inputs: torch.Tensor, x: torch.Tensor, x0: torch.Tensor) -> tuple[list, list, list]:
     """(names that ``step`` or ``embed`` reach, names that neither does, names that ``embed`` reaches) of the
     model's floating-point parameters (autograd's graph on one sample: structural, not a test of values)."""
     params = {k: v for k, v in model.named_parameters() if v.is_floating_point()}
-    in_embed = _used(model, "embed", params, (inputs,))
-    used = _used(model, "step", params, (x, x0)) | in_embed
+    in_embed = reached_parameters(model, "embed", params, (inputs,))
+    used = reached_parameters(model, "step", params, (x, x0)) | in_embed
     return [k for k in params if k in used], [k for k in params if k not in used], [k for k in params if k in in_embed]
 
 
@@ -183,14 +198,14 @@ def parameter_groups(model, names: list, inputs: torch.Tensor, x: torch.Tensor, 
         u = x[:1]
         parts = {}
         try:
-            parts["g"] = _used(model, "g", params, (u, x0[:1]))
+            parts["g"] = reached_parameters(model, "g", params, (u, x0[:1]))
             parts["h1"] = _used_part(model, "h", 1, params, u)
             parts["h2"] = _used_part(model, "h", 2, params, u)
             parts["norm"] = (_used_part(model, "pre", 1, params, u) | _used_part(model, "pre", 2, params, u)
                              | _used_part(model, "phi", 1, params, u) | _used_part(model, "phi", 2, params, u))
             parts["residual"] = _used_part(model, "residual", 1, params, u, u) | \
                 _used_part(model, "residual", 2, params, u, u)
-            parts["embed"] = _used(model, "embed", params, (inputs[:1],))
+            parts["embed"] = reached_parameters(model, "embed", params, (inputs[:1],))
         except Exception:  # noqa: BLE001 - a part that cannot be called alone: name the groups by parameter name
             parts = None
         if parts is not None:
@@ -218,8 +233,8 @@ def parameter_groups(model, names: list, inputs: torch.Tensor, x: torch.Tensor, 
 
 
 def _used_part(model, name: str, s: int, params: dict, *args) -> set:
-    """:func:`_used` for a part called as ``model.<name>(s, *args)`` (pre, h, residual, phi)."""
-    leaves = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
+    """:func:`reached_parameters` for a part called as ``model.<name>(s, *args)`` (pre, h, residual, phi)."""
+    leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
 
     class _Part(torch.nn.Module):
         def __init__(self):
@@ -231,10 +246,10 @@ def _used_part(model, name: str, s: int, params: dict, *args) -> set:
 
     with torch.enable_grad():
         out = torch.func.functional_call(_Part(), {"model." + k: v for k, v in leaves.items()}, args, strict=False)
-        if not isinstance(out, torch.Tensor) or not out.requires_grad:
-            return set()
-        grads = torch.autograd.grad(out.sum(), list(leaves.values()), allow_unused=True)
-    return {k for k, gr in zip(leaves, grads) if gr is not None}
+    if not isinstance(out, torch.Tensor) or not out.requires_grad:
+        return set()
+    found = graph_leaves(out)
+    return {k for k, v in leaves.items() if id(v) in found}
 
 
 def random_directions(base: dict, count: int, seed: int, members: Optional[list] = None) -> dict:

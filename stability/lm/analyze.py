@@ -38,6 +38,7 @@ from stability.lm.precision import check_float64, model_dtype, precision_hint
 from stability.lm.pretrained import PretrainedLoaded, is_pretrained_dir, load_pretrained
 from stability.lm.report import lm_summary
 from stability.lm.scoring import lm_score, next_token_targets
+from stability.lm.storage import analysis_copy
 from stability.protocols import check_contract, check_model, differentiable_attention
 from stability.stored import load_plain
 
@@ -97,7 +98,8 @@ def analyze_inputs_file(source, inputs_path, targets_path=None, options=None, *,
 
 def as_adapter(source, dtype: torch.dtype = torch.float64):
     """(the model in ``dtype``, the source's description) of a directory, a loaded directory or a model; the model
-    is copied only when it is not in ``dtype`` already."""
+    is copied only when it is not in ``dtype`` already (to float64: :func:`~stability.lm.storage.analysis_copy`,
+    its vocabulary tables in float32)."""
     if isinstance(source, (str, os.PathLike)):
         loaded = load_pretrained(source, dtype=dtype)
         return loaded.model, {"pretrained": str(source), "model_type": loaded.model_type}
@@ -114,6 +116,8 @@ def as_adapter(source, dtype: torch.dtype = torch.float64):
         for p in source.parameters():
             p.requires_grad_(False)
         return source, desc
+    if dtype == torch.float64:  # the analysis copy with the vocabulary tables in float32 (stability.lm.storage)
+        return analysis_copy(source), desc
     return analysis_model(source, dtype), desc
 
 

@@ -58,11 +58,16 @@ def float64_mode(active: bool = True):
 
 
 def model_dtype(model) -> Optional[torch.dtype]:
-    """The dtype of the model's first floating parameter (None without one)."""
+    """The dtype the model computes in: float64 when any floating parameter is float64 (the analysis copy, whose
+    vocabulary tables may be stored in float32: :mod:`stability.lm.storage`), else its first floating parameter's
+    (None without one)."""
+    first = None
     for p in model.parameters():
         if p.is_floating_point():
-            return p.dtype
-    return None
+            if p.dtype == torch.float64:
+                return torch.float64
+            first = first or p.dtype
+    return first
 
 
 def _name(func) -> str:

@@ -26,6 +26,7 @@ from stability.errors import CheckpointError, StabilityError
 from stability.extras import require
 from stability.lm.hrm import HrmTextAdapter
 from stability.lm.inkling import InklingLoopAdapter
+from stability.lm.storage import mixed_storage
 from stability.stored import Loaded
 
 
@@ -134,15 +135,29 @@ def _quiet():
             hf_logging.enable_progress_bar()
 
 
+def stored_dtype(cfg: dict) -> torch.dtype:
+    """float64 for a directory whose config says its weights are float64, else float32 (float32, bfloat16 and
+    float16 weights are all float32 numbers)."""
+    name = str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32").replace("torch.", "")
+    return torch.float64 if name in ("float64", "double") else torch.float32
+
+
 def load_pretrained(path, *, device: str = "cpu", dtype: torch.dtype = torch.float32,
                     trust_remote_code: bool = False) -> PretrainedLoaded:
     """``stability.load(HF_DIR)``: the directory's model (:func:`load_hf_model`), adapted (:func:`adapt`), on
-    ``device``. ``dtype`` float64 loads the analysis copy directly (one copy of the model in memory)."""
-    model = load_hf_model(path, dtype=dtype, trust_remote_code=trust_remote_code)
-    adapter = adapt(model).to(device).eval()
+    ``device``. ``dtype`` float64 makes the analysis copy as it loads (one copy of the model in memory): the
+    weights loaded in their stored precision (float64 if stored so, else float32) and then cast in place,
+    the vocabulary tables kept in float32 (:func:`~stability.lm.storage.mixed_storage`)."""
+    cfg = read_config(Path(path))
+    mixed = dtype == torch.float64
+    load_dtype = stored_dtype(cfg) if mixed else dtype
+    model = load_hf_model(path, dtype=load_dtype, trust_remote_code=trust_remote_code)
+    adapter = adapt(model)
+    if mixed:
+        mixed_storage(adapter)
+    adapter = adapter.to(device).eval()
     for p in adapter.parameters():
         p.requires_grad_(False)
-    cfg = read_config(Path(path))
     return PretrainedLoaded(model=adapter, config=None, task=None, path=Path(path), epoch=0, hf_config=cfg,
                             model_type=str(cfg["model_type"]),
                             package_version=str(cfg.get("transformers_version", "")))

@@ -28,7 +28,7 @@ def run(at: AtFixedPoint) -> Union[Prop4Result, NotApplicable, None]:
     first K samples (all, but on large states a few); None past them."""
     import torch  # a torch-free module: the routine and torch where the stage runs
 
-    from stability.analysis.fixed_point import cast_copy
+    from stability.analysis.fixed_point import step_copy
     from stability.analysis.recall import prop4
 
     if not has_recall_parts(at.model):
@@ -43,7 +43,7 @@ def run(at: AtFixedPoint) -> Union[Prop4Result, NotApplicable, None]:
     out = prop4(at.model, at.x_star[:K], at.x0[:K], probes=o.prop4_probes, k=o.eig_k, tol=o.eig_tol,
                 J=None if dense is None else dense.J,
                 J_spectra=None if spec is None else spec.spectrum.rows(slice(0, K)),
-                fast_model=cast_copy(at.model, torch.float32) if mixed else None,
+                fast_model=step_copy(at.model, torch.float32, at.x_star, at.x0) if mixed else None,
                 chunk=o.eig_chunk(K, at.x_star.device.type), seed=o.seed, tick=at.tick, restart=o.eig_restart)
     if out is not None and K < N:
         out.rho_M = list(out.rho_M) + [None] * (N - K)

@@ -135,7 +135,7 @@ def _matrix_free(at: AtFixedPoint, route: str, keep: bool) -> tuple:
     states a few: ``AnalysisOptions.few_samples``); the rest are not measured (None in the JSON)."""
     import torch  # a torch-free module: the numerics where the stage runs
 
-    from stability.analysis.fixed_point import cast_copy
+    from stability.analysis.fixed_point import step_copy
     from stability.numerics import Linearisation, Spectrum, sigma_max, spectral_radius
 
     o, f, x_star, x0 = at.options, at.f, at.x_star, at.x0
@@ -143,7 +143,8 @@ def _matrix_free(at: AtFixedPoint, route: str, keep: bool) -> tuple:
     K = at.few
     chunk = o.eig_chunk(K, x_star.device.type)
     mixed = o.eig_precision == "mixed" and x_star.dtype == torch.float64
-    fast_model = cast_copy(at.model, torch.float32) if mixed else None
+    # the float32 copy for the products: what step reaches only (a language model's embedding and head left out)
+    fast_model = step_copy(at.model, torch.float32, x_star, x0) if mixed else None
     specs, sigmas = [], []
     for i in range(0, K, chunk):
         xs, xb = x_star[i:min(i + chunk, K)], x0[i:min(i + chunk, K)]
