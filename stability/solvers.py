@@ -219,8 +219,8 @@ class _Anderson:
         self.X, self.F, self.filled, self.slot = self.X[mask], self.F[mask], self.filled[mask], self.slot[mask]
 
     def forget(self, mask):
-        self.filled[mask] = False
-        self.slot[mask] = 0
+        self.filled &= ~mask[:, None]  # no boolean-mask write (a host sync on a GPU)
+        self.slot = torch.where(mask, torch.zeros_like(self.slot), self.slot)
 
     def info(self):
         return {"damping": self.eta, "memory": self.m, "reg": self.reg}
@@ -278,6 +278,7 @@ class _Broyden:
         self.kmax, self.uniform = 0, True  # max of count; every row has the same count
         self.fresh = torch.ones(B, dtype=torch.bool, device=device)  # restarted: no previous step
         self.any_fresh = True
+        self.all_fresh = True  # the batched path's host copy of fresh.all() (see _all_fresh)
         self.compressions = 0
 
     def _compress(self, rows):
@@ -355,7 +356,7 @@ class _Broyden:
             eg = torch.nn.functional.one_hot(self.count, k).double()
         G, K = self.G[:, :k, :k], self.K[:, :k, :k]
         h = _mv(K, p) - eg  # coefficients of H g
-        if not (self.any_fresh and bool(self.fresh.all())):
+        if not (self.any_fresh and self._all_fresh()):
             sig = self.sig[:, :k]
             psi = eg - self.gp[:, :k]  # y = g − g_{k−1}
             nu = _mv(K.transpose(1, 2), _mv(G, sig)) - sig  # v = Hᵀ s
@@ -367,7 +368,7 @@ class _Broyden:
             if self.any_fresh:
                 ok &= ~self.fresh
             mu = (sig * (1 - 1 / self.eta) - h if self.eta != 1.0 else -h) / den[:, None]
-            if not bool(ok.all()):
+            if self.batched or not bool(ok.all()):  # batched: always masked, no host sync (issue 35)
                 mu = torch.where(ok[:, None], mu, torch.zeros_like(mu)).nan_to_num(0.0, 0.0, 0.0)
             K.addcmul_(mu.unsqueeze(2), nu.unsqueeze(1))  # K + μ νᵀ, in place in self.K
             h = torch.addcmul(h, mu, torch.linalg.vecdot(nu, p)[:, None])  # H' g = H g + u (vᵀ g)
@@ -382,8 +383,13 @@ class _Broyden:
         self.kmax += 1
         if self.any_fresh:
             self.fresh.zero_()
-            self.any_fresh = False
+            self.any_fresh = self.all_fresh = False
         return nxt, (~torch.isfinite(nxt.sum(1))) | (r > self.restart_factor * best_r)
+
+    def _all_fresh(self) -> bool:
+        """Every row restarted (no previous step): read on the host per row; on the batched path known without a
+        sync, since the rows are fresh together only before the first step or after a forget of them all."""
+        return self.all_fresh if self.batched else bool(self.fresh.all())
 
     def keep(self, mask):
         if self.batched:  # one gather of the running rows (a fresh buffer), no loop over them
@@ -409,7 +415,7 @@ class _Broyden:
         self.fresh[mask] = True
         self.any_fresh = True
         self.count[mask] = 0
-        self.uniform = bool(mask.all())
+        self.uniform = self.all_fresh = bool(mask.all())
         self.kmax = int(self.count.max())
 
     def info(self):
@@ -682,6 +688,7 @@ class Run:
         self.act = torch.arange(B, device=dev)[:0 if rowwise else B]
         self.cur: Optional[_Pass] = None
         self.ended: list = []
+        self.pending: Optional[torch.Tensor] = None  # Solve.batched: refused rows whose histories are not cleared
 
     def evaluate(self, images: Optional[torch.Tensor] = None) -> None:
         """One evaluation of f on the running rows (``images``: the whole batch's images, already evaluated),
@@ -703,11 +710,15 @@ class Run:
             self.fresh[act] = False
             self.any_fresh = False
         conv = finite & (r < how.tol)
+        pending = self._take_pending()
         diverged = finite & (torch.maximum(norm_f, norm_x) > how.diverge_ratio * self.scale[act]) & ~conv
         self._progress(act, xa, fa, r, finite)
         # x_last: the last image that neither diverged nor turned non-finite
         kept = finite & ~diverged
-        self.x_last[act[kept]] = fa[kept]
+        if self.batched:  # every running row rewritten, no boolean-mask gather (a host sync on a GPU)
+            self.x_last[act] = torch.where(kept.view(-1, *[1] * len(self.S)), fa, self.x_last[act])
+        else:
+            self.x_last[act[kept]] = fa[kept]
         new_code = torch.full_like(act, -1)
         new_code[diverged] = _DIV
         new_code[conv] = _CONV
@@ -717,7 +728,13 @@ class Run:
         self.code[act] = new_code
         run = new_code < 0
         self.ended, self.cur = [act[:0]], _Pass(xa, fa, r)
-        if not bool(run.all()):
+        if pending is None:
+            all_run = bool(run.all())
+        else:  # the evaluation's one host sync also says whether the last proposal refused a row
+            all_run, refused = torch.stack([run.all(), pending.any()]).tolist()
+            if refused:
+                self.solver.forget(pending)
+        if not all_run:
             self.ended[0] = act[~run]
             if not bool(run.any()):
                 self.act, self.cur = act[:0], None
@@ -747,8 +764,21 @@ class Run:
             self.ref_r[idx] = r[improved]
             self.last_improve[idx] = self.age[idx]
 
+    def _take_pending(self) -> Optional[torch.Tensor]:
+        """The rows (a mask over ``act``) whose proposal the batched path refused in :meth:`advance` and whose
+        histories it has not cleared yet; None when none is pending."""
+        pending, self.pending = self.pending, None
+        return pending
+
+    def _flush(self) -> None:
+        """Clear the pending refused rows' histories now (before the solver's rows change)."""
+        pending = self._take_pending()
+        if pending is not None and bool(pending.any()):
+            self.solver.forget(pending)
+
     def _drop(self, keep: torch.Tensor) -> None:
         """Keep the running rows where ``keep`` (a mask over ``act``)."""
+        self._flush()
         self.solver.keep(keep)
         self.act = self.act[keep]
         self.cur = _Pass(*(t[keep] for t in self.cur))
@@ -778,6 +808,11 @@ class Run:
         act, (xa, fa, r) = self.act, self.cur
         nxt, reset = self.solver.propose(xa.flatten(1), fa.flatten(1), r, self.best_r[act])
         nxt = nxt.view(-1, *self.S)
+        if reset is not None and self.batched:  # no host sync: the refused rows' Picard steps by torch.where
+            self.x[act] = torch.where(reset.view(-1, *[1] * len(self.S)), self.fx_best[act], nxt)
+            self.restarts[act] += reset.long()
+            self.pending = reset  # their histories cleared before the solver's state is next used (_flush)
+            return
         if reset is not None and bool(reset.any()):
             nxt = torch.where(reset.view(-1, *[1] * len(self.S)), self.fx_best[act], nxt)
             self.solver.forget(reset)

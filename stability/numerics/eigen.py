@@ -191,7 +191,8 @@ def krylov_schur(apply: Callable[[torch.Tensor], torch.Tensor], shape: tuple, *,
     ``keep`` leading Schur vectors of H (scipy's ordered real Schur form: complex pairs stay together, the kept
     space is invariant for H, so the decomposition stays a Krylov one) and continues from v. A sample stops
     when its leading Ritz residual |bᵀy| / |θ| is below ``tol`` and those of the next ``nev`` − 1 Ritz pairs are
-    below 100 · tol (or after ``restarts`` restarts) and leaves the batch. The second condition is not
+    below 100 · tol (with batched restarts, only the pairs within 5 % of |θ₁|; those farther below to
+    1e4 · tol: :data:`~stability.numerics.eigen_batched.NEAR`) (or after ``restarts`` restarts) and leaves the batch. The second condition is not
     decoration: on a clustered spectrum the leading pair alone can converge to the cluster's second member
     while the largest eigenvalue is not yet in the basis (measured: |Δρ| = 2e-3 on a sudoku-size J*). With
     ``restrict(idx)`` (a product for the samples ``idx`` only) the remaining samples are multiplied

@@ -6,6 +6,7 @@ statuses and flags; ``auto`` on the CPU is the per-sample path."""
 import numpy as np
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 from stability.analysis.options import AnalysisOptions
 from stability.analysis.pipeline import analyze_split
@@ -149,3 +150,67 @@ def test_a_solver_with_batched_rows_takes_the_per_row_paths_iterations_to_roundi
     conv = once.converged
     assert torch.allclose(once.x_best[conv], rows.x_best[conv], rtol=0, atol=1e-12)
     assert float((f(once.x_best[conv], x0[conv]) - once.x_best[conv]).abs().max()) <= 1e-8
+
+
+def _rows_map(B: int, n: int = 24):
+    """A map whose rows converge at their own evaluations (x0's first column: each row's gain), and its x0."""
+    g = torch.Generator().manual_seed(5)
+    W = torch.randn(n, n, generator=g, dtype=torch.float64) / n ** 0.5
+    gain = torch.linspace(0.5, 1.4, B, dtype=torch.float64)[:, None]
+
+    def f(x, x0):
+        return torch.tanh(x0[:, :1] * (x @ W.T)) + x0[:, 1:]
+
+    return f, torch.cat([gain, torch.randn(B, n, generator=g, dtype=torch.float64)], 1)
+
+
+class _HostSyncs(TorchFunctionMode):
+    """Counts the calls that make the host wait for the device on a GPU (benchmarks/launch_bound.py's list)."""
+
+    NAMES = {"item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__"}
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += getattr(func, "__name__", "") in self.NAMES
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("method", ["broyden", "anderson"])
+def test_batched_refused_proposals_restart_the_rows_as_the_per_row_path(method):
+    """Solve.batched with the safeguard firing at most evaluations (restart factor 1.1): the refused rows' Picard
+    steps taken by torch.where, their histories cleared at the next evaluation's host sync, give the per-row
+    path's restarts, evaluations and statuses, and x* to rounding (issue 35)."""
+    from stability.solvers import solve
+
+    B = 6
+    f, x0 = _rows_map(B)
+    kw = dict(method=method, tol=1e-9, max_iter=400, memory=4, max_period=0, certify_rho=False, restart_factor=1.1)
+    rows = solve(f, torch.zeros(B, 24, dtype=torch.float64), x0, **kw, batched=False)
+    once = solve(f, torch.zeros(B, 24, dtype=torch.float64), x0, **kw, batched=True)
+    assert sum(rows.info["restarts"]) > 300  # the safeguard fired, at most evaluations of two rows
+    assert once.status == rows.status and once.status.count("converged") == 4
+    assert once.nfe.tolist() == rows.nfe.tolist() and once.info == rows.info
+    assert torch.allclose(once.x_best, rows.x_best, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["broyden", "anderson", "picard"])
+def test_a_batched_solve_syncs_with_the_host_once_per_evaluation(method):
+    """Solve.batched (the GPU's path): the calls that wait for the device (item, tolist, bool of a tensor, …)
+    number at most one per evaluation of the slowest row, plus a few for each row that ends and for the
+    result (issue 35: no host sync inside an iteration but the row-exit test)."""
+    from stability.solvers import solve
+
+    B = 6
+    f, x0 = _rows_map(B)
+    if method == "picard":
+        x0[:, :1] *= 0.6  # contractive for plain iteration
+    counter = _HostSyncs()
+    with counter:
+        once = solve(f, torch.zeros(B, 24, dtype=torch.float64), x0, method=method, tol=1e-9, max_iter=400,
+                     memory=4, max_period=0, certify_rho=False, batched=True)
+    assert once.status == ["converged"] * B
+    evaluations = int(once.nfe.max())
+    assert counter.count <= evaluations + 4 * B + 8, (counter.count, evaluations)

@@ -234,3 +234,41 @@ def test_the_batched_restart_syncs_with_the_host_once_per_restart_and_its_ops_do
         # end the product counts
         assert syncs <= 2 * restarts + 2
     assert large[0] == small[0] and large[1] <= 1.05 * small[1]
+
+
+def cluster_below(B=8, n=120, seed=21):
+    """Random contractive maps P D P⁻¹: a complex pair of modulus 0.89, three pairs clustered at 0.786–0.790 (the
+    spectrum of the sample that was slowest in issue 35's 64-sample run), a bulk scaled to 0.7."""
+    g = torch.Generator().manual_seed(seed)
+    mats = []
+    for b in range(B):
+        blocks = [torch.tensor([[r * np.cos(a), -r * np.sin(a)], [r * np.sin(a), r * np.cos(a)]], dtype=D64)
+                  for r, a in ((0.89, 1.3 + 0.05 * b), (0.790, 1.32), (0.7886, 1.9), (0.786, 0.4))]
+        bulk = torch.randn(n - 8, n - 8, generator=g, dtype=D64)
+        blocks.append(bulk / torch.linalg.eigvals(bulk).abs().max() * 0.7)
+        P = torch.eye(n, dtype=D64) + 0.4 * torch.randn(n, n, generator=g, dtype=D64) / n ** 0.5
+        mats.append(P @ torch.block_diag(*blocks) @ torch.linalg.inv(P))
+    return torch.stack(mats)
+
+
+@pytest.mark.parametrize("family", ["cluster below", "random"])
+def test_batched_rho_equals_each_samples_dense_eigenvalues_on_random_contractive_maps(family):
+    """The batched path's stopping rule (the secondary pairs near ρ to slack · tol, a cluster well below ρ to
+    FAR_SLACK · tol) against numpy's dense eigenvalues of each sample alone: ρ to the Ritz tolerance, the leading
+    pair's eigenvalue to it too, every sample certified; and on a cluster well below ρ it stops in fewer
+    products than the per-sample path's rule, whose ρ it equals to the tolerance."""
+    A = cluster_below() if family == "cluster below" else random_batch(B=6)
+    A = A / (1.05 * torch.from_numpy(numpy_rho(A)))[:, None, None] * 0.9  # contractive: ρ = 0.857
+    opts = dict(route="krylov", k=3, tol=1e-8, krylov=30, seed=2)
+    batched = spectral_radius(as_map(A), restart="batched", **opts)
+    alone = spectral_radius(as_map(A), restart="per-sample", **opts)
+    for b in range(A.shape[0]):
+        ev = np.linalg.eigvals(A[b].numpy())
+        ev = ev[np.argsort(-np.abs(ev), kind="stable")]
+        assert abs(float(batched.rho[b]) - abs(ev[0])) <= 1e-8 * abs(ev[0])
+        lead = complex(batched.eigenvalues[b, 0])
+        assert min(abs(lead - ev[0]), abs(lead - ev[0].conjugate())) <= 1e-7 * abs(ev[0])
+    assert (batched.ritz_residual < 1e-8).all() and (alone.ritz_residual < 1e-8).all()
+    assert np.allclose(batched.rho.numpy(), alone.rho.numpy(), rtol=1e-8, atol=0)
+    if family == "cluster below":
+        assert int(batched.products.max()) < int(alone.products.max())
