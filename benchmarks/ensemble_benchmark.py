@@ -31,6 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from stability import threads  # noqa: E402 (torch-free; after the path line above)
+
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -44,6 +46,7 @@ def main(argv=None) -> int:
     p.add_argument("--ceiling", action="store_true", help="per-batch timings: what batching can buy at this size")
     p.add_argument("--reps", type=int, default=15, help="--ceiling: timings per variant (the median is kept)")
     args = p.parse_args(argv)
+    threads.apply()  # OMP_WAIT_POLICY=PASSIVE before torch loads, as the command line does (stability/threads.py)
 
     import torch
 
