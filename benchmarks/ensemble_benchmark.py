@@ -7,9 +7,9 @@ The demo's architecture (`--preset cpu`, stability/config.py PRESETS). Three var
 order rotated each time: the K solo runs in sequence (``--threads`` threads), the one-process ensemble (``--threads``
 threads) and the ensemble split across ``--processes`` processes (``stability train --processes``; ``--threads`` //
 processes threads each). Prints and writes ``DIR/ensemble.json``: wall seconds of each (whole runs: training and
-evaluations; min, median, all), the ratios solo / variant, the load average before and after each repetition, and
-for the last repetition each member's first-epoch loss against its solo run's (relative difference) and its final
-val / hard accuracy (last iteration) against the solo run's (points).
+evaluations; min, median, all) and of its training epochs alone, the ratios solo / variant, the load average
+before and after each repetition, and for the last repetition each member's first-epoch loss against its solo
+run's (relative difference) and its final val / hard accuracy (last iteration) against the solo run's (points).
 
 ``--ceiling``: what batching can buy at all at this size, per batch of the progressive loss at a fixed depth
 (n, k) = (4, 4), forward and backward (the median of ``--reps`` timings, writes ``DIR/ensemble-ceiling.json``): one
@@ -78,6 +78,14 @@ def _variants(config, seeds, tmp: Path, processes: int, rep: int) -> dict:
     return out
 
 
+def _epoch_seconds(name: str, results) -> float:
+    """The seconds of the training epochs alone (the histories' ``seconds``: no start-up, data, evaluations): the
+    solo runs' sum, one member's for the one-process ensemble, the slowest member's for the split one (its
+    processes run side by side; the members of one process share its epochs' seconds)."""
+    per_member = [sum(h["seconds"] for h in r.history) for r in results]
+    return {"solo": sum, "ensemble": lambda v: v[0], "split": max}[name](per_member)
+
+
 def _agreement(seeds, results, solo) -> list[dict]:
     """Each member against its solo run: first-epoch loss (relative), final val / hard accuracy (points)."""
     members = []
@@ -108,21 +116,26 @@ def compare(args) -> int:
     seeds = list(range(args.seeds))
     processes = args.processes or min(args.threads, args.seeds)
     walls: dict = {"solo": [], "ensemble": [], "split": []}
+    epochs_s: dict = {"solo": [], "ensemble": [], "split": []}
     load = [os.getloadavg()]
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.repeats):
             got = _variants(config, seeds, Path(tmp), processes, rep)
-            for name, (seconds, _) in got.items():
+            for name, (seconds, res) in got.items():
                 walls[name].append(seconds)
+                epochs_s[name].append(_epoch_seconds(name, res))
             load.append(os.getloadavg())
             print(f"repeat {rep + 1}: " + ", ".join(f"{n} {walls[n][-1]:.1f} s" for n in walls)
                   + f" (load {load[-1][0]:.1f})", flush=True)
     stats = {n: {"min_s": min(v), "median_s": statistics.median(v), "all_s": v} for n, v in walls.items()}
     ratios = {f"solo/{n}": {k: stats["solo"][k] / stats[n][k] for k in ("min_s", "median_s")}
               for n in ("ensemble", "split")}
+    train = {n: {"min_s": min(v), "median_s": statistics.median(v), "all_s": v} for n, v in epochs_s.items()}
+    train_ratios = {f"solo/{n}": {k: train["solo"][k] / train[n][k] for k in ("min_s", "median_s")}
+                    for n in ("ensemble", "split")}
     result = {"seeds": args.seeds, "epochs": config.train.epochs, "threads": args.threads, "processes": processes,
               "repeats": args.repeats, "torch": torch.__version__, "cpus": os.cpu_count(), "loadavg": load,
-              "wall": stats, "ratios": ratios,
+              "wall": stats, "ratios": ratios, "training_epochs": train, "training_epochs_ratios": train_ratios,
               "ensemble_members": _agreement(seeds, got["ensemble"][1], got["solo"][1]),
               "split_members": _agreement(seeds, got["split"][1], got["solo"][1])}
     out = Path(args.out)
@@ -132,7 +145,8 @@ def compare(args) -> int:
         r = ratios[f"solo/{n}"]
         print(f"{n}: {stats[n]['min_s']:.1f} s min, {stats[n]['median_s']:.1f} s median; {args.seeds} solo runs "
               f"{stats['solo']['min_s']:.1f} / {stats['solo']['median_s']:.1f} s; ratio {r['min_s']:.2f}x (min), "
-              f"{r['median_s']:.2f}x (median)")
+              f"{r['median_s']:.2f}x (median); training epochs alone {train_ratios[f'solo/{n}']['min_s']:.2f}x (min), "
+              f"{train_ratios[f'solo/{n}']['median_s']:.2f}x (median)")
         for m in result[f"{n}_members"]:
             print(f"  seed {m['seed']}: first-epoch loss rel diff {m['first_epoch_rel_diff']:.1e} (all epochs max "
                   f"{m['max_rel_loss_diff_all_epochs']:.1e}); val {m['val_points']:+.2f}, hard {m['hard_points']:+.2f} "

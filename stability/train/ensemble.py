@@ -42,7 +42,7 @@ from stability.atomic import check_writable
 from stability.config import RunConfig, short_number
 from stability.errors import ConfigError, DivergenceError
 from stability.protocols import is_looped
-from stability.train import loop, split  # split imports this module back: used at call time only
+from stability.train import loop, split
 from stability.train.batchable import solo_reason
 from stability.train.loop import TrainResult, _Run, evaluate, lr_factor
 from stability.train.monitor import StabilityMonitor
@@ -290,7 +290,7 @@ def train_ensemble(config: RunConfig, out_dir: Path | str, seeds: Sequence[int],
         if processes > 1:
             if progress:
                 split.log_line(names, processes, out_dir)
-            return split.train_split(paths, notes, processes, resume=resume, progress=progress)
+            return split.train_split(train_members, paths, notes, processes, resume=resume, progress=progress)
         if progress:
             print(f"ensemble: {len(plan)} members ({', '.join(names)}) in {out_dir}, one batched step",
                   file=sys.stderr, flush=True)

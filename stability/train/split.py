@@ -4,7 +4,7 @@ On a few CPU cores a single batched step cannot use them all: its element-wise o
 intra-op threads help small operations little (benchmarks/RESULTS.md, "Ensembles"). So the members are dealt out in
 contiguous parts, sizes differing by at most one (5 members in 2 processes: s0-s2 and s3-s4), and each part trains
 in its own spawned process with one thread per core it stands for, in the same batched step
-(:func:`stability.train.ensemble.train_members`), writing its members' ordinary checkpoints after every epoch; every
+(``stability.train.ensemble.train_members``), writing its members' ordinary checkpoints after every epoch; every
 checkpoint's ``ensemble`` note still names the whole ensemble.
 
 A member's numbers do not depend on the split: a member's arithmetic in the batched step is its own (the stacked
@@ -34,7 +34,7 @@ from stability.analysis.pool import child_thread_env, limit_threads
 from stability.config import RunConfig, resolve_device
 from stability.errors import ConfigError, DivergenceError, StabilityError, first_line
 from stability.processes import die_with_parent
-from stability.train import ensemble, loop
+from stability.train import loop
 from stability.train.loop import TrainResult
 
 
@@ -70,8 +70,8 @@ def parts(count: int, processes: int) -> list[list[int]]:
     return out
 
 
-def _worker(part: int, plan, notes, resume: bool, progress: bool, threads: int, queue) -> None:
-    """A spawned process: train the members ``plan`` with ``threads`` threads and put ``(part, "done", results)``,
+def _worker(trainer, part: int, plan, notes, resume: bool, progress: bool, threads: int, queue) -> None:
+    """A spawned process: train the members ``plan`` by ``trainer`` with ``threads`` threads and put ``(part, "done", results)``,
     or ``(part, "diverged", message, member)``, ``(part, "interrupted")``, ``(part, "error", message)`` on
     ``queue``."""
     parent = multiprocessing.parent_process()
@@ -80,7 +80,7 @@ def _worker(part: int, plan, notes, resume: bool, progress: bool, threads: int, 
     limit_threads(threads)
     try:
         with loop.sigterm_unwinds():
-            results = ensemble.train_members(plan, notes, resume=resume, progress=progress)
+            results = trainer(plan, notes, resume=resume, progress=progress)
         queue.put((part, "done", [(str(r.path), r.epochs, r.history, r.final) for r in results]))
     except DivergenceError as exc:
         queue.put((part, "diverged", str(exc), str(getattr(exc, "member", "") or "")))
@@ -91,10 +91,10 @@ def _worker(part: int, plan, notes, resume: bool, progress: bool, threads: int, 
         queue.put((part, "error", kind + first_line(exc)))
 
 
-def train_split(plan: Sequence[tuple[Path, RunConfig]], notes: Sequence[dict], processes: int, *, resume: bool,
-                progress: bool) -> list[TrainResult]:
-    """Train the members ``plan`` (as :func:`~stability.train.ensemble.train_members` does) in ``processes``
-    spawned processes (:func:`parts`), each with torch's threads divided among them (at least one); the results in
+def train_split(trainer, plan: Sequence[tuple[Path, RunConfig]], notes: Sequence[dict], processes: int, *,
+                resume: bool, progress: bool) -> list[TrainResult]:
+    """Train the members ``plan`` by ``trainer`` (:func:`stability.train.ensemble.train_members`, passed in by its
+    caller: this module does not import it back) in ``processes`` spawned processes (:func:`parts`), each with torch's threads divided among them (at least one); the results in
     ``plan``'s order. The caller holds the lock."""
     split = parts(len(plan), max(1, min(processes, len(plan))))
     threads = max(1, torch.get_num_threads() // len(split))
@@ -105,7 +105,7 @@ def train_split(plan: Sequence[tuple[Path, RunConfig]], notes: Sequence[dict], p
         with child_thread_env(threads):
             for j, idx in enumerate(split):
                 proc = ctx.Process(target=_worker, daemon=True,
-                                   args=(j, [plan[i] for i in idx], [notes[i] for i in idx], resume,
+                                   args=(trainer, j, [plan[i] for i in idx], [notes[i] for i in idx], resume,
                                          progress and j == 0, threads, queue))
                 proc.start()
                 procs.append(proc)
