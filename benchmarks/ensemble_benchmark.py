@@ -1,12 +1,15 @@
 """A K-seed ensemble (`stability train --seeds`) against the K solo runs in sequence, side by side in one run.
 
-    python benchmarks/ensemble_benchmark.py [--seeds 5] [--epochs 45] [--threads 2] [--out DIR]
+    python benchmarks/ensemble_benchmark.py [--seeds 5] [--epochs 45] [--threads 2] [--repeats 3] [--out DIR]
     python benchmarks/ensemble_benchmark.py --ceiling [--threads 2] [--out DIR]
 
-The demo's architecture (`--preset cpu`, stability/config.py PRESETS). Prints and writes ``DIR/ensemble.json``:
-wall seconds of both (whole runs, and the training epochs alone), their ratio, each member's first-epoch loss
-against its solo run's (relative difference), and its final val / hard accuracy (last iteration) against the solo
-run's (points).
+The demo's architecture (`--preset cpu`, stability/config.py PRESETS). Three variants, ``--repeats`` times, their
+order rotated each time: the K solo runs in sequence (``--threads`` threads), the one-process ensemble (``--threads``
+threads) and the ensemble split across ``--processes`` processes (``stability train --processes``; ``--threads`` //
+processes threads each). Prints and writes ``DIR/ensemble.json``: wall seconds of each (whole runs: training and
+evaluations; min, median, all) and of its training epochs alone, the ratios solo / variant, the load average
+before and after each repetition, and for the last repetition each member's first-epoch loss against its solo
+run's (relative difference) and its final val / hard accuracy (last iteration) against the solo run's (points).
 
 ``--ceiling``: what batching can buy at all at this size, per batch of the progressive loss at a fixed depth
 (n, k) = (4, 4), forward and backward (the median of ``--reps`` timings, writes ``DIR/ensemble-ceiling.json``): one
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -27,42 +31,65 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from stability import threads  # noqa: E402 (torch-free; after the path line above)
+
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--epochs", type=int, default=None, help="default: the preset's (45)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--processes", type=int, default=None,
+                   help="the split ensemble's processes, each with threads // processes threads (default: --threads)")
+    p.add_argument("--repeats", type=int, default=1, help="repetitions of the three variants (min and median kept)")
     p.add_argument("--out", default="benchmarks/out")
     p.add_argument("--ceiling", action="store_true", help="per-batch timings: what batching can buy at this size")
     p.add_argument("--reps", type=int, default=15, help="--ceiling: timings per variant (the median is kept)")
     args = p.parse_args(argv)
+    threads.apply()  # OMP_WAIT_POLICY=PASSIVE before torch loads, as the command line does (stability/threads.py)
 
     import torch
 
     torch.set_num_threads(args.threads)
     if args.ceiling:
         return ceiling(args)
-    from stability.commands.train import config_from_args
+    return compare(args)
+
+
+def _variants(config, seeds, tmp: Path, processes: int, rep: int) -> dict:
+    """One repetition: wall seconds and results of the solo runs in sequence, the one-process ensemble and the
+    split one, in an order rotated by ``rep`` (so no variant always runs first on a drifting machine)."""
     from stability.train.ensemble import train_ensemble
     from stability.train.loop import train
 
-    config = config_from_args(argparse.Namespace(preset="cpu", config=None))
-    if args.epochs is not None:
-        config = config.replace(train=config.train.replace(epochs=args.epochs))
-    seeds = list(range(args.seeds))
-    with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
-        solo = [train(config.replace(train=config.train.replace(seed=s)), Path(tmp) / f"solo{s}.pt", progress=False)
+    def solo():
+        return [train(config.replace(train=config.train.replace(seed=s)), tmp / f"solo{rep}-{s}.pt", progress=False)
                 for s in seeds]
-        solo_s = time.perf_counter() - t0
+
+    runs = {"solo": solo,
+            "ensemble": lambda: train_ensemble(config, tmp / f"ens{rep}", seeds, progress=False),
+            "split": lambda: train_ensemble(config, tmp / f"split{rep}", seeds, progress=False, processes=processes)}
+    order = list(runs)[rep % 3:] + list(runs)[:rep % 3]
+    out = {}
+    for name in order:
         t0 = time.perf_counter()
-        ens = train_ensemble(config, Path(tmp) / "ens", seeds, progress=False)
-        ens_s = time.perf_counter() - t0
-    solo_train = sum(h["seconds"] for r in solo for h in r.history)
-    ens_train = sum(h["seconds"] for h in ens[0].history)
+        results = runs[name]()
+        out[name] = (time.perf_counter() - t0, results)
+    return out
+
+
+def _epoch_seconds(name: str, results) -> float:
+    """The seconds of the training epochs alone (the histories' ``seconds``: no start-up, data, evaluations): the
+    solo runs' sum, one member's for the one-process ensemble, the slowest member's for the split one (its
+    processes run side by side; the members of one process share its epochs' seconds)."""
+    per_member = [sum(h["seconds"] for h in r.history) for r in results]
+    return {"solo": sum, "ensemble": lambda v: v[0], "split": max}[name](per_member)
+
+
+def _agreement(seeds, results, solo) -> list[dict]:
+    """Each member against its solo run: first-epoch loss (relative), final val / hard accuracy (points)."""
     members = []
-    for s, a, b in zip(seeds, ens, solo):
+    for s, a, b in zip(seeds, results, solo):
         members.append({
             "seed": s,
             "first_epoch_loss": [a.history[0]["loss"], b.history[0]["loss"]],
@@ -74,21 +101,56 @@ def main(argv=None) -> int:
             **{f"{split}_points": 100 * (a.final[split]["accuracy"][-1] - b.final[split]["accuracy"][-1])
                for split in ("val", "hard")},
         })
-    result = {"seeds": args.seeds, "epochs": config.train.epochs, "threads": args.threads,
-              "torch": torch.__version__, "solo_wall_s": solo_s, "ensemble_wall_s": ens_s,
-              "speedup_wall": solo_s / ens_s, "solo_train_s": solo_train, "ensemble_train_s": ens_train,
-              "speedup_train": solo_train / ens_train, "members": members}
+    return members
+
+
+def compare(args) -> int:
+    """The solo runs in sequence, the one-process ensemble and the split ensemble, ``--repeats`` times."""
+    import torch
+
+    from stability.commands.train import config_from_args
+
+    config = config_from_args(argparse.Namespace(preset="cpu", config=None))
+    if args.epochs is not None:
+        config = config.replace(train=config.train.replace(epochs=args.epochs))
+    seeds = list(range(args.seeds))
+    processes = args.processes or min(args.threads, args.seeds)
+    walls: dict = {"solo": [], "ensemble": [], "split": []}
+    epochs_s: dict = {"solo": [], "ensemble": [], "split": []}
+    load = [os.getloadavg()]
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(args.repeats):
+            got = _variants(config, seeds, Path(tmp), processes, rep)
+            for name, (seconds, res) in got.items():
+                walls[name].append(seconds)
+                epochs_s[name].append(_epoch_seconds(name, res))
+            load.append(os.getloadavg())
+            print(f"repeat {rep + 1}: " + ", ".join(f"{n} {walls[n][-1]:.1f} s" for n in walls)
+                  + f" (load {load[-1][0]:.1f})", flush=True)
+    stats = {n: {"min_s": min(v), "median_s": statistics.median(v), "all_s": v} for n, v in walls.items()}
+    ratios = {f"solo/{n}": {k: stats["solo"][k] / stats[n][k] for k in ("min_s", "median_s")}
+              for n in ("ensemble", "split")}
+    train = {n: {"min_s": min(v), "median_s": statistics.median(v), "all_s": v} for n, v in epochs_s.items()}
+    train_ratios = {f"solo/{n}": {k: train["solo"][k] / train[n][k] for k in ("min_s", "median_s")}
+                    for n in ("ensemble", "split")}
+    result = {"seeds": args.seeds, "epochs": config.train.epochs, "threads": args.threads, "processes": processes,
+              "repeats": args.repeats, "torch": torch.__version__, "cpus": os.cpu_count(), "loadavg": load,
+              "wall": stats, "ratios": ratios, "training_epochs": train, "training_epochs_ratios": train_ratios,
+              "ensemble_members": _agreement(seeds, got["ensemble"][1], got["solo"][1]),
+              "split_members": _agreement(seeds, got["split"][1], got["solo"][1])}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "ensemble.json").write_text(json.dumps(result, indent=1) + "\n")
-    print(f"{args.seeds} solo runs: {solo_s:.1f} s (training epochs {solo_train:.1f} s); ensemble: {ens_s:.1f} s "
-          f"(training epochs {ens_train:.1f} s); speed-up {solo_s / ens_s:.2f}x whole, {solo_train / ens_train:.2f}x "
-          "training")
-    for m in members:
-        print(f"seed {m['seed']}: first-epoch loss rel diff {m['first_epoch_rel_diff']:.1e} (all epochs max "
-              f"{m['max_rel_loss_diff_all_epochs']:.1e}); val {m['val_accuracy'][0]:.3f} vs "
-              f"{m['val_accuracy'][1]:.3f}, "
-              f"hard {m['hard_accuracy'][0]:.3f} vs {m['hard_accuracy'][1]:.3f}")
+    for n in ("ensemble", "split"):
+        r = ratios[f"solo/{n}"]
+        print(f"{n}: {stats[n]['min_s']:.1f} s min, {stats[n]['median_s']:.1f} s median; {args.seeds} solo runs "
+              f"{stats['solo']['min_s']:.1f} / {stats['solo']['median_s']:.1f} s; ratio {r['min_s']:.2f}x (min), "
+              f"{r['median_s']:.2f}x (median); training epochs alone {train_ratios[f'solo/{n}']['min_s']:.2f}x (min), "
+              f"{train_ratios[f'solo/{n}']['median_s']:.2f}x (median)")
+        for m in result[f"{n}_members"]:
+            print(f"  seed {m['seed']}: first-epoch loss rel diff {m['first_epoch_rel_diff']:.1e} (all epochs max "
+                  f"{m['max_rel_loss_diff_all_epochs']:.1e}); val {m['val_points']:+.2f}, hard {m['hard_points']:+.2f} "
+                  "points vs solo")
     return 0
 
 

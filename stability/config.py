@@ -450,6 +450,19 @@ class TrainConfig(_Config):
         return self
 
 
+class EnsembleOptions(_Config):
+    """How ``stability train --seeds`` runs its members (issue 37); not a run's option, so never in a checkpoint's
+    config. ``processes``: the members split across this many processes, each training its share in one batched
+    step with one thread on the CPU (``None``, the flag's ``auto``: min(cores, members) on the CPU, 1 on CUDA)."""
+
+    #: the fields with a flag of ``stability train``
+    FLAGS: typing.ClassVar[tuple[str, ...]] = ("processes",)
+
+    processes: Optional[int] = _f(1, "with --seeds: split the members across N processes, one thread each on the "
+                                  "CPU (auto: one per core, up to the members; 1 on CUDA)", metavar="N|auto", ge=1,
+                                  le=MAX_WORKERS)
+
+
 class RunConfig(_Config):
     """Everything a checkpoint needs to rebuild its run: model, task, training."""
 

@@ -72,6 +72,12 @@ def device_name(text: str) -> str:
     return text
 
 
+def auto_or_positive_int(text: str):
+    """argparse type: ``auto`` (kept as the string; the command decides) or a positive integer."""
+    return "auto" if text.strip().lower() == "auto" else _number(int, text, lambda v: v >= 1,
+                                                                 "auto or a positive integer")
+
+
 # ---- flags of the schema ------------------------------------------------------------------------------------------
 
 def or_none(kind):

@@ -300,6 +300,8 @@ def _execute(args: argparse.Namespace, grid, todo: list, jobs: list, results: Pa
 
     report = _reporter(args, todo)
     if args.executor == "local":
+        if not args.gpus:  # fewer groups than CPU workers: groups are shared out so that none sits idle
+            jobs = groups.fill_workers(jobs, args.workers or 1)
         return executors.run_local([[c.id for c in job] for job in jobs], results, workers=args.workers or 1,
                                    gpus=args.gpus, report=report, progress=None if args.quiet else _progress)
     return executors.run_submitit(jobs, results, cluster=args.cluster, gpus=args.gpus, name=f"stability-{grid.name}",

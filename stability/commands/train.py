@@ -6,9 +6,9 @@ import argparse
 import typing
 
 from stability.atomic import check_writable
-from stability.commands._types import check_maxima, schema_argument
-from stability.config import (METHOD_CLASSES, METHODS, OPTION_METHOD, PRESETS, SECTIONS, RunConfig, dotted,
-                              field_extra, preset, read_toml, to_dict)
+from stability.commands._types import auto_or_positive_int, check_maxima, schema_argument
+from stability.config import (METHOD_CLASSES, METHODS, OPTION_METHOD, PRESETS, SECTIONS, EnsembleOptions, RunConfig,
+                              dotted, field_extra, preset, read_toml, to_dict)
 from stability.errors import ConfigError, DivergenceError
 from stability.tasks import make_task
 from stability.train.report import accuracy_table
@@ -93,6 +93,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--out is then a directory of member checkpoints s{seed}.pt (docs/training.md, \"Ensembles\")")
     p.add_argument("--lrs", metavar="RATES",
                    help="with --seeds: also one member per learning rate (1e-3,2.5e-3), files lr{rate}-s{seed}.pt")
+    for name in EnsembleOptions.FLAGS:  # derived from the schema, as the run's flags
+        args, kw = schema_argument(name, name, EnsembleOptions.model_fields[name], dest=name)
+        kw.update(type=auto_or_positive_int)
+        p.add_argument(*args, **kw)
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out if it exists (its stored options; with a larger --epochs: "
                         "extend a finished run)")
@@ -185,6 +189,8 @@ def run(args: argparse.Namespace) -> int:
     check_float32(config)
     if getattr(args, "seeds", None) is not None or getattr(args, "lrs", None) is not None:
         return _run_ensemble(args, config)
+    if getattr(args, "processes", None) is not None:
+        raise ConfigError("--processes needs --seeds (it splits an ensemble's members across processes)")
     out = check_writable(args.out, "file", "--out")
     tensorboard = check_writable(args.tensorboard, "dir", "--tensorboard") if args.tensorboard else None
     if tensorboard is not None:
@@ -222,6 +228,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _processes(args: argparse.Namespace, config, members: int) -> int:
+    """``--processes`` (:class:`stability.config.EnsembleOptions`): the number of processes, ``auto`` resolved."""
+    from stability.train.split import resolve_processes  # lazy: torch, as in the callers
+
+    given = getattr(args, "processes", None)
+    options = EnsembleOptions() if given is None else EnsembleOptions(processes=None if given == "auto" else given)
+    return resolve_processes(options.processes, members, config)
+
+
 def _run_ensemble(args: argparse.Namespace, config) -> int:
     """``stability train --seeds ... [--lrs ...] --out DIR``: the ensemble (stability/train/ensemble.py)."""
     # lazy: torch; `stability --help` imports this module without it
@@ -235,6 +250,7 @@ def _run_ensemble(args: argparse.Namespace, config) -> int:
         raise ConfigError("--tensorboard with --seeds: not for ensembles; leave it out")
     seeds = ensemble.parse_seeds(args.seeds)
     lrs = ensemble.parse_lrs(args.lrs) if args.lrs is not None else None
+    processes = _processes(args, config, len(seeds) * len(lrs or [None]))
     if lrs:
         check_float32(config.replace(train=config.train.replace(lr=max(lrs))))
     ensemble.check_ensemble(config)
@@ -256,7 +272,8 @@ def _run_ensemble(args: argparse.Namespace, config) -> int:
     if warning:
         print(f"stability train: warning: {warning}", file=sys.stderr, flush=True)
     try:
-        results = ensemble.train_ensemble(config, out, seeds, lrs, resume=args.resume, progress=not args.quiet)
+        results = ensemble.train_ensemble(config, out, seeds, lrs, resume=args.resume, progress=not args.quiet,
+                                          processes=processes)
     except DivergenceError as exc:
         print(f"stability train: diverged: {exc}", file=sys.stderr, flush=True)
         return EXIT_DIVERGED

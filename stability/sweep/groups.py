@@ -78,6 +78,23 @@ def plan(cells: list, todo: list, mode: str) -> Plan:
     return out
 
 
+def fill_workers(jobs: list, slots: int) -> list:
+    """``jobs`` with ensemble jobs split so that no worker of ``slots`` sits idle while a group could be shared:
+    while there are fewer jobs than slots, the largest job of two or more members is cut into two contiguous
+    halves, the larger first, in its place. Each half is trained as a group is (a member's numbers do not depend
+    on which members share its batched step: stability/train/split.py); its members keep the whole group's
+    ``ensemble`` note. Solo jobs are never cut."""
+    jobs = [list(job) for job in jobs]
+    while len(jobs) < slots:
+        big = max(range(len(jobs)), key=lambda i: len(jobs[i]), default=None)
+        if big is None or len(jobs[big]) < 2:
+            break
+        job = jobs.pop(big)
+        half = -(-len(job) // 2)
+        jobs[big:big] = [job[:half], job[half:]]
+    return jobs
+
+
 def describe(p: Plan, *, every_group: bool, limit: int = 6) -> list[str]:
     """The lines the sweep prints about ``p``: how many groups and solo cells, each solo reason with its cells,
     and with ``every_group`` (a dry run) each group's members."""

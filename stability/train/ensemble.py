@@ -42,7 +42,7 @@ from stability.atomic import check_writable
 from stability.config import RunConfig, short_number
 from stability.errors import ConfigError, DivergenceError
 from stability.protocols import is_looped
-from stability.train import loop
+from stability.train import loop, split
 from stability.train.batchable import solo_reason
 from stability.train.loop import TrainResult, _Run, evaluate, lr_factor
 from stability.train.monitor import StabilityMonitor
@@ -272,11 +272,12 @@ def check_outputs(out_dir: Path | str, names: Sequence[str]) -> Path:
 
 
 def train_ensemble(config: RunConfig, out_dir: Path | str, seeds: Sequence[int], lrs: Optional[Sequence[float]] = None,
-                   *, resume: bool = False, progress: bool = True) -> list[TrainResult]:
+                   *, resume: bool = False, progress: bool = True, processes: int = 1) -> list[TrainResult]:
     """Train the ensemble's members (:func:`members`) into ``out_dir`` in one batched step; one ordinary checkpoint
     per member, written after every epoch. ``resume`` continues each member from its checkpoint (as a solo
-    ``--resume`` does; a larger ``config.train.epochs`` extends them). Holds :func:`stability.train.loop.run_lock`
-    on ``out_dir`` throughout."""
+    ``--resume`` does; a larger ``config.train.epochs`` extends them). ``processes`` > 1: the members split across
+    that many processes, each one batched step (:mod:`stability.train.split`). Holds
+    :func:`stability.train.loop.run_lock` on ``out_dir`` throughout."""
     check_ensemble(config)
     plan = members(config, seeds, lrs)
     out_dir = check_outputs(out_dir, [name for name, _ in plan])
@@ -285,10 +286,15 @@ def train_ensemble(config: RunConfig, out_dir: Path | str, seeds: Sequence[int],
               "lrs": [float(r) for r in lrs] if lrs else None, "batched": True} for i in range(len(plan))]
     with loop.sigterm_unwinds(), loop.run_lock(out_dir):
         out_dir.mkdir(parents=True, exist_ok=True)
+        paths = [(out_dir / name, c) for name, c in plan]
+        if processes > 1:
+            if progress:
+                split.log_line(names, processes, out_dir)
+            return split.train_split(train_members, paths, notes, processes, resume=resume, progress=progress)
         if progress:
             print(f"ensemble: {len(plan)} members ({', '.join(names)}) in {out_dir}, one batched step",
                   file=sys.stderr, flush=True)
-        return train_members([(out_dir / name, c) for name, c in plan], notes, resume=resume, progress=progress)
+        return train_members(paths, notes, resume=resume, progress=progress)
 
 
 def train_members(plan: Sequence[tuple[Path, RunConfig]], notes: Sequence[dict], *, resume: bool,

@@ -2,6 +2,7 @@
 record against the ensemble checkpoint it came from and against solo runs of the same cells, locks, divergence,
 reproducible mode, and the solo fallback."""
 
+import argparse
 import json
 import os
 import signal
@@ -13,10 +14,11 @@ import pytest
 import torch
 
 from stability import checkpoint as ckpt
+from stability.commands import sweep as sweep_cmd
 from stability.config import RunConfig, SweepSummary, from_dict
 from stability.errors import ConfigError
 from stability.sweep import grid as gridlib
-from stability.sweep import groups
+from stability.sweep import executors, groups
 from stability.sweep.executors import write_cell_files
 from stability.sweep.runner import cell_file, cell_lock, checkpoint_path, final_metrics, record_path
 from stability.train.batchable import solo_reason
@@ -59,6 +61,30 @@ def test_groups_are_the_cells_that_differ_only_in_seed_rate_and_data_seed(tmp_pa
     assert [[c.id for c in job] for job in off.jobs] == [[c.id] for c in cells]
     write_cell_files(cells, tmp_path / "r", SweepSummary(), "g", {c.id: off.note(c) for c in cells})
     assert all("ensemble" not in json.loads(cell_file(tmp_path / "r", c.id).read_text()) for c in cells)
+
+
+@pytest.mark.parametrize("sizes, slots, expected", [
+    ([5], 2, [3, 2]), ([5], 4, [1, 1, 1, 2]), ([4, 1], 2, [4, 1]), ([4, 1], 3, [2, 2, 1]), ([1, 1], 4, [1, 1]),
+    ([2, 2], 1, [2, 2]),
+])
+def test_fewer_jobs_than_workers_split_the_largest_group_in_contiguous_halves(sizes, slots, expected):
+    cells = iter(range(sum(sizes)))
+    jobs = [[next(cells) for _ in range(n)] for n in sizes]
+    out = groups.fill_workers(jobs, slots)
+    assert [len(job) for job in out] == expected
+    assert [c for job in out for c in job] == list(range(sum(sizes)))  # every member once, in order
+
+
+def test_the_local_sweep_hands_its_workers_the_split_jobs(tmp_path, monkeypatch):
+    """``_execute`` passes :func:`~stability.sweep.groups.fill_workers`' jobs to the pool on CPU workers, the
+    plan's jobs with GPUs."""
+    seen = []
+    monkeypatch.setattr(executors, "run_local", lambda jobs, *a, **kw: seen.append(jobs) or [])
+    cells = gridlib.load(write_grid(tmp_path / "g.toml", fixed=tiny_fixed(), axes={"train": {"seed": [0, 1, 2]}})).cells
+    for workers, gpus, expected in ((2, 0, [2, 1]), (1, 0, [3]), (None, 2, [3])):
+        args = argparse.Namespace(executor="local", workers=workers, gpus=gpus, quiet=True)
+        sweep_cmd._execute(args, None, cells, [cells], tmp_path)
+        assert [len(job) for job in seen[-1]] == expected
 
 
 def test_cells_the_batched_step_does_not_cover_stay_solo_with_their_reason(tmp_path):
@@ -221,11 +247,14 @@ def test_a_member_another_process_holds_is_busy_and_a_diverging_member_is_a_resu
 
 
 @pytest.mark.slow
-def test_a_reproducible_ensemble_sweep_writes_the_same_records_twice(tmp_path):
+def test_a_reproducible_ensemble_sweep_writes_the_same_records_twice_the_second_split_over_two_workers(tmp_path):
+    """The second sweep has ``--workers 2``: its one group of two is shared out, a member a worker
+    (:func:`stability.sweep.groups.fill_workers`), and still writes bitwise the first's records and weights."""
     grid = write_grid(tmp_path / "g.toml", fixed=tiny_fixed(model__norm="pre", train__epochs=2),
                       axes={"train": {"seed": [0, 1]}}, extra="[summary]\nreproducible = true\n")
-    for name in ("a", "b"):
-        cli("sweep", grid, "--results", tmp_path / name, "--summary", "monitor", "--ensemble", "auto")
+    for name, workers in (("a", "1"), ("b", "2")):
+        cli("sweep", grid, "--results", tmp_path / name, "--summary", "monitor", "--ensemble", "auto",
+            "--workers", workers)
     same = ("config", "status", "final", "loss_last", "monitor", "curves", "stability", "ensemble", "options")
     for path in sorted((tmp_path / "a" / "records").glob("*.json")):
         a, b = (json.loads((tmp_path / d / "records" / path.name).read_text()) for d in ("a", "b"))

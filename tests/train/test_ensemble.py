@@ -101,8 +101,11 @@ def test_a_reproducible_ensemble_gives_the_same_bits_twice(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_killed_ensemble_resumes_to_the_uninterrupted_result(tmp_path, cli):
-    args = SMALL + ["--epochs", "10", "--train-size", "400", "--train-length", "10", "--seeds", "0-1"]
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_a_killed_ensemble_resumes_to_the_uninterrupted_result(tmp_path, cli, processes):
+    """SIGKILL to the command (with ``--processes 2`` its children die with it: stability/processes.py)."""
+    args = SMALL + ["--epochs", "10", "--train-size", "400", "--train-length", "10", "--seeds", "0-1",
+                    "--processes", processes]
     cli("train", *args, "--out", tmp_path / "whole")
     killed = tmp_path / "killed"
     proc = subprocess.Popen([sys.executable, "-m", "stability", "train", *args, "--out", str(killed)],
