@@ -32,7 +32,7 @@ import torch
 from stability import hardware
 from stability.analysis.pool import child_thread_env, limit_threads
 from stability.config import RunConfig, resolve_device
-from stability.errors import ConfigError, DivergenceError, StabilityError, first_line
+from stability.errors import ConfigError, DivergenceError, StabilityError, Terminated, first_line
 from stability.processes import die_with_parent
 from stability.train import loop
 from stability.train.loop import TrainResult
@@ -110,6 +110,11 @@ def train_split(trainer, plan: Sequence[tuple[Path, RunConfig]], notes: Sequence
                 proc.start()
                 procs.append(proc)
         outcomes = _collect(procs, queue, [[plan[i][0].name for i in idx] for idx in split])
+    except Terminated:  # SIGTERM to the parent: passed on at once (Ctrl-C reached the children itself)
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+        raise
     finally:
         for proc in procs:  # SIGTERM: a child still training unwinds, its last finished epoch's checkpoints kept
             if proc.is_alive():

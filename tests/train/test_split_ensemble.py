@@ -112,7 +112,8 @@ def test_a_split_ensemble_stopped_keeps_its_checkpoints_and_resumes_to_the_unint
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == status, err
     assert not (tmp_path / ".stopped.lock").exists() and not [p for p in out.iterdir() if p.name.endswith(".tmp")]
-    assert all(1 <= torch.load(out / n, weights_only=True)["epoch"] < 10 for n in ("s0.pt", "s1.pt"))
+    epochs = [torch.load(out / n, weights_only=True)["epoch"] for n in ("s0.pt", "s1.pt")]
+    assert all(1 <= e < 10 for e in epochs), (epochs, err)
     cli("train", *args, "--out", out, "--resume")
     for name in ("s0.pt", "s1.pt"):
         a = torch.load(tmp_path / "whole" / name, weights_only=True)
