@@ -2,7 +2,6 @@
 whose fixed points are known in closed form (numpy) or by an independent scalar computation (bisection), through
 the LoopedModel contract."""
 
-import math
 
 import numpy as np
 import pytest
@@ -13,7 +12,9 @@ import stability
 from stability.analysis.options import ANALYZE_STAGES, DEFAULT_STAGES, AnalysisOptions
 from stability.analysis.path_independence import derangement
 from stability.sweep.record import SplitSummary
-from tests.analysis.test_repelling import LinearMap  # x_{t+1} = A x_t + x0: x* = (I − A)⁻¹ x0 attracts when ρ(A) < 1
+# LinearMap: x_{t+1} = A x_t + x0, x* = (I − A)⁻¹ x0 attracts when ρ(A) < 1; scalar_roots: the two-basin map's
+# three roots by bisection (offset 0.1 = C)
+from tests.analysis.test_repelling import LinearMap, scalar_roots
 
 C = 0.1  # the offset of the two-basin map
 
@@ -33,19 +34,6 @@ class TwoBasins(nn.Module):
 
     def readout(self, x):
         return torch.cat([x, -x], -1)
-
-
-def scalar_roots(c=C):
-    """The three roots x⁻ < r < x⁺ of tanh(2x + c) = x by bisection (the independent reference)."""
-    g = lambda x: math.tanh(2 * x + c) - x  # noqa: E731
-
-    def bisect(lo, hi):
-        for _ in range(200):
-            mid = 0.5 * (lo + hi)
-            lo, hi = (mid, hi) if g(lo) * g(mid) > 0 else (lo, mid)
-        return 0.5 * (lo + hi)
-
-    return bisect(-2.0, -0.5), bisect(-0.5, 0.0), bisect(0.5, 2.0)
 
 
 def _cos(a, b):
