@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     own.add_argument("--weights", metavar="FILE", help="a state dict to load into the model (torch.save)")
     own.add_argument("--inputs", metavar="FILE.pt", help="a tensor of inputs (B, ...) saved with torch.save; for a "
                      "language model: token ids (B, T), or a dict with input_ids, attention_mask, position_ids, "
-                     "labels")
+                     "token_type_ids, labels")
     own.add_argument("--targets", metavar="FILE.pt",
                      help="class indices (B, *positions) for the accuracy (argmax of readout, per position and "
                           "whole answer)")

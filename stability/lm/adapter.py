@@ -31,7 +31,8 @@ from typing import Optional
 
 import torch
 
-from stability.lm.inputs import CONTEXT_CHANNELS, LMInputs, split_context, unpack, with_context
+from stability.lm.inputs import CONTEXT_CHANNELS, LMInputs, split_block, split_context, unpack, with_context
+from stability.errors import StabilityError
 from stability.lm.precision import float64_mode, model_dtype
 
 READOUT_CONTEXTS = ("none", "context", "all")
@@ -55,6 +56,8 @@ class LMAdapter(torch.nn.Module):
     readout_context = "none"
     carry_channels: int = 0
     model_steps: int = 1
+    #: the model has a bidirectional block (a PrefixLM's ``token_type_ids``): ``loop`` takes ``block=`` (B, T)
+    prefix_lm = False
 
     # ---- what a subclass defines -------------------------------------------------------------------------------
 
@@ -87,9 +90,12 @@ class LMAdapter(torch.nn.Module):
 
     def embed(self, inputs: torch.Tensor) -> torch.Tensor:
         lm = unpack(inputs.to(self._device()))
+        if not self.prefix_lm and bool(lm.block.any()):
+            raise StabilityError(f"{type(self).__name__}: this model has no bidirectional block; its inputs take no "
+                                 "token_type_ids")
         with self.precision():
             h = self.injection(lm)
-        return with_context(h, lm.mask, lm.positions)
+        return with_context(h, lm.mask, lm.positions, lm.block)
 
     def initial_state(self, x0: torch.Tensor, generator: Optional[torch.Generator] = None) -> torch.Tensor:
         h, mask, pos = split_context(x0)
@@ -99,8 +105,9 @@ class LMAdapter(torch.nn.Module):
 
     def step(self, x: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
         h, mask, pos = split_context(x0)
+        kw = {"block": split_block(x0)} if self.prefix_lm else {}
         with self.precision():
-            carry = self.loop(x[..., :self.carry_channels], h, mask, pos)
+            carry = self.loop(x[..., :self.carry_channels], h, mask, pos, **kw)
         return self._state(carry, mask, x0)
 
     def readout(self, x: torch.Tensor) -> torch.Tensor:
@@ -120,6 +127,11 @@ class LMAdapter(torch.nn.Module):
         return torch.cat([carry, tail.detach().to(carry.dtype)], dim=-1)
 
     # ---- conveniences --------------------------------------------------------------------------------------------
+
+    def causal_at(self, x0: torch.Tensor) -> bool:
+        """Whether J* is block lower-triangular in token order for the batch x0: a causal model whose inputs have
+        no bidirectional block (within a PrefixLM's block every token reads every other)."""
+        return bool(self.causal) and not bool(split_block(x0).any())
 
     def token_mask(self, x0: torch.Tensor) -> torch.Tensor:
         """(B, T) bool: the real (not pad) tokens of a batch, read from x0."""

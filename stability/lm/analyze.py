@@ -121,13 +121,13 @@ def as_adapter(source, dtype: torch.dtype = torch.float64):
     return analysis_model(source, dtype), desc
 
 
-def lm_inputs(inputs, attention_mask=None, position_ids=None, targets=None):
+def lm_inputs(inputs, attention_mask=None, position_ids=None, targets=None, token_type_ids=None):
     """(packed inputs (B, 3, T), targets (B, T)) from ids (B, T) or packed inputs; the targets default to the next
     tokens (:func:`~stability.lm.scoring.next_token_targets`); pad positions are never scored."""
     if not isinstance(inputs, torch.Tensor):
         raise StabilityError("a language model is analysed on token ids: analyze_lm(model, ids (B, T), "
                              "attention_mask) or stability.analyze(model, stability.lm.pack(ids, attention_mask))")
-    packed = pack(inputs, attention_mask, position_ids) if inputs.dim() == 2 else inputs
+    packed = pack(inputs, attention_mask, position_ids, token_type_ids) if inputs.dim() == 2 else inputs
     lm = unpack(packed)
     if targets is None:
         targets = next_token_targets(lm.ids, lm.mask)
@@ -150,15 +150,15 @@ def _options(options, N: int, precision: str):
 
 def analyze_lm(source, inputs: torch.Tensor, attention_mask: Optional[torch.Tensor] = None, *,
                position_ids: Optional[torch.Tensor] = None, targets: Optional[torch.Tensor] = None,
-               options=None, precision: str = "float64", lm_stages=LM_STAGES, exit_passes: Optional[int] = None,
+               token_type_ids: Optional[torch.Tensor] = None, options=None, precision: str = "float64", lm_stages=LM_STAGES, exit_passes: Optional[int] = None,
                parameter_groups: Optional[dict] = None, log: Optional[Callable] = None) -> LMAnalysis:
     """The analysis of a looped language model on token ids (module docstring). ``inputs``: ids (B, T) (with
-    ``attention_mask``, ``position_ids``) or packed inputs (B, 3, T); ``targets``: (B, T) aligned with the logits,
+    ``attention_mask``, ``position_ids``, ``token_type_ids`` for a PrefixLM) or packed inputs (B, 3, T); ``targets``: (B, T) aligned with the logits,
     −100 unscored; ``options``: :class:`~stability.config.AnalysisOptions` (default: every sample, the default
     stages); ``exit_passes``: the passes of the exit audit (default the larger of 4 × the model's depth and 32,
     at most ``options.max_iter``); ``parameter_groups``: the geometry stage's groups, label → parameter-name
     prefixes (default: by module type, :meth:`~stability.lm.LMAdapter.parameter_groups`)."""
-    packed, targets = lm_inputs(inputs, attention_mask, position_ids, targets)
+    packed, targets = lm_inputs(inputs, attention_mask, position_ids, targets, token_type_ids)
     options = _options(options, int(packed.shape[0]), precision)
     model, desc = as_adapter(source, torch.float32 if precision == "float32" else torch.float64)
     model = model.to(options.device)
@@ -211,7 +211,7 @@ def lm_numbers(model, x0: torch.Tensor, x_star: torch.Tensor, targets: torch.Ten
                lm_stages=LM_STAGES, exit_passes: Optional[int] = None, log: Optional[Callable] = None) -> dict:
     """The ``lm`` block: every LM number of ``lm_stages`` for the float64 ``model`` at x0 and x*."""
     say = log or (lambda msg: None)
-    out: dict = {"model_steps": int(getattr(model, "model_steps", 0)), "causal": bool(getattr(model, "causal", False))}
+    out: dict = {"model_steps": int(getattr(model, "model_steps", 0)), "causal": tokens.is_causal(model, x0)}
     with differentiable_attention(), torch.no_grad():
         e = model.initial_state(x0, generator=torch.Generator(device=x0.device).manual_seed(options.seed))
         if "tokens" in lm_stages:

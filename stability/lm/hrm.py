@@ -18,8 +18,10 @@ context (lm_head per token).
 
 The model runs with eager attention (pure torch operations: torch.func transforms them, and under
 :func:`~stability.lm.precision.float64_mode` its float32 softmax becomes float64); the masks are the adapter's own
-(:func:`~stability.lm.inputs.attention_bias`). ``token_type_ids`` (the PrefixLM bidirectional block) are not
-passed: the adapter is the causal model, as ``model(input_ids)`` without them.
+(:func:`~stability.lm.inputs.attention_bias`). With ``config.prefix_lm`` (the default) the inputs may carry
+``token_type_ids`` (``pack(ids, mask, token_type_ids=...)``): the tokens marked 1 form one bidirectional block, as
+``model(input_ids, token_type_ids=...)`` computes; J* is then not block-triangular inside that block, and the
+per-token ρ, which needs a causal map, is not taken for such a batch.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class HrmTextAdapter(LMAdapter):
         self.carry_channels = 2 * self.d
         self.model_steps = int(cfg.H_cycles)
         self.L_cycles = int(cfg.L_cycles)
+        self.prefix_lm = bool(getattr(cfg, "prefix_lm", False))
 
     @property
     def body(self):
@@ -59,14 +62,14 @@ class HrmTextAdapter(LMAdapter):
         z_L = self.body.z_L_init.to(dtype=h.dtype, device=h.device).expand_as(h)
         return torch.cat([h, z_L], dim=-1)
 
-    def _stack_args(self, like: torch.Tensor, mask, pos) -> dict:
+    def _stack_args(self, like: torch.Tensor, mask, pos, block=None) -> dict:
         cos_sin = self.body.rotary_emb(like, pos)
-        return {"attention_mask": attention_bias(mask, like.dtype), "position_embeddings": cos_sin,
+        return {"attention_mask": attention_bias(mask, like.dtype, block=block), "position_embeddings": cos_sin,
                 "position_ids": pos}
 
-    def loop(self, carry, h, mask, pos) -> torch.Tensor:
+    def loop(self, carry, h, mask, pos, block=None) -> torch.Tensor:
         z_H, z_L = carry[..., :self.d], carry[..., self.d:]
-        kw = self._stack_args(z_H, mask, pos)
+        kw = self._stack_args(z_H, mask, pos, block)
         for _ in range(self.L_cycles):
             z_L = self.body.L_module(z_L + z_H, **kw)
         z_H = self.body.H_module(z_H + z_L, **kw)

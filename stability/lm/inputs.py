@@ -4,9 +4,10 @@ contract without widening it (docs/language-models.md, "Inputs").
 The contract's ``embed(inputs)`` takes one batch-first tensor, so the three LM inputs travel as one:
 
 * ``inputs``: a LongTensor, either ``(B, T)`` token ids (no padding, positions 0..T−1), or ``(B, 3, T)``
-  packed by :func:`pack`: rows ids, attention mask (1 real, 0 pad) and position ids;
+  packed by :func:`pack`: rows ids, attention mask (1 real, 0 pad; 2 a real token of the *bidirectional block*,
+  Hugging Face's ``token_type_ids == 1`` of a PrefixLM) and position ids;
 * ``x0 = embed(inputs)``: ``(B, T, C + 2)``, the model's input injection (C channels per token) followed by two
-  *context channels*: the mask (0 or 1) and the position times :data:`POSITION_SCALE` (2⁻¹⁶, exact in float32 up
+  *context channels*: the mask (0, 1 or 2 as packed) and the position times :data:`POSITION_SCALE` (2⁻¹⁶, exact in float32 up
   to position 2²⁴, and below 1 up to 65,535 so that it is never the largest entry of a state, which normalises
   the solver's residual). ``step(x, x0)`` reads mask and positions back from x0 (:func:`split_context`, detached:
   the context has no derivative), so it stays pure, batch-independent and transformable by torch.func.
@@ -37,11 +38,18 @@ CONTEXT_CHANNELS = 2
 
 @dataclass
 class LMInputs:
-    """Token ids, attention mask (bool, True for real tokens) and position ids, each (B, T)."""
+    """Token ids, attention mask (bool, True for real tokens) and position ids, each (B, T); ``block`` (B, T) bool:
+    the real tokens of the bidirectional block (a PrefixLM's ``token_type_ids == 1``: they attend to each other
+    whatever their order), all False for a causal batch."""
 
     ids: torch.Tensor
     mask: torch.Tensor
     positions: torch.Tensor
+    block: Optional[torch.Tensor] = None
+
+    def __post_init__(self):
+        if self.block is None:
+            self.block = torch.zeros_like(self.mask)
 
     @property
     def padded(self) -> bool:
@@ -55,15 +63,19 @@ def default_positions(mask: torch.Tensor) -> torch.Tensor:
 
 
 def pack(input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-         position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The one tensor ``embed`` takes: (B, 3, T) of ids, mask (0/1) and positions (default
-    :func:`default_positions`). ``input_ids`` (B, T) integer; ``attention_mask`` (B, T) of 0/1 or bool."""
+         position_ids: Optional[torch.Tensor] = None, token_type_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The one tensor ``embed`` takes: (B, 3, T) of ids, mask (0 pad, 1 real, 2 real and in the bidirectional
+    block) and positions (default :func:`default_positions`). ``input_ids`` (B, T) integer; ``attention_mask``
+    (B, T) of 0/1 or bool; ``token_type_ids`` (B, T) of 0/1: Hugging Face's PrefixLM marker (1: the block)."""
     ids = _ids(input_ids)
     mask = torch.ones_like(ids, dtype=torch.bool) if attention_mask is None else _mask(attention_mask, ids)
     pos = default_positions(mask) if position_ids is None else position_ids.to(ids.device).long().expand_as(ids)
     if bool((pos < 0).any()):
         raise StabilityError("position_ids must be ≥ 0")
-    return torch.stack([ids, mask.long(), pos], dim=1)
+    code = mask.long()
+    if token_type_ids is not None:
+        code = code + (_mask(token_type_ids, ids, "token_type_ids", need_real=False) & mask).long()
+    return torch.stack([ids, code, pos], dim=1)
 
 
 def unpack(inputs: torch.Tensor) -> LMInputs:
@@ -76,7 +88,7 @@ def unpack(inputs: torch.Tensor) -> LMInputs:
         mask = torch.ones_like(ids, dtype=torch.bool)
         return LMInputs(ids, mask, torch.arange(ids.shape[1], device=ids.device).expand_as(ids))
     if inputs.dim() == 3 and inputs.shape[1] == 3:
-        return LMInputs(inputs[:, 0].long(), inputs[:, 1] != 0, inputs[:, 2].long())
+        return LMInputs(inputs[:, 0].long(), inputs[:, 1] != 0, inputs[:, 2].long(), inputs[:, 1] == 2)
     raise StabilityError(f"a language model's inputs are (B, T) token ids or (B, 3, T) packed ids, mask and "
                          f"positions; got shape {tuple(inputs.shape)}")
 
@@ -88,20 +100,24 @@ def _ids(t: torch.Tensor) -> torch.Tensor:
     return t.long()
 
 
-def _mask(m: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    if tuple(m.shape) != tuple(ids.shape):
-        raise StabilityError(f"attention_mask {tuple(m.shape)} must have the shape of input_ids {tuple(ids.shape)}")
+def _mask(m: torch.Tensor, ids: torch.Tensor, name: str = "attention_mask", need_real: bool = True) -> torch.Tensor:
+    if not isinstance(m, torch.Tensor) or tuple(m.shape) != tuple(ids.shape):
+        shape = tuple(m.shape) if isinstance(m, torch.Tensor) else type(m).__name__
+        raise StabilityError(f"{name} {shape} must have the shape of input_ids {tuple(ids.shape)}")
     if not bool(((m == 0) | (m == 1)).all()):
-        raise StabilityError("attention_mask must hold 0 (pad) and 1 (real token) only")
+        raise StabilityError(f"{name} must hold 0 and 1 only")
     mask = m.to(ids.device) != 0
-    if not bool(mask.any(dim=1).all()):
+    if need_real and not bool(mask.any(dim=1).all()):
         raise StabilityError("every sequence needs at least one real token (a row of attention_mask is all 0)")
     return mask
 
 
-def with_context(h: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """x0: the injection ``h`` (B, T, C) followed by the context channels (mask, position · 2⁻¹⁶)."""
-    ctx = torch.stack([mask.to(h.dtype), positions.to(h.dtype) * POSITION_SCALE], dim=-1)
+def with_context(h: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
+                 block: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x0: the injection ``h`` (B, T, C) followed by the context channels (mask (+1 in the bidirectional
+    ``block``), position · 2⁻¹⁶)."""
+    code = mask.to(h.dtype) if block is None else mask.to(h.dtype) + (block & mask).to(h.dtype)
+    ctx = torch.stack([code, positions.to(h.dtype) * POSITION_SCALE], dim=-1)
     return torch.cat([h, ctx], dim=-1)
 
 
@@ -114,16 +130,25 @@ def split_context(x0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
     return x0[..., :-CONTEXT_CHANNELS], mask, positions
 
 
+def split_block(x0: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool: the tokens of the bidirectional block, read (detached) from an x0 made by :func:`with_context`."""
+    return x0[..., -CONTEXT_CHANNELS].detach() > 1.5
+
+
 def attention_bias(mask: torch.Tensor, dtype: torch.dtype, *, window: Optional[int] = None,
-                   causal: bool = True) -> torch.Tensor:
+                   causal: bool = True, block: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The additive attention mask (B, 1, T, T): 0 where query q may attend key k, the dtype's lowest value
-    elsewhere. Allowed: k a real token, k ≤ q when ``causal``, q − k < ``window`` when given (Hugging Face's
-    sliding window), and always k = q (a pad query then has one finite logit, and its output is discarded)."""
+    elsewhere. Allowed: k a real token, k ≤ q when ``causal`` or q and k both in the bidirectional ``block`` (B, T)
+    (Hugging Face's PrefixLM mask), q − k < ``window`` when given (Hugging Face's sliding window), and always
+    k = q (a pad query then has one finite logit, and its output is discarded)."""
     T = mask.shape[-1]
     q = torch.arange(T, device=mask.device)
     allowed = mask[:, None, :].expand(mask.shape[0], T, T)
     if causal:
-        allowed = allowed & (q[None, :] <= q[:, None])
+        order = q[None, :] <= q[:, None]
+        if block is not None:
+            order = order | (block[:, :, None] & block[:, None, :])
+        allowed = allowed & order
     if window is not None:
         allowed = allowed & (q[:, None] - q[None, :] < window)
     allowed = allowed | torch.eye(T, dtype=torch.bool, device=mask.device)
@@ -142,7 +167,8 @@ def hf_labels_to_targets(labels: torch.Tensor) -> torch.Tensor:
 
 def load_inputs(path: Path | str) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(packed inputs (B, 3, T), targets or None) from a ``torch.save`` file: a tensor of token ids (B, T), or a
-    dict with ``input_ids`` and optionally ``attention_mask``, ``position_ids`` and either ``labels`` (Hugging
+    dict with ``input_ids`` and optionally ``attention_mask``, ``position_ids``, ``token_type_ids`` (a PrefixLM's
+    bidirectional block) and either ``labels`` (Hugging
     Face's convention: the tokens, −100 where not scored, shifted here by :func:`hf_labels_to_targets`) or
     ``targets`` (aligned with the logits: targets[b, t] is the token position t should predict); a pad position is
     never scored. Read without executing code (``weights_only``)."""
@@ -154,8 +180,9 @@ def load_inputs(path: Path | str) -> tuple[torch.Tensor, Optional[torch.Tensor]]
         return pack(obj), None
     if not isinstance(obj, dict) or "input_ids" not in obj:
         raise StabilityError(f"--inputs {path}: expected token ids (B, T) or a dict with input_ids "
-                             f"(attention_mask, position_ids, labels or targets optional), found {type(obj).__name__}")
-    packed = pack(obj["input_ids"], obj.get("attention_mask"), obj.get("position_ids"))
+                             f"(attention_mask, position_ids, token_type_ids, labels or targets optional), found "
+                             f"{type(obj).__name__}")
+    packed = pack(obj["input_ids"], obj.get("attention_mask"), obj.get("position_ids"), obj.get("token_type_ids"))
     if obj.get("labels") is not None and obj.get("targets") is not None:
         raise StabilityError(f"--inputs {path}: give labels (Hugging Face's, shifted here) or targets (aligned with "
                              "the logits), not both")

@@ -259,6 +259,12 @@ def _token_rho_matrix_free(f, x, x0, D, mask, tol, *, chunk: int = 8, prefix: bo
 
 
 @torch.no_grad()
+def is_causal(model, x0) -> bool:
+    """The model is causal on this batch (:meth:`~stability.lm.LMAdapter.causal_at`; ``causal`` for any other)."""
+    at = getattr(model, "causal_at", None)
+    return bool(at(x0)) if callable(at) else bool(getattr(model, "causal", False))
+
+
 def token_spectra(model, x: torch.Tensor, x0: torch.Tensor, *, method: str = "auto", chunk: int = 64,
                   tol: float = 1e-10, blocks_max: int = 64, positions: int = 8) -> TokenSpectra:
     """Per-token spectral radii at the states x (B, T, C), usually x* (:class:`TokenSpectra`; module docstring).
@@ -281,7 +287,7 @@ def token_spectra(model, x: torch.Tensor, x0: torch.Tensor, *, method: str = "au
         rho = torch.where(mask.to(rho.device), rho, torch.full_like(rho, float("nan")))
     elif method == "krylov":
         rho, acausal = _token_rho_matrix_free(model.step, x, x0, D, mask, tol, chunk=positions,
-                                              prefix=bool(getattr(model, "causal", False)))
+                                              prefix=is_causal(model, x0))
     else:
         raise ValueError(f"method must be auto, blocks or krylov, got {method!r}")
     filled = torch.nan_to_num(rho, nan=-1.0)

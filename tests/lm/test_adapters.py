@@ -117,3 +117,35 @@ def test_an_unknown_architecture_names_the_known_ones():
 
     with pytest.raises(StabilityError, match="no adapter for model_type 'llama'.*hrm_text"):
         adapt(Model())
+
+
+def test_hrm_prefix_lm_block_gives_the_models_logits_with_token_type_ids():
+    """A PrefixLM batch (token_type_ids 1 on a bidirectional prefix, padding too): the adapter's logits are the
+    model's own ``model(ids, attention_mask, token_type_ids)`` at every real token, and differ from the causal ones
+    inside the block (the block is really read)."""
+    model = hrm_model()
+    assert model.config.prefix_lm
+    a = HrmTextAdapter(copy.deepcopy(model))
+    x, m = ids(), padded_mask()
+    tt = torch.zeros_like(x)
+    tt[:, :5] = 1  # sample 0's block starts after its 3 pads; sample 1's ends before its pads
+    pos = (m.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        ref = a.hf(x, attention_mask=m, position_ids=pos, token_type_ids=tt, use_cache=False).logits
+        got = a.unroll(pack(x, m, token_type_ids=tt))
+        causal = a.unroll(pack(x, m))
+    real = m.bool()
+    assert torch.allclose(got[real], ref[real], atol=1e-6, rtol=0)
+    assert (got[real] - causal[real]).abs().max() > 1e-3
+
+
+def test_the_block_makes_the_map_non_causal_and_is_refused_by_a_model_without_one():
+    """x0 carries the block: ``causal_at`` is False for a PrefixLM batch, True without one; Inkling (no
+    bidirectional block) refuses token_type_ids in one line."""
+    a = float64(HrmTextAdapter(hrm_model()))
+    x, tt = ids(2), torch.zeros(2, 8, dtype=torch.long)
+    tt[:, :3] = 1
+    assert a.causal_at(a.embed(pack(x)))
+    assert not a.causal_at(a.embed(pack(x, token_type_ids=tt)))
+    with pytest.raises(StabilityError, match="no bidirectional block"):
+        InklingLoopAdapter(inkling_model()).embed(pack(x, token_type_ids=tt))

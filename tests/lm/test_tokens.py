@@ -184,3 +184,29 @@ def test_a_padded_batch_gives_the_per_token_numbers_of_the_unpadded_sequences_fo
     (tc_p, _), (tc_1, _), (tc_f, _), where = padded_and_alone(m, "right", spectra=False)
     assert torch.allclose(tc_p.residuals[1, where], tc_1.residuals[0], rtol=1e-6, atol=1e-13)
     assert torch.allclose(tc_p.residuals[0], tc_f.residuals[0], rtol=1e-6, atol=1e-13)
+
+
+def test_a_prefix_lm_block_reads_later_tokens_and_its_rho_is_the_dense_one():
+    """HRM-Text with token_type_ids: inside the bidirectional block token t reads t+1 (``acausal`` > 0, found from
+    the products, not assumed), the batch is not causal, and ``analyze_lm`` takes ρ(J*) by stage rho (the whole J*)
+    instead of the per-token maximum: equal to the dense J's ρ."""
+    pytest.importorskip("transformers")
+    from stability.config import AnalysisOptions
+    from stability.lm import HrmTextAdapter, analyze_lm
+    from tests.lm.conftest import hrm_model
+
+    m = float64(HrmTextAdapter(hrm_model()))
+    x, tt = ids(2), torch.zeros(2, T, dtype=torch.long)
+    tt[:, :4] = 1
+    inputs = pack(x, token_type_ids=tt)
+    x0 = m.embed(inputs)
+    xk = m.step(m.step(m.initial_state(x0), x0), x0)
+    spec = token_spectra(m, xk, x0, method="blocks")
+    assert not m.causal_at(x0) and not spec.exact.any() and float(spec.acausal.min()) > 1e-6
+    opts = AnalysisOptions(samples=2, stages=("reachability", "rho"), max_iter=60, iterations=4, tol=1e-9)
+    a = analyze_lm(m, x, token_type_ids=tt, options=opts, lm_stages=("tokens",))
+    assert a["lm"]["causal"] is False and "token_rho" not in a["lm"]
+    split = a.analysis.splits[next(iter(a.analysis.splits))]
+    for b in range(2):
+        got = float(split.results["rho"].spectrum.rho[b])
+        assert got == pytest.approx(dense_rho(m, split.x_star, split.x0, b), abs=1e-7)
