@@ -20,6 +20,12 @@ Per-input values are summarised by their median over the inputs whose x* attract
 cell by cell (the column a = 0 outward from θ*, then every row outward from it), with the ρ = 1 contour and the
 cells whose solve failed marked: the stability region of a trained checkpoint beside Figure 5.
 
+**Memory.** A search holds every row's perturbed parameters (rows × the loop parameters) and its directions; when
+that exceeds ``memory`` (:data:`GEOMETRY_BYTES`: a language model, whose loop is most of the model) the directions
+are searched a chunk at a time, each chunk holding its own rows and directions only (the same draws). Each row's
+search is its own, so a chunk's radii are those of the whole search up to the eigensolver's random starts (the
+bracket's ``accuracy``); the toy models never chunk.
+
 **Reference models** whose stable region is known in closed form (:class:`DiagonalRecall`, :class:`Figure5Model`)
 check the search against exact radii.
 """
@@ -35,8 +41,8 @@ import torch
 
 from stability.analysis.continuation import solve_rows
 from stability.analysis.perturbation import Family, loop_parameters, parameter_groups, random_directions
-from stability.analysis.radii import (ESTIMATE_TOL, GROWTH, KRYLOV, RESTARTS, T_MAX, T_MIN, T_START, rho_estimate,
-                                      search_radii)
+from stability.analysis.radii import (ESTIMATE_TOL, GROWTH, KRYLOV, RESTARTS, T_MAX, T_MIN, T_START, Radii,
+                                      rho_estimate, search_radii)
 from stability.stats import median
 
 
@@ -114,46 +120,134 @@ class Geometry:
                 "plane": self.plane, "note": self.note}
 
 
+#: the bytes of one search's stacked parameter sets (rows × loop parameters) and directions above which the
+#: directions are searched a chunk at a time, each chunk's rows only (a language model's loop: one row's parameters
+#: are the whole loop); below it one search holds every row (the toy models: every committed number)
+GEOMETRY_BYTES = 2 * 2 ** 30
+
+
 def measure(model, inputs: torch.Tensor, x_star: torch.Tensor, x0: torch.Tensor, attracting, rho_at_theta, *,
             samples: list, directions: int = 8, accuracy: float = 0.1, group_directions: int = 1,
             certify: int = 4, plane: int = 0, tol: float = 1e-5, max_iter: int = 500, eig_tol: float = 1e-6,
-            eig_k: int = 3, seed: int = 0, t_max: float = T_MAX, log=None, restart: str = "auto") -> Geometry:
+            eig_k: int = 3, seed: int = 0, t_max: float = T_MAX, log=None, restart: str = "auto",
+            memory: int = GEOMETRY_BYTES) -> Geometry:
     """The geometry stage on the inputs ``samples`` (indices into ``inputs`` / ``x_star`` / ``x0``): radii along
     ``directions`` directions in all loop parameters and ``group_directions`` per parameter group, both signs;
     anisotropy per input; with ``plane`` > 0 the ρ(J*) picture on a plane × plane grid around the first input
     whose x* attracts. ``attracting`` (per sample of the batch: x* converged and ρ(J*) < 1 at θ*) and
-    ``rho_at_theta`` come from the stages before. ``restart``: the eigensolver's (``AnalysisOptions.eig_restart``)."""
+    ``rho_at_theta`` come from the stages before. ``restart``: the eigensolver's (``AnalysisOptions.eig_restart``).
+    ``memory``: the bytes of stacked perturbed parameters one search may hold (:data:`GEOMETRY_BYTES`)."""
     say = log or (lambda msg: None)
-    dev = x_star.device
-    sel = torch.tensor(samples, dtype=torch.long, device=dev)
+    sel = torch.tensor(samples, dtype=torch.long, device=x_star.device)
     inp, xs, x0s = inputs[sel], x_star[sel], x0[sel]
     names, outside, in_embed = loop_parameters(model, inp[:1], xs[:1], x0s[:1])
     # the analysis precision (x*'s): a language model's float32-stored embedding perturbed in float64 too
     base = {k: v.detach().to(xs.dtype) if v.is_floating_point() else v.detach()
             for k, v in model.named_parameters() if k in names}
     groups = parameter_groups(model, names, inp[:1], xs[:1], x0s[:1]) if group_directions > 0 else {}
-    full = random_directions(base, directions, seed)
-    parts = [full]
-    labels = [("all", j) for j in range(directions)]
+    specs = [("all", j, seed, None, directions) for j in range(directions)]
     for g_i, (label, members) in enumerate(groups.items()):
-        parts.append(random_directions(base, group_directions, seed + 1000 * (g_i + 1), members))
-        labels += [(label, j) for j in range(group_directions)]
-    dirs = {k: torch.cat([p[k] for p in parts]) for k in base}
-    D, S = len(labels), len(samples)
-    per = 2 * D
-    # rows: sample-major, then direction, then sign (+, −)
-    row_sample = torch.arange(S, device=dev).repeat_interleave(per)
-    row_dir = torch.arange(D, device=dev).repeat_interleave(2).repeat(S)
-    row_sign = torch.tensor([1.0, -1.0], dtype=torch.float64, device=dev).repeat(S * D)
+        specs += [(label, j, seed + 1000 * (g_i + 1), members, group_directions) for j in range(group_directions)]
+    D, S = len(specs), len(samples)
     att = [bool(attracting[b]) for b in samples]
-    fam = Family(model, base, dirs, inp[row_sample], x0s[row_sample], row_dir=row_dir, row_sign=row_sign,
-                 embed_moves=any(k in base for k in in_embed))
-    fam.eig_restart = restart
-    skip = torch.tensor([not att[int(s)] for s in row_sample.cpu()])
-    say(f"geometry: {S} sample(s) × {D} directions × 2 signs = {S * per} radii ({directions} in all loop "
+    say(f"geometry: {S} sample(s) × {D} directions × 2 signs = {S * 2 * D} radii ({directions} in all loop "
         f"parameters, {group_directions} in each of {len(groups)} groups)")
-    found = search_radii(fam, xs[row_sample], tol=tol, max_iter=max_iter, accuracy=accuracy, certify=certify,
-                         eig_tol=eig_tol, eig_k=eig_k, seed=seed, skip=skip, t_max=t_max, log=say)
+    search = _Search(model, base, specs, inp, xs, x0s, att, embed_moves=any(k in base for k in in_embed),
+                     restart=restart, tol=tol, max_iter=max_iter, accuracy=accuracy, eig_tol=eig_tol, eig_k=eig_k,
+                     seed=seed, t_max=t_max, log=say)
+    found = search.all(_chunks(D, S, sum(v.numel() * v.element_size() for v in base.values()), memory), certify)
+    if search.chunks > 1:
+        say(f"geometry: {D} directions in {search.chunks} chunks (each search's stacked parameters ≤ {memory:,} B)")
+    geo = _record(found, specs, groups, samples, att, directions, accuracy, certify, t_max)
+    geo.rho_at_theta, geo.outside_loop = [rho_at_theta[b] for b in samples], outside
+    geo.counts["map_calls"] = search.calls
+    geo.evaluation = "vmap over rows" if search.vmap else "one row at a time (the model's code does not vmap)"
+    if plane and any(att):
+        i = att.index(True)
+        say(f"geometry: the plane of directions 1 and 2, {plane} × {plane} cells")
+        full = _draw(base, specs, list(range(min(2, directions))))
+        geo.plane = plane_picture(model, base, full, inp[i:i + 1], xs[i:i + 1], x0s[i:i + 1], geo.radii[i],
+                                  n=plane, tol=tol, max_iter=max_iter, seed=seed, t_max=t_max,
+                                  embed_moves=search.embed_moves, restart=restart)
+        geo.plane["sample"] = samples[i]
+    return geo
+
+
+def _chunks(D: int, S: int, loop_bytes: int, memory: int) -> list:
+    """(samples, directions) searched together: everything at once when every row's parameters and every direction
+    fit ``memory``; else runs of k directions over every sample (2·S·k + k parameter sets); else one direction over
+    runs of s samples (2·s + 1), s ≥ 1."""
+    if (2 * S * D + D) * loop_bytes <= memory:
+        return [(list(range(S)), list(range(D)))]
+    k = memory // max(1, (2 * S + 1) * loop_bytes)
+    if k >= 1:
+        return [(list(range(S)), list(range(j, min(D, j + k)))) for j in range(0, D, k)]
+    s = max(1, (memory // max(1, loop_bytes) - 1) // 2)
+    return [(list(range(i, min(S, i + s))), [j]) for j in range(D) for i in range(0, S, s)]
+
+
+def _draw(base: dict, specs: list, which: list) -> dict:
+    """The directions ``which`` (indices into ``specs``: (label, j, seed, members, count)), name → (len(which),
+    *shape): :func:`random_directions`' draws, each draw holding only the directions asked for."""
+    parts, by = [], {}
+    for w in which:
+        label, j, sd, members, count = specs[w]
+        by.setdefault((label, sd), (members, count, []))[2].append(j)
+    for (label, sd), (members, count, js) in by.items():
+        parts.append(random_directions(base, count, sd, members, keep=js))
+    return {k: torch.cat([p[k] for p in parts]) for k in base}
+
+
+class _Search:
+    """The radius search of the geometry stage over chunks of directions (:func:`measure`): each chunk one
+    :class:`Family` of its rows (sample-major, then direction, then sign (+, −)) and one :func:`search_radii`."""
+
+    def __init__(self, model, base, specs, inp, xs, x0s, att, *, embed_moves, restart, log, **kw):
+        self.model, self.base, self.specs, self.inp, self.xs, self.x0s, self.att = model, base, specs, inp, xs, x0s, att
+        self.embed_moves, self.restart, self.log, self.kw = embed_moves, restart, log, kw
+        self.vmap, self.calls, self.chunks = True, 0, 0
+
+    def chunk(self, samples: list, which: list, certify: int):
+        """(the rows' global indices, their :class:`Radii`) of the inputs ``samples`` (indices into the searched
+        ones) along the directions ``which``."""
+        dev = self.xs.device
+        S, K, per = len(samples), len(which), 2 * len(self.specs)
+        row_sample = torch.tensor(samples, device=dev).repeat_interleave(2 * K)
+        row_dir = torch.arange(K, device=dev).repeat_interleave(2).repeat(S)
+        row_sign = torch.tensor([1.0, -1.0], dtype=torch.float64, device=dev).repeat(S * K)
+        fam = Family(self.model, self.base, _draw(self.base, self.specs, which), self.inp[row_sample],
+                     self.x0s[row_sample], row_dir=row_dir, row_sign=row_sign, embed_moves=self.embed_moves)
+        fam.eig_restart = self.restart
+        skip = torch.tensor([not self.att[int(s)] for s in row_sample.cpu()])
+        found = search_radii(fam, self.xs[row_sample], certify=certify, skip=skip, log=self.log, **self.kw)
+        self.vmap, self.calls = self.vmap and fam.vmap, self.calls + fam.calls
+        rows = [i * per + 2 * which[j] + g for i in samples for j in range(K) for g in (0, 1)]
+        return rows, found
+
+    def all(self, chunks: list, certify: int) -> Radii:
+        """Every row's radius, chunk by chunk (the certifications in chunk order, ``certify`` in all)."""
+        R = 2 * len(self.specs) * len(self.att)
+        out = Radii(radius=[None] * R, lo=[None] * R, hi=[None] * R, reason=[None] * R, rho_lo=[None] * R,
+                    certified=[None] * R, rho_hi=[None] * R)
+        gaps = []
+        for samples, which in chunks:
+            rows, f = self.chunk(samples, which, certify)
+            certify = max(0, certify - sum(1 for c in f.certified if c))
+            for q, r in enumerate(rows):
+                for name in ("radius", "lo", "hi", "reason", "rho_lo", "certified", "rho_hi"):
+                    getattr(out, name)[r] = getattr(f, name)[q]
+            for name in ("evaluations", "rounds", "products", "certified_rho", "reopened"):
+                setattr(out, name, getattr(out, name) + getattr(f, name))
+            gaps += [] if f.estimate_gap is None else [f.estimate_gap]
+        out.estimate_gap, self.chunks = (max(gaps) if gaps else None), len(chunks)
+        return out
+
+
+def _record(found: Radii, specs: list, groups: dict, samples: list, att: list, directions: int, accuracy: float,
+            certify: int, t_max: float) -> Geometry:
+    """The :class:`Geometry` of the search's radii: per input (its ``directions`` radii in all loop parameters and
+    their anisotropy) and per group (the radii of its directions over the attracting inputs)."""
+    S, per = len(samples), 2 * len(specs)
     radii, reasons, rho_in, certs, per_sample = [], [], [], [], []
     for i in range(S):
         sl = slice(i * per, i * per + 2 * directions)
@@ -167,28 +261,19 @@ def measure(model, inputs: torch.Tensor, x_star: torch.Tensor, x0: torch.Tensor,
         per_sample.append(an)
     group_out = []
     for label, members in groups.items():
-        js = [j for j, (lab, _) in enumerate(labels) if lab == label]
+        js = [j for j, spec in enumerate(specs) if spec[0] == label]
         at = [i * per + 2 * j + s for i in range(S) if att[i] for j in js for s in (0, 1)]
         rs, why = [found.radius[q] for q in at], [found.reason[q] for q in at]
         group_out.append({"name": label, "parameters": members, "radii": rs, "reasons": why,
                           "median_radius": median(rs) if rs else None, "min_radius": min(rs) if rs else None,
                           "censored": float(np.mean([w == "t_max" for w in why])) if why else None})
     counts = {"radii": S * per, "rounds": found.rounds, "evaluations": found.evaluations,
-              "rho_products": found.products, "certified_rho": found.certified_rho, "map_calls": fam.calls,
+              "rho_products": found.products, "certified_rho": found.certified_rho, "map_calls": None,
               "reopened": found.reopened}
-    geo = Geometry(samples=list(samples), attracting=att, rho_at_theta=[rho_at_theta[b] for b in samples],
-                   directions=directions, accuracy=accuracy, radii=radii, reasons=reasons, rho_inner=rho_in,
-                   certified=certs, per_sample=per_sample, groups=group_out, outside_loop=outside,
-                   evaluation="vmap over rows" if fam.vmap else "one row at a time (the model's code does not vmap)",
-                   counts=counts, certify=certify, estimate_gap=found.estimate_gap, t_range=(T_MIN, t_max))
-    if plane and any(att):
-        i = att.index(True)
-        say(f"geometry: the plane of directions 1 and 2, {plane} × {plane} cells")
-        geo.plane = plane_picture(model, base, full, inp[i:i + 1], xs[i:i + 1], x0s[i:i + 1], radii[i], n=plane,
-                                  tol=tol, max_iter=max_iter, seed=seed, t_max=t_max,
-                                  embed_moves=any(k in base for k in in_embed), restart=restart)
-        geo.plane["sample"] = samples[i]
-    return geo
+    return Geometry(samples=list(samples), attracting=att, rho_at_theta=[], directions=directions,
+                    accuracy=accuracy, radii=radii, reasons=reasons, rho_inner=rho_in, certified=certs,
+                    per_sample=per_sample, groups=group_out, outside_loop=[], evaluation="", counts=counts,
+                    certify=certify, estimate_gap=found.estimate_gap, t_range=(T_MIN, t_max))
 
 
 def plane_picture(model, base: dict, full: dict, inputs, x_star, x0, radii, *, n: int = 21, tol: float = 1e-5,

@@ -252,20 +252,25 @@ def _used_part(model, name: str, s: int, params: dict, *args) -> set:
     return {k for k, v in leaves.items() if id(v) in found}
 
 
-def random_directions(base: dict, count: int, seed: int, members: Optional[list] = None) -> dict:
+def random_directions(base: dict, count: int, seed: int, members: Optional[list] = None,
+                      keep: Optional[list] = None) -> dict:
     """``count`` Gaussian directions, name → (count, *shape): on each tensor W in ``members`` (default all),
     z·‖W‖/‖z‖ with z ~ N(0, I) from ``torch.Generator().manual_seed(seed)`` (tensors in name order, directions
-    one after the other); an all-zero W gets the RMS of the parameters per entry instead of ‖W‖; zero elsewhere."""
+    one after the other); an all-zero W gets the RMS of the parameters per entry instead of ‖W‖; zero elsewhere.
+    ``keep``: the indices of the directions to return, (len(keep), *shape): the same draws, the others drawn and
+    dropped (a model too large to hold every direction at once: the geometry stage's chunks)."""
     gen = torch.Generator(device="cpu").manual_seed(int(seed))
     total = sum(float(v.double().pow(2).sum()) for v in base.values())
     rms = math.sqrt(total / max(1, sum(v.numel() for v in base.values())))
-    out = {k: torch.zeros((count, *v.shape), dtype=v.dtype, device=v.device) for k, v in base.items()}
-    for j in range(count):
+    keep = list(range(count)) if keep is None else list(keep)
+    out = {k: torch.zeros((len(keep), *v.shape), dtype=v.dtype, device=v.device) for k, v in base.items()}
+    for j in range(min(count, max(keep, default=-1) + 1)):
         for k in sorted(base):
             if members is not None and k not in members:
                 continue
             v = base[k]
             z = torch.randn(v.shape, generator=gen, dtype=torch.float64)
-            scale = float(v.double().norm()) or rms * math.sqrt(v.numel())
-            out[k][j] = (z * (scale / max(float(z.norm()), 1e-300))).to(v)
+            if j in keep:
+                scale = float(v.double().norm()) or rms * math.sqrt(v.numel())
+                out[k][keep.index(j)] = (z * (scale / max(float(z.norm()), 1e-300))).to(v)
     return out

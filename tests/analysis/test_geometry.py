@@ -305,3 +305,35 @@ def test_the_sweep_measures_geometry_as_the_committed_replication_records_were_m
         {k: v for k, v in before.to_dict().items() if k != "geometry_pick"}
     assert got.geometry_pick == "first"
     assert pick_geometry_samples(got, 1280, ["stalled", "converged"], [1.3, 0.5], lambda bs: None) == [0]
+
+
+def test_a_search_too_large_for_its_memory_runs_in_chunks_with_the_closed_form_radii():
+    """With ``memory`` below one search's stacked parameters the directions go a chunk at a time (here one direction
+    and its 2 × 2 rows per chunk: 2 samples); every radius still equals the closed form, the same draws
+    (``random_directions(keep=)``) as the whole search's, whose radii it reproduces; with less memory still, one
+    direction and one input a chunk."""
+    from stability.analysis.geometry import measure
+
+    a = [0.5, -0.3, 0.8, 0.1]
+    m = DiagonalRecall(a)
+    inputs = torch.zeros(2, 4, dtype=torch.float64)
+    kw = dict(samples=[0, 1], directions=3, group_directions=0, accuracy=ACC, certify=2)
+    said = []
+    one_row = 4 * 8  # the loop parameters (a) in bytes: one perturbed parameter set
+    chunked = measure(m, inputs, inputs, inputs, [True, True], [0.8, 0.8], memory=5 * one_row, log=said.append,
+                      **kw)
+    whole = measure(m, inputs, inputs, inputs, [True, True], [0.8, 0.8], **kw)
+    assert any("3 directions in 3 chunks" in s for s in said)
+    D = random_directions({"a": m.a.detach()}, 3, 0)["a"].numpy()
+    assert torch.equal(random_directions({"a": m.a.detach()}, 3, 0, keep=[2])["a"][0], torch.from_numpy(D[2]))
+    want = closed([diagonal_radius(a, s * D[j]) for j in range(3) for s in (1, -1)])
+    for i in range(2):
+        assert_radii(chunked.radii[i], want)
+        assert chunked.radii[i] == pytest.approx(whole.radii[i], rel=ACC)
+    assert sum(sum(c) for c in chunked.certified) == sum(sum(c) for c in whole.certified) == 2
+    # below even one direction's rows over both samples (2 · 2 + 1 sets): one direction and one sample a chunk
+    said.clear()
+    single = measure(m, inputs, inputs, inputs, [True, True], [0.8, 0.8], memory=2 * one_row, log=said.append, **kw)
+    assert any("3 directions in 6 chunks" in s for s in said)
+    for i in range(2):
+        assert_radii(single.radii[i], want)
