@@ -120,6 +120,22 @@ class _Config(BaseModel):
         return from_dict(type(self), {**to_dict(self), **changes})
 
 
+#: a measured number as a record holds it: an int stays an int and a float a float (strict: no bool, no str), so
+#: the JSON written back is the JSON read
+Real = Union[int, float]
+
+
+class RecordPart(_Config):
+    """A table of a record read back from a file (the sweep record, a split's headline block): errors name their
+    place by its path from the record's root; :meth:`to_dict` keeps the keys that were given, in the schema's order
+    (a key a record predates stays absent)."""
+
+    error_style: typing.ClassVar[Literal["owner", "path"]] = "path"
+
+    def to_dict(self) -> dict:
+        return self.model_dump(exclude_unset=True)
+
+
 def _plain(v: Any) -> Any:
     if isinstance(v, BaseModel):
         return to_dict(v)
