@@ -98,6 +98,12 @@ def headline(split: dict) -> dict:
     return dict(sorted(got.items(), key=lambda kv: _ORDER.get(kv[0], len(_ORDER))))
 
 
+def typed_headline(split: dict) -> SplitSummary:
+    """The headline block of one split of an analysis JSON, typed (a ConfigError line naming the key that does not
+    fit)."""
+    return SplitSummary(**headline(split))
+
+
 def headlines(report: dict) -> dict:
     """{split: headline block} of an analysis JSON (``Analysis.to_json()`` or a file ``stability analyze`` wrote)."""
     return {split: headline(report[split]) for split in report.get("splits", [])}

@@ -213,18 +213,18 @@ def check_config_shape(obj: dict, path, migrate_path) -> None:
                              f"the train options); convert it once with `stability migrate {migrate_path}`")
 
 
-def read_record(path: Path) -> dict:
-    """A record file, validated through :class:`SweepRecord` (a StabilityError line otherwise), as its JSON."""
+def read_record(path: Path) -> SweepRecord:
+    """A record file as a :class:`SweepRecord` (a StabilityError line where it is not one)."""
     try:
         rec = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise StabilityError(f"{path}: not a readable sweep record ({type(exc).__name__})") from None
-    return parse_record(rec, str(path), Path(path).parent.parent).to_dict()
+    return parse_record(rec, str(path), Path(path).parent.parent)
 
 
-def load_records(results: Path) -> list[dict]:
-    """Every record under ``results/records`` (sorted by id), each validated; a StabilityError when there is
-    none."""
+def load_records(results: Path) -> list[SweepRecord]:
+    """Every record under ``results/records`` (sorted by id), typed; a StabilityError when there is none. Its JSON,
+    for a file people read (``records.jsonl``), is each record's :meth:`SweepRecord.to_dict`."""
     results = Path(results)
     if not results.exists():
         raise StabilityError(f"{results}: no such results directory")
