@@ -64,9 +64,9 @@ PLOT_PLANE = 15
 
 def _schema_flags(p: argparse.ArgumentParser) -> None:
     """A ``--NAME`` for each field of ``AnalysisOptions.FLAGS`` (the one table of them,
-    stability/config/analysis.py), as train's and sweep's flags (:func:`~stability.commands._types.schema_argument`): type, choices and metavar from
-    the schema, the field's default (None where the command decides it), help ``description (default)``; each in
-    its group."""
+    stability/config/analysis.py), as train's and sweep's flags (:func:`~stability.commands._types.schema_argument`):
+    type, choices and metavar from the schema, the field's default (None where the command decides it), help
+    ``description (default)``; each in its group."""
     groups = {key: p.add_argument_group(title) for key, title in AnalysisOptions.FLAG_GROUPS.items()}
     for name, flag in AnalysisOptions.FLAGS.items():
         info = AnalysisOptions.model_fields[name]

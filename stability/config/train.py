@@ -11,7 +11,8 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import BeforeValidator, Field, model_validator
 
 from stability.config.base import _Config, is_device_name
-from stability.config.fields import MAX_EPOCHS, MAX_ITERATIONS, MAX_PROBES, MAX_SAMPLES, MAX_SEED, MAX_WORKERS, _f, _list_to_tuple
+from stability.config.fields import (MAX_EPOCHS, MAX_ITERATIONS, MAX_PROBES, MAX_SAMPLES, MAX_SEED, MAX_WORKERS, _f,
+                                     _list_to_tuple)
 from stability.config.messages import METHODS_KNOWN
 from stability.config.model import ModelConfig, TaskConfig
 from stability.errors import ConfigError
