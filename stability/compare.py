@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from stability import hardware
-from stability.analysis.headline import headline
+from stability.analysis.headline import SplitSummary, typed_headline
 from stability.analysis.stages import accuracy, prop5
 from stability.config import changes, is_flat_config
-from stability.errors import StabilityError, first_line
+from stability.errors import ConfigError, StabilityError, first_line
 
 #: iterations at which accuracy is compared (those the runs reached)
 ITERATION_MARKS = (1, 2, 5, 10, 20, 30, 50, 100, 200, 300, 500, 1000)
@@ -196,8 +196,8 @@ def _num(v: Any) -> Optional[float]:
     return float(v)
 
 
-#: (label, headline key, percent) of the per-split analysis quantities, read from each split's headline block
-#: (:mod:`stability.analysis.headline`)
+#: (label, headline field, percent) of the per-split analysis quantities, read from each split's typed headline
+#: block (:class:`stability.analysis.headline.SplitSummary`)
 ANALYSIS_QUANTITIES: list[tuple[str, str, bool]] = [
     ("samples analysed", "samples", False),
     ("converged share", "converged_fraction", True),
@@ -244,6 +244,15 @@ def config_changes(a: dict, b: dict) -> list[tuple[str, Any, Any]]:
     return changes(a, b)
 
 
+def _headline(block: dict, name: str, split: str) -> SplitSummary:
+    """A split's typed headline block (:func:`stability.analysis.headline.typed_headline`); a StabilityError line
+    naming the side and the split where it does not fit."""
+    try:
+        return typed_headline(block)
+    except ConfigError as exc:
+        raise StabilityError(f"{name}: split {split!r}: its headline does not fit ({exc})") from None
+
+
 def compare_analyses(a: dict, b: dict, name_a: str = "A", name_b: str = "B") -> Comparison:
     """Rows for every split either analysis has (a split on one side only shows blanks on the other)."""
     splits = list(dict.fromkeys([*a["splits"], *b["splits"]]))
@@ -252,13 +261,13 @@ def compare_analyses(a: dict, b: dict, name_a: str = "A", name_b: str = "B") -> 
     cmp.analysis_changes = analysis_changes(a, b)
     for s in splits:
         ba, bb = a.get(s) or {}, b.get(s) or {}
-        ha, hb = headline(ba), headline(bb)
+        ha, hb = _headline(ba, name_a, s), _headline(bb, name_b, s)
         for label, key, pct in ANALYSIS_QUANTITIES:
             if key == "prop5_rel_error_last":  # at the largest T each analysis unrolled (a side without: none)
                 ts = [t for t in (prop5.largest_T(ba.get(prop5.KEY)), prop5.largest_T(bb.get(prop5.KEY)))
                       if t is not None]
                 label += "" if not ts else f" (T = {ts[0]})" if len(set(ts)) == 1 else f" (T = {ts[0]} vs {ts[1]})"
-            row = Row(s, label, _num(ha.get(key)), _num(hb.get(key)), percent=pct)
+            row = Row(s, label, _num(getattr(ha, key)), _num(getattr(hb, key)), percent=pct)
             if row.a is not None or row.b is not None:
                 cmp.rows.append(row)
         cmp.rows += _accuracy_rows(s, accuracy.curve(ba.get(accuracy.KEY)), accuracy.curve(bb.get(accuracy.KEY)))

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
 import warnings
 from dataclasses import dataclass
@@ -193,6 +194,27 @@ def run_cli(*args, check=True, timeout=600, env=None, cwd=None, process=False):
     proc = CliResult(["stability", *argv], code, out["stdout"], out["stderr"])
     _check(proc, args, check)
     return proc
+
+
+def kill_when_ready(cmd: list, ready, *, deadline_s: float, what: str) -> None:
+    """Start ``cmd`` (a real process in its own session, one OMP thread), poll ``ready()`` every 20 ms and, once it
+    is true, SIGKILL the process group (the command and every worker it started). Fails the test when the command
+    ends first (with its stderr) or when ``ready()`` is still false after ``deadline_s`` seconds (``no WHAT within
+    the deadline``); the group is killed and reaped either way."""
+    proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.time() + deadline_s
+    try:
+        while time.time() < deadline:
+            if ready():
+                return
+            assert proc.poll() is None, f"the command ended before it could be killed: {proc.stderr.read()}"
+            time.sleep(0.02)
+        pytest.fail(f"no {what} within the deadline")
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # a group that already ended has nothing left to kill
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """argparse types of the command line: numbers that refuse NaN and ±inf, counts, device names; and
-:func:`schema_argument`, the one way a field of the configuration schema (stability/config.py) becomes a flag of
+:func:`schema_argument`, the one way a field of the configuration schema (stability/config/) becomes a flag of
 ``stability train``, ``sweep`` and ``analyze``.
 
 A wrong value is an ``argparse.ArgumentTypeError``: one line ``stability CMD: error: argument --X: expected ...``

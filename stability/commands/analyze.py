@@ -63,10 +63,10 @@ PLOT_PLANE = 15
 
 
 def _schema_flags(p: argparse.ArgumentParser) -> None:
-    """A ``--NAME`` for each field of ``AnalysisOptions.FLAGS`` (the one table of them, stability/config.py), as
-    train's and sweep's flags (:func:`~stability.commands._types.schema_argument`): type, choices and metavar from
-    the schema, the field's default (None where the command decides it), help ``description (default)``; each in
-    its group."""
+    """A ``--NAME`` for each field of ``AnalysisOptions.FLAGS`` (the one table of them,
+    stability/config/analysis.py), as train's and sweep's flags (:func:`~stability.commands._types.schema_argument`):
+    type, choices and metavar from the schema, the field's default (None where the command decides it), help
+    ``description (default)``; each in its group."""
     groups = {key: p.add_argument_group(title) for key, title in AnalysisOptions.FLAG_GROUPS.items()}
     for name, flag in AnalysisOptions.FLAGS.items():
         info = AnalysisOptions.model_fields[name]
@@ -83,7 +83,7 @@ def _schema_flags(p: argparse.ArgumentParser) -> None:
 
 def check_feasible(args) -> None:
     """Refuse, before any work, a count the analysis cannot finish (above its field's maximum in the schema,
-    stability/config.py), in one line."""
+    stability/config/analysis.py), in one line."""
     check_maxima(args, [(n.replace("_", "-"), n, AnalysisOptions.model_fields[n]) for n in AnalysisOptions.FLAGS])
     if getattr(args, "only", None) is not None:
         try:

@@ -7,7 +7,6 @@ was in flight continues from its own checkpoint. See docs/experiments.md.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import shutil
 import sys
@@ -25,6 +24,7 @@ from stability.extras import require
 from stability.sweep import grid as gridlib
 from stability.sweep import groups
 from stability.sweep.export import write_records
+from stability.sweep.record import read_record
 from stability.sweep.runner import analysis_path, checkpoint_path, load_records, outcome_line, record_path
 from stability.tasks import make_task
 
@@ -89,14 +89,13 @@ def _estimate(cells_todo: list, results) -> list[str]:
     devices: set = set()
     for path in sorted((Path(results) / "records").glob("*.json")):
         try:
-            rec = json.loads(path.read_text())
-            key = _kind(rec["config"]["task"]["name"], rec["config"]["model"]["recall"])
-            secs = float(rec["timing"]["run_seconds"])
-        except (OSError, ValueError, KeyError, TypeError):
+            rec = read_record(path)
+        except StabilityError:  # a record that does not fit times nothing (the sweep names it where it reads it)
             continue
-        if rec.get("status") == "done":
-            times.setdefault(key, []).append(secs)
-            devices.add(rec.get("environment", {}).get("device", "?"))
+        if rec.status == "done":
+            key = _kind(rec.config["task"]["name"], rec.config["model"]["recall"])
+            times.setdefault(key, []).append(float(rec.timing.run_seconds))
+            devices.add(rec.environment.device)
     todo: dict[tuple, int] = {}
     for cell in cells_todo:
         key = _kind(cell.config.task.name, cell.config.model.recall)

@@ -50,7 +50,7 @@ class Flag(typing.NamedTuple):
 
 
 def flags() -> list[Flag]:
-    """Every flag, derived from the schema (stability/config.py): each field of model, task and train that the task
+    """Every flag, derived from the schema (stability/config/): each field of model, task and train that the task
     does not decide, and each option of each method."""
     out = []
     for section, cls in SECTIONS.items():

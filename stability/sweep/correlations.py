@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 from stability import atomic
 from stability.sweep.quantities import accuracy as _acc, is_looped as _looped, split_quantity
+from stability.sweep.record import SweepRecord, typed
 
-#: predictor -> (record key in the analysis summary, label, what an undefined value becomes)
+#: predictor -> (its field in the headline block, label, what an undefined value becomes)
 PREDICTORS = {
     "rho_Wx": ("rho_Wx", "ρ(W_x)", None),
     "rho_J": ("rho_J_median", "median ρ(J*)", math.inf),
@@ -34,21 +35,21 @@ PREDICTORS = {
 }
 
 
-def predictor_table(records: list[dict], split: str = "hard") -> list[dict]:
-    """One row per analysed looped run: cell id, seed, hard accuracy (percent) and each predictor (None where
-    undefined and left out, ``inf`` for ρ(J*) with no converged sample)."""
+def predictor_table(records: list[Union[SweepRecord, dict]], split: str = "hard") -> list[dict]:
+    """One row per analysed looped run (the records typed, or their JSON read typed): cell id, seed, hard accuracy
+    (percent) and each predictor (None where undefined and left out, ``inf`` for ρ(J*) with no converged
+    sample)."""
     rows = []
-    for r in records:
-        if not _looped(r) or r.get("status") == "diverged" or not r.get("final"):
+    for r in map(typed, records):
+        if not _looped(r) or r.status == "diverged" or not r.final:
             continue
         if split_quantity(r, "converged_fraction", split) is None:  # not analysed
             continue
-        row = {"cell_id": r.get("cell_id") or r["id"], "seed": r["config"]["train"]["seed"],
-               "hard": _acc(r, "hard")}
+        row = {"cell_id": r.cell_id or r.id, "seed": r.config["train"]["seed"], "hard": _acc(r, "hard")}
         for name, (key, _, undefined) in PREDICTORS.items():
             v = split_quantity(r, key, split)
             row[name] = v if v is not None else undefined
-        if r["config"]["model"]["recall"] == "none":
+        if r.config["model"]["recall"] == "none":
             row["rho_Wx"] = None
         rows.append(row)
     return rows
@@ -67,7 +68,7 @@ def _spearman(xs: list, ys: list) -> dict:
     return {"rho": rho if math.isfinite(rho) else None, "p": p if math.isfinite(p) else None, "n": n}
 
 
-def rank_correlations(records: list[dict], split: str = "hard") -> dict:
+def rank_correlations(records: list[Union[SweepRecord, dict]], split: str = "hard") -> dict:
     """Spearman correlation of each predictor with hard accuracy, pooled and per seed (mean ± sample std over the
     seeds), and the predictors ranked by |mean over seeds| (pooled where there is one seed)."""
     rows = predictor_table(records, split)
@@ -124,7 +125,7 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_correlations(records: list[dict], out_dir: Path) -> list[Path]:
+def write_correlations(records: list[Union[SweepRecord, dict]], out_dir: Path) -> list[Path]:
     """``correlations.json`` and ``correlations.md`` in ``out_dir`` (atomically); [] when no run was analysed."""
     result = rank_correlations(records)
     if not result["runs"]:

@@ -38,20 +38,27 @@ BASE_COLUMNS = ("cell_id", "id", "task", "norm", "recall", "lr", "seed", "status
 VOLATILE = ("timing", "environment", "finished_at")
 
 
-def _sorted(records: list[dict]) -> list[dict]:
-    return sorted(records, key=lambda r: (r.get("cell_id") or r["id"], r["id"]))
+Records = list[Union[SweepRecord, dict]]
 
 
-def csv_columns(records: list[dict]) -> list[str]:
-    splits = sorted({s for r in records for s in (r.get("analysis") or {})})
+def _sorted(records: Records) -> list[SweepRecord]:
+    """The records typed, by cell id (then id)."""
+    return sorted(map(typed, records), key=lambda r: (r.cell_id or r.id, r.id))
+
+
+def csv_columns(records: Records) -> list[str]:
+    """The CSV's columns: the base ones, the final accuracies, each analysed split's headline columns (the optional
+    ones only where some record has them) and the timings."""
+    records = list(map(typed, records))
+    splits = sorted({s for r in records for s in (r.analysis or {})})
     cols = list(BASE_COLUMNS)
     for split in ("val", "hard"):
         cols += [f"{split}_accuracy", f"{split}_position_accuracy", f"{split}_best_accuracy"]
-    present = {k for r in records for b in (r.get("analysis") or {}).values() if isinstance(b, dict) for k in b}
+    present = {k for r in records for b in (r.analysis or {}).values() for k in b.model_fields_set}
     for split in splits:
         cols += [f"{split}_{k}" for k in ANALYSIS_COLUMNS]
         cols += [f"{split}_{k}" for k in OPTIONAL_ANALYSIS_COLUMNS if k in present]
-    if any((r.get("curves") or {}).get("train_accuracy") for r in records):
+    if any(r.curves is not None and r.curves.train_accuracy for r in records):
         cols.append("train_accuracy_last")
     return cols + ["stability_source", "train_seconds", "summary_seconds", "run_seconds", "cpu_seconds"]
 
@@ -83,7 +90,8 @@ def csv_row(rec: Union[SweepRecord, dict]) -> dict:
     return {k: ("" if v is None else v) for k, v in row.items()}
 
 
-def records_csv(records: list[dict]) -> str:
+def records_csv(records: Records) -> str:
+    """``records.csv``: one row per record, by cell id."""
     cols = csv_columns(records)
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n", extrasaction="ignore")
@@ -94,21 +102,21 @@ def records_csv(records: list[dict]) -> str:
     return buf.getvalue()
 
 
-def records_jsonl(records: list[dict]) -> str:
-    return "".join(atomic.json_text(r, sort_keys=True) + "\n" for r in _sorted(records))
+def records_jsonl(records: Records) -> str:
+    """``records.jsonl``: each record's JSON (as the sweep wrote it, keys sorted) a line, by cell id."""
+    return "".join(atomic.json_text(r.to_dict(), sort_keys=True) + "\n" for r in _sorted(records))
 
 
-def write_records(records: list[dict], out_dir: Path) -> list[Path]:
+def write_records(records: Records, out_dir: Path) -> list[Path]:
     """``records.jsonl`` and ``records.csv`` in ``out_dir`` (atomically); returns the two paths."""
     out_dir = Path(out_dir)
     return [atomic.write_text(out_dir / "records.jsonl", records_jsonl(records)),
             atomic.write_text(out_dir / "records.csv", records_csv(records))]
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """The records of a ``records.jsonl`` file, each validated through the typed record
-    (:class:`~stability.sweep.record.SweepRecord`; one written before the method block refused, naming ``stability
-    migrate``)."""
+def read_jsonl(path: Path) -> list[SweepRecord]:
+    """The records of a ``records.jsonl`` file, typed (:class:`~stability.sweep.record.SweepRecord`; one written
+    before the method block refused, naming ``stability migrate``)."""
     out = []
     try:
         lines = Path(path).read_text().splitlines()
@@ -121,7 +129,7 @@ def read_jsonl(path: Path) -> list[dict]:
             obj = json.loads(line)
         except json.JSONDecodeError:
             raise StabilityError(f"{path}:{n}: not a JSON record") from None
-        out.append(parse_record(obj, f"{path}:{n}", path).to_dict())
+        out.append(parse_record(obj, f"{path}:{n}", path))
     return out
 
 

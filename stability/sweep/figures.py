@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import stability
 from stability.errors import StabilityError
 from stability.sweep.correlations import write_correlations
 from stability.sweep.quantities import accuracy as _acc, is_looped as _looped, split_quantity  # noqa: F401
-from stability.sweep.runner import load_records
+from stability.sweep.record import SweepRecord, load_records, typed
 from stability.sweep.tables import RECALL_ORDER, TASK_ORDER, TASK_TITLE
 
 #: the norms the paper draws: Figure 6 averages pre and peri (App. B.3), Figure 7 is external recall with pre-norm
@@ -55,13 +55,22 @@ def _figure(*args, **kwargs):
     return Figure(*args, **kwargs)
 
 
-def _tasks(records: list[dict]) -> list[str]:
-    present = {r["config"]["task"]["name"] for r in records}
+#: records as the figures take them: typed, or their JSON (read typed once, at the figure's entry)
+Records = list[Union[SweepRecord, dict]]
+
+
+def _typed(records: Records) -> list[SweepRecord]:
+    return [typed(r) for r in records]
+
+
+def _tasks(records: list[SweepRecord]) -> list[str]:
+    present = {r.config["task"]["name"] for r in records}
     return [t for t in TASK_ORDER if t in present] + sorted(present - set(TASK_ORDER))
 
 
-def _stab(rec: dict, key: str) -> Optional[float]:
-    v = (rec.get("stability") or {}).get(key)
+def _stab(rec: SweepRecord, key: str) -> Optional[float]:
+    """The record's stability summary's ``key`` (None where it has none or it is not finite)."""
+    v = getattr(rec.stability, key, None)
     return float(v) if v is not None and math.isfinite(float(v)) else None
 
 
@@ -74,18 +83,19 @@ def _unity(ax, axis: str = "y") -> None:
     (ax.axhline if axis == "y" else ax.axvline)(1.0, color="k", lw=0.8, ls="--", zorder=0)
 
 
-def missing_reason(rec: dict, key: str) -> Optional[str]:
+def missing_reason(rec: Union[SweepRecord, dict], key: str) -> Optional[str]:
     """Why a run has no value of the stability quantity ``key``: ``"no converged sample"`` (analysed, but no probe
     sample reached a fixed point, so ρ(J*) is undefined: exactly the unstable models), ``"diverged"`` (training
     diverged: no model to analyse), ``"not analysed"``; None when it has a value."""
+    rec = typed(rec)
     if _stab(rec, key) is not None:
         return None
-    if rec.get("status") == "diverged":
+    if rec.status == "diverged":
         return "diverged"
-    st = rec.get("stability") or {}
-    if not st:
+    st = rec.stability
+    if st is None:
         return "not analysed"
-    if key in ("rho_J_median", "input_grad_norm_median") and (st.get("converged_fraction") in (0, 0.0)):
+    if key in ("rho_J_median", "input_grad_norm_median") and (st.converged_fraction in (0, 0.0)):
         return NO_CONVERGED
     return "not analysed"
 
@@ -117,8 +127,8 @@ def _caption(fig, text: str) -> None:
     fig.supxlabel("\n".join(textwrap.wrap(text, width)), fontsize=6, color="0.25")
 
 
-def _cell_name(rec: dict) -> str:
-    return rec.get("cell_id") or rec.get("id", "?")
+def _cell_name(rec: SweepRecord) -> str:
+    return rec.cell_id or rec.id
 
 
 def _norm_legend(ax, norms, loc="lower right") -> None:
@@ -139,21 +149,24 @@ NORM_ORDER = ("none", "pre", "peri", "post", "gru")
 
 
 # ---- Figure 3 ------------------------------------------------------------------------------------------------
-def best_autonomous(records: list[dict], task: str) -> Optional[tuple[str, float, list[dict]]]:
+def best_autonomous(records: Records, task: str) -> Optional[tuple[str, float, list[SweepRecord]]]:
     """(norm, lr, records) of the autonomous configuration Figure 3 draws on ``task``: the registered rule
     (:data:`stability.sweep.claims.FIGURE3_RULE`: best mean hard accuracy, ties by mean val accuracy), the same
     selection the claim ``no-overthinking-best-autonomous`` tests."""
     # lazy: numpy; this module imports without it
     from stability.sweep.claims import select_runs
 
-    runs = [r for r in records if r["config"]["task"]["name"] == task and r["config"]["model"]["recall"] == "none"]
+    runs = [r for r in _typed(records) if r.config["task"]["name"] == task and r.config["model"]["recall"] == "none"]
     if not runs:
         return None
     chosen, how = select_runs(runs)
     return how["selected"]["model.norm"], how["selected"]["train.lr"], chosen
 
 
-def figure3(records: list[dict]):
+def figure3(records: Records):
+    """Whole-answer accuracy against iterations (val and hard: mean over seeds, band min–max) of each task's best
+    autonomous configuration (:func:`best_autonomous`)."""
+    records = _typed(records)
     tasks = [t for t in _tasks(records) if best_autonomous(records, t)]
     if not tasks:
         return None
@@ -163,11 +176,11 @@ def figure3(records: list[dict]):
     axes = fig.subplots(1, len(tasks), squeeze=False)[0]
     for ax, task in zip(axes, tasks):
         norm, lr, recs = best_autonomous(records, task)
-        done = [r for r in recs if r.get("final")]
-        T_train = recs[0]["config"]["train"]["iterations"]
+        done = [r for r in recs if r.final]
+        T_train = recs[0].config["train"]["iterations"]
         ax.axvspan(0, T_train, color="0.88", zorder=0, label=f"training depth T = {T_train}")
         for split, color in (("val", "tab:blue"), ("hard", "tab:red")):
-            curves = [r["final"][split]["curve"] for r in done]
+            curves = [r.final[split].curve for r in done]
             if not curves:
                 continue
             n = min(len(c) for c in curves)
@@ -186,12 +199,12 @@ def figure3(records: list[dict]):
     return fig
 
 
-def best_by_recall(records: list[dict], task: str) -> dict:
+def best_by_recall(records: Records, task: str) -> dict:
     """recall -> (norm, lr, records) of its configuration with the best mean hard accuracy on ``task`` (ties: the
     first in sorted (norm, lr) order)."""
     groups: dict[tuple, list] = {}
-    for r in records:
-        c = r["config"]
+    for r in _typed(records):
+        c = r.config
         if c["task"]["name"] == task:
             groups.setdefault((c["model"]["recall"], c["model"]["norm"], c["train"]["lr"]), []).append(r)
     out = {}
@@ -203,10 +216,11 @@ def best_by_recall(records: list[dict], task: str) -> dict:
     return out
 
 
-def figure3_by_recall(records: list[dict]):
+def figure3_by_recall(records: Records):
     """Figure 3 for each recall: per task, the best norm + LR configuration of each recall (by mean hard accuracy),
     whole-answer accuracy against iterations on val and hard (mean over seeds, band min–max). A fixed-depth
     baseline has no iterations: it is drawn as a horizontal line at its accuracy."""
+    records = _typed(records)
     tasks = [t for t in _tasks(records) if best_by_recall(records, t)]
     if not tasks:
         return None
@@ -217,11 +231,11 @@ def figure3_by_recall(records: list[dict]):
     axes = fig.subplots(len(tasks), 2, squeeze=False)
     for row, task in zip(axes, tasks):
         best = best_by_recall(records, task)
-        T_train = next(iter(best.values()))[2][0]["config"]["train"]["iterations"]
+        T_train = next(iter(best.values()))[2][0].config["train"]["iterations"]
         for ax, split in zip(row, ("val", "hard")):
             ax.axvspan(0, T_train, color="0.9", zorder=0, label=f"training depth T = {T_train}")
             for recall, (norm, lr, recs) in best.items():
-                done = [r for r in recs if r.get("final")]
+                done = [r for r in recs if r.final]
                 label = f"{recall}: {norm}, lr {lr:g} ({len(done)}/{len(recs)} seeds)"
                 if not done:
                     continue
@@ -229,7 +243,7 @@ def figure3_by_recall(records: list[dict]):
                     ax.axhline(_mean([_acc(r, split) for r in done]), color=colors["fixed"], ls="--", lw=1,
                                label=f"fixed depth: {norm}, lr {lr:g}")
                     continue
-                curves = [r["final"][split]["curve"] for r in done]
+                curves = [r.final[split].curve for r in done]
                 n = min(len(c) for c in curves)
                 C = 100.0 * np.array([c[:n] for c in curves])
                 it = np.arange(1, n + 1)
@@ -248,7 +262,7 @@ def figure3_by_recall(records: list[dict]):
 
 
 # ---- Figures 6 and 6J ------------------------------------------------------------------------------------------
-def _lr_panel(ax, recs: list[dict], key: str, group_by: str, colors: dict) -> int:
+def _lr_panel(ax, recs: list[SweepRecord], key: str, group_by: str, colors: dict) -> int:
     """Scatter each run's (lr, key) and the mean per lr for each group; returns the points drawn."""
     drawn = 0
     groups: dict[str, dict[float, list]] = {}
@@ -256,8 +270,8 @@ def _lr_panel(ax, recs: list[dict], key: str, group_by: str, colors: dict) -> in
         v = _stab(r, key)
         if v is None:
             continue
-        g = r["config"]["model"][group_by] if group_by else "all"
-        groups.setdefault(g, {}).setdefault(r["config"]["train"]["lr"], []).append(v)
+        g = r.config["model"][group_by] if group_by else "all"
+        groups.setdefault(g, {}).setdefault(r.config["train"]["lr"], []).append(v)
     for g, by_lr in sorted(groups.items()):
         color = colors.get(g, "tab:blue")
         lrs = sorted(by_lr)
@@ -272,12 +286,13 @@ def _lr_panel(ax, recs: list[dict], key: str, group_by: str, colors: dict) -> in
     return drawn
 
 
-def figure6(records: list[dict]):
+def figure6(records: Records):
     """LR against ρ(W_x), recall models without outer normalisation; rows external / internal, one column per task."""
+    records = _typed(records)
     tasks = _tasks(records)
     rows = ("external", "internal")
-    cand = [r for r in records if r["config"]["model"]["norm"] in FIGURE6_NORMS
-            and r["config"]["model"]["recall"] in rows]
+    cand = [r for r in records if r.config["model"]["norm"] in FIGURE6_NORMS
+            and r.config["model"]["recall"] in rows]
     sel = [r for r in cand if _stab(r, "rho_Wx") is not None]
     if not sel:
         return None
@@ -288,7 +303,7 @@ def figure6(records: list[dict]):
     for i, recall in enumerate(rows):
         for j, task in enumerate(tasks):
             ax = axes[i][j]
-            recs = [r for r in sel if r["config"]["model"]["recall"] == recall and r["config"]["task"]["name"] == task]
+            recs = [r for r in sel if r.config["model"]["recall"] == recall and r.config["task"]["name"] == task]
             _lr_panel(ax, recs, "rho_Wx", "", {"all": RECALL_COLORS[recall]})
             ax.set_title(f"{TASK_TITLE.get(task, task)}, {recall} recall", fontsize=9)
             ax.set_xlabel("learning rate")
@@ -309,19 +324,19 @@ def _norm_colors() -> dict:
     return {n: cmap(i) for i, n in enumerate(("none", "pre", "post", "peri", "gru"))}
 
 
-def figure6_rho_J_data(records: list[dict]) -> dict:
+def figure6_rho_J_data(records: Records) -> dict:
     """What Figure 6J draws: per (recall, task) panel the runs with a median ρ(J*) (``points``: cell id, norm, lr,
     value) and those without (``missing``: cell id, norm, lr, reason, see :func:`missing_reason`). Runs with no
     converged probe sample are drawn in a strip above the axis, never dropped."""
-    looped = [r for r in records if _looped(r)]
-    rows = [r for r in ("external", "internal", "none") if any(rec["config"]["model"]["recall"] == r
+    looped = [r for r in _typed(records) if _looped(r)]
+    rows = [r for r in ("external", "internal", "none") if any(rec.config["model"]["recall"] == r
                                                                  for rec in looped)]
     panels = {}
     for recall in rows:
         for task in _tasks(looped):
             pts, miss = [], []
             for r in looped:
-                c = r["config"]
+                c = r.config
                 if c["model"]["recall"] != recall or c["task"]["name"] != task:
                     continue
                 item = {"cell_id": _cell_name(r), "norm": c["model"]["norm"], "lr": c["train"]["lr"]}
@@ -335,7 +350,7 @@ def figure6_rho_J_data(records: list[dict]) -> dict:
             "caption": _missing_note([m for p in panels.values() for m in p["missing"]])}
 
 
-def figure6_rho_J(records: list[dict]):
+def figure6_rho_J(records: Records):
     """LR against the median ρ(J*) at the probe's fixed points; rows recall (external, internal, none), colour norm;
     runs with no converged probe sample in a marked strip above each panel (:func:`figure6_rho_J_data`)."""
     data = figure6_rho_J_data(records)
@@ -394,13 +409,13 @@ def figure6_rho_J(records: list[dict]):
 
 
 # ---- Figures 7 and 7J ------------------------------------------------------------------------------------------
-def accuracy_scatter_data(records: list[dict], key: str) -> dict:
+def accuracy_scatter_data(records: Records, key: str) -> dict:
     """What an accuracy-against-``key`` figure draws: ``points`` (cell id, norm, recall, task, x, val, hard accuracy
     in percent) and ``missing`` (the same with a reason instead of x: see :func:`missing_reason`). Runs with no
     converged sample are drawn in a strip at the right edge; the others are listed in the caption."""
     pts, miss = [], []
-    for r in records:
-        c = r["config"]
+    for r in _typed(records):
+        c = r.config
         item = {"cell_id": _cell_name(r), "norm": c["model"]["norm"], "recall": c["model"]["recall"],
                 "task": c["task"]["name"], "val": _acc(r, "val"), "hard": _acc(r, "hard")}
         reason = missing_reason(r, key)
@@ -442,10 +457,10 @@ def _acc_panels(fig, data: dict, color_of: Callable, xlabel: str, legend_title: 
     fig.stability_data = data
 
 
-def figure7(records: list[dict]):
+def figure7(records: Records):
     """Accuracy against ρ(W_x) for external recall with pre-norm, as the paper's App. B.4 (colour = task)."""
-    sel = [r for r in records if r["config"]["model"]["recall"] == "external"
-           and r["config"]["model"]["norm"] in FIGURE7_NORMS]
+    sel = [r for r in _typed(records) if r.config["model"]["recall"] == "external"
+           and r.config["model"]["norm"] in FIGURE7_NORMS]
     data = accuracy_scatter_data(sel, "rho_Wx")
     if not data["points"]:
         return None
@@ -456,9 +471,9 @@ def figure7(records: list[dict]):
     return fig
 
 
-def figure7_rho_J(records: list[dict]):
+def figure7_rho_J(records: Records):
     """Accuracy against the median ρ(J*) for every looped model (colour = recall, marker = norm)."""
-    data = accuracy_scatter_data([r for r in records if _looped(r)], "rho_J_median")
+    data = accuracy_scatter_data([r for r in _typed(records) if _looped(r)], "rho_J_median")
     if not data["points"] and not data["missing"]:
         return None
     fig = _figure(figsize=(9, 3.9), layout="constrained")
@@ -470,28 +485,29 @@ def figure7_rho_J(records: list[dict]):
 
 
 # ---- the figure the paper could not draw ------------------------------------------------------------------
-def hard_vs_fixed_point_data(records: list[dict], split: str = "hard") -> dict:
+def hard_vs_fixed_point_data(records: Records, split: str = "hard") -> dict:
     """What :func:`figure_hard_vs_fixed_point` draws: per looped, analysed run its cell id, norm, recall, hard
     accuracy (percent), median ρ(J*) (None: no converged sample) and converged share, measured on ``split``."""
     pts, left_out = [], []
-    for r in records:
+    for r in _typed(records):
         if not _looped(r):
             continue
-        c = r["config"]
+        c = r.config
         item = {"cell_id": _cell_name(r), "norm": c["model"]["norm"], "recall": c["model"]["recall"],
                 "hard": _acc(r, "hard"), "rho_J": split_quantity(r, "rho_J_median", split),
                 "converged": split_quantity(r, "converged_fraction", split)}
         if item["converged"] is None:
-            left_out.append({**item, "reason": "diverged" if r.get("status") == "diverged" else "not analysed"})
+            left_out.append({**item, "reason": "diverged" if r.status == "diverged" else "not analysed"})
         else:
             pts.append(item)
     return {"split": split, "points": pts, "missing": left_out, "caption": _missing_note(left_out)}
 
 
-def figure_hard_vs_fixed_point(records: list[dict]):
+def figure_hard_vs_fixed_point(records: Records):
     """Hard accuracy against the median ρ(J*) and against the converged share of the analysed samples (on the
     hard split where it was analysed), colour = norm, marker = recall; runs with no converged sample sit in a
     marked strip of the ρ(J*) panel."""
+    records = _typed(records)
     data = hard_vs_fixed_point_data(records)
     if not data["points"]:
         data = hard_vs_fixed_point_data(records, "val")

@@ -1,7 +1,7 @@
 """Grid files: the paper's experimental grid (App. B.5–B.6) as TOML, validated and expanded into RunConfigs.
 
 A grid file names *fixed* options, shared by every cell, and *axes*, whose Cartesian product gives the cells.
-Both are tables of the RunConfig sections ``model``, ``task`` and ``train`` (``stability/config.py``)::
+Both are tables of the RunConfig sections ``model``, ``task`` and ``train`` (``stability/config/``)::
 
     name = "paper-prefix-sums"                # default: the file's stem
     description = "Tables 4-5, prefix sums"
@@ -34,7 +34,7 @@ Both are tables of the RunConfig sections ``model``, ``task`` and ``train`` (``s
     ensemble = "auto"                         # seeds and rates of one configuration as one batched ensemble
 
 The keys of ``model``, ``task`` and ``train`` are the fields of the one configuration schema
-(``stability/config.py``, docs/configuration.md). A training method and its options are the ``method`` sub-table
+(``stability/config/``, docs/configuration.md). A training method and its options are the ``method`` sub-table
 of ``train``, whose ``name`` is the method (as in a run file's ``[train.method]``)::
 
     [fixed.train.method]

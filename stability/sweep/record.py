@@ -20,36 +20,22 @@ Torch-free: the tables, figures and claims read records without importing torch.
 from __future__ import annotations
 
 import json
-import typing
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 from pydantic import field_serializer, field_validator
 
-from stability.config import RunConfig, SweepSummary, _Config, from_dict, is_flat_config
+from stability.analysis.headline import SplitSummary
+from stability.config import Real, RecordPart, RunConfig, SweepSummary, from_dict, is_flat_config
 from stability.errors import ConfigError, StabilityError
 
 RECORD_FORMAT = "stability-sweep-record"
 RECORD_SCHEMA = 1
 
-#: a measured number as the record holds it: an int stays an int and a float a float (strict: no bool, no str), so
-#: the JSON written back is the JSON read
-Real = Union[int, float]
 Split = Literal["val", "hard"]
 
 
-class _Part(_Config):
-    """A table of the record: errors name their place by its path from the record's root."""
-
-    error_style: typing.ClassVar[str] = "path"
-
-    def to_dict(self) -> dict:
-        """The JSON-ready dict: the keys that were given, in the schema's order (a key a record predates stays
-        absent)."""
-        return self.model_dump(exclude_unset=True)
-
-
-class FinalSplit(_Part):
+class FinalSplit(RecordPart):
     """One split's final evaluation: accuracy at the test iteration (the tables' number), the best one and its
     iteration, whole-answer accuracy after every iteration 1..T (``curve``), the split's size ``n``."""
 
@@ -62,7 +48,7 @@ class FinalSplit(_Part):
     curve: list[Real]
 
 
-class MonitorEntry(_Part):
+class MonitorEntry(RecordPart):
     """One epoch of the training-time stability monitor (:func:`stability.analysis.monitor.measure`)."""
 
     epoch: int
@@ -77,7 +63,7 @@ class MonitorEntry(_Part):
     seconds: Optional[Real] = None
 
 
-class Curves(_Part):
+class Curves(RecordPart):
     """Per-epoch training curves: the loss, and the accuracy on training inputs (None where not measured)."""
 
     epoch: list[Optional[int]]
@@ -85,7 +71,7 @@ class Curves(_Part):
     train_accuracy: list[Optional[Real]]
 
 
-class StabilitySummary(_Part):
+class StabilitySummary(RecordPart):
     """The final model's stability in four numbers, from the analysis (its val split, else its first) or the
     monitor."""
 
@@ -100,54 +86,7 @@ class StabilitySummary(_Part):
     distinct_fixed_points: Optional[int] = None
 
 
-class SplitSummary(_Part):
-    """The compact ``analyze`` summary of one split (:func:`stability.sweep.runner.analysis_summary`; what each
-    means: docs/experiments.md). The keys after ``accuracy_at_fixed_point`` are those of later stages: a record
-    analysed without them has none."""
-
-    samples: Optional[int]
-    converged_fraction: Optional[Real]
-    status_counts: Optional[dict[str, int]]
-    nfe_median: Optional[Real]
-    rho_J_median: Optional[Real]
-    rho_J_median_all: Optional[Real]
-    sigma_max_median: Optional[Real]
-    rho_M_median: Optional[Real]
-    prop4_max_abs_diff: Optional[Real]
-    rho_Wx: Optional[Real]
-    input_grad_norm_median: Optional[Real]
-    distinct_fixed_points: Optional[int] = None
-    fixed_point_distance_max: Optional[Real]
-    dxT_de_norm_last: Optional[Real] = None
-    prop5_rel_error_last: Optional[Real] = None
-    accuracy_at_fixed_point: Optional[Real]
-    timings_s: Optional[dict[str, Real]] = None
-    e_local_exceed: Optional[int] = None
-    e_local_measured: Optional[int] = None
-    e_local_threshold: Optional[Real] = None
-    e_local_max: Optional[Real] = None
-    e_local_T: Optional[int] = None
-    e_global_differ: Optional[int] = None
-    e_global_compared: Optional[int] = None
-    e_global_tol: Optional[Real] = None
-    e_global_distance_max: Optional[Real] = None
-    repelling_found: Optional[int] = None
-    repelling_searched: Optional[int] = None
-    repelling_starts: Optional[int] = None
-    repelling_budget: Optional[int] = None
-    repelling_ran_out: Optional[int] = None
-    repelling_roots: Optional[int] = None
-    geometry_median_radius: Optional[Real] = None
-    geometry_log_iqr: Optional[Real] = None
-    geometry_log_range: Optional[Real] = None
-    geometry_balance: Optional[Real] = None
-    geometry_unstable_t0: Optional[Real] = None
-    path_aa_other_median: Optional[Real] = None
-    path_aa_noise_median: Optional[Real] = None
-    path_measured: Optional[int] = None
-
-
-class Timing(_Part):
+class Timing(RecordPart):
     """Where the cell's time went (``run_seconds``: its whole cost on its device; ``cpu_seconds``: this process's
     CPU time, all threads)."""
 
@@ -160,7 +99,7 @@ class Timing(_Part):
     resumed_from_epoch: int
 
 
-class Environment(_Part):
+class Environment(RecordPart):
     """What ran the cell: the device, the host, the versions, ``CUDA_VISIBLE_DEVICES`` and the hardware signature
     (:func:`stability.hardware.signature`, what makes its numbers reproducible or not)."""
 
@@ -172,7 +111,7 @@ class Environment(_Part):
     hardware: Optional[dict[str, Any]] = None
 
 
-class EnsembleNote(_Part):
+class EnsembleNote(RecordPart):
     """A member of an ensemble group (``stability sweep --ensemble auto``): the group's size, its members' readable
     cell ids in grid order, and this cell's index among them. A solo cell's record has no such key."""
 
@@ -181,7 +120,7 @@ class EnsembleNote(_Part):
     index: int
 
 
-class SweepRecord(_Part):
+class SweepRecord(RecordPart):
     """One finished cell: its identity and config, the final metrics, the training-time monitor and curves, the
     stability summary and the compact analysis, how it was summarised (``options``: the grid's
     :class:`~stability.config.SweepSummary` in its record form), the timings and the environment."""
@@ -274,18 +213,18 @@ def check_config_shape(obj: dict, path, migrate_path) -> None:
                              f"the train options); convert it once with `stability migrate {migrate_path}`")
 
 
-def read_record(path: Path) -> dict:
-    """A record file, validated through :class:`SweepRecord` (a StabilityError line otherwise), as its JSON."""
+def read_record(path: Path) -> SweepRecord:
+    """A record file as a :class:`SweepRecord` (a StabilityError line where it is not one)."""
     try:
         rec = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise StabilityError(f"{path}: not a readable sweep record ({type(exc).__name__})") from None
-    return parse_record(rec, str(path), Path(path).parent.parent).to_dict()
+    return parse_record(rec, str(path), Path(path).parent.parent)
 
 
-def load_records(results: Path) -> list[dict]:
-    """Every record under ``results/records`` (sorted by id), each validated; a StabilityError when there is
-    none."""
+def load_records(results: Path) -> list[SweepRecord]:
+    """Every record under ``results/records`` (sorted by id), typed; a StabilityError when there is none. Its JSON,
+    for a file people read (``records.jsonl``), is each record's :meth:`SweepRecord.to_dict`."""
     results = Path(results)
     if not results.exists():
         raise StabilityError(f"{results}: no such results directory")

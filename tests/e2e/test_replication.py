@@ -47,7 +47,7 @@ def test_every_second_edition_record_is_a_pinned_cell_measured_on_the_three_axes
     analysis of both splits with the repelling search, local and global e-dependence, and the geometry stage
     wherever a sample converged."""
     cells = {c.cell_id: c for c in gridlib.load(GRID).cells}
-    records = {r["cell_id"]: r for r in load_records(RESULTS)}
+    records = {r.cell_id: r.to_dict() for r in load_records(RESULTS)}
     assert CELL in records and set(records) == set(cells)  # the whole grid, one record per cell
     for cell_id, rec in records.items():
         cfg = cells[cell_id].config
@@ -77,7 +77,7 @@ def test_every_second_edition_record_is_a_pinned_cell_measured_on_the_three_axes
 def _rerun(results_dir, out):
     """Rerun CELL of the grid into ``out`` with the kernel set its committed record was made with (the second
     edition's predate the sets: mkl-vml); (committed record, the process)."""
-    committed = {r["cell_id"]: r for r in load_records(results_dir)}[CELL]
+    committed = {r.cell_id: r.to_dict() for r in load_records(results_dir)}[CELL]
     kernels = committed["environment"]["hardware"].get("kernels") or hardware.LEGACY_KERNELS
     proc = run_process("sweep", GRID, "--only", CELL, "--results", out, "--workers", "1",
                        env={hardware.KERNELS: kernels}, check=False, timeout=1800)  # ~2 min quiet; a loaded machine

@@ -59,7 +59,7 @@ def test_a_stages_quoted_name_is_in_its_module_and_the_configs_name_list_only():
     spelled the name out elsewhere would miss the rename and report the stage as not measured."""
     assert set(DISTINCT_NAMES) <= set(NAMES)
     for name in DISTINCT_NAMES:
-        own = {f"stability/analysis/stages/{name}.py", "stability/config.py"}
+        own = {f"stability/analysis/stages/{name}.py", "stability/config/analysis.py"}
         found = _files_quoting(name) - set(SAME_SPELLING.get(name, {}))
         assert found <= own, (name, sorted(found - own))
     for name, where in SAME_SPELLING.items():

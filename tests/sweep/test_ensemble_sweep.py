@@ -4,11 +4,7 @@ reproducible mode, and the solo fallback."""
 
 import argparse
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -24,7 +20,7 @@ from stability.sweep.runner import cell_file, cell_lock, checkpoint_path, final_
 from stability.train.batchable import solo_reason
 from stability.train.ensemble import check_ensemble
 from stability.train.loop import train
-from tests.conftest import run_cli
+from tests.conftest import kill_when_ready, run_cli
 from tests.sweep.test_sweep import tiny_fixed, write_grid
 
 #: 2 rates × 2 seeds of one architecture: one group of four
@@ -148,21 +144,8 @@ def killed(tmp_path_factory):
     d = tmp_path_factory.mktemp("ens-sweep")
     grid = write_grid(d / "grid.toml", fixed=tiny_fixed(model__norm="pre", train__epochs=4), axes=RATES_SEEDS)
     results = d / "results"
-    proc = subprocess.Popen(_sweep_cmd(grid, results), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    deadline = time.time() + 300
-    try:
-        while time.time() < deadline:
-            runs = list((results / "runs").glob("*.pt"))
-            if len(runs) == 4:
-                break
-            assert proc.poll() is None, f"the sweep ended before it could be killed: {proc.stderr.read()}"
-            time.sleep(0.02)
-        else:
-            pytest.fail("no member wrote a checkpoint within the deadline")
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    kill_when_ready(_sweep_cmd(grid, results), lambda: len(list((results / "runs").glob("*.pt"))) == 4,
+                    deadline_s=300, what="checkpoint of every member")
     epochs = {p.stem: int(ckpt.read(p)["epoch"]) for p in (results / "runs").glob("*.pt")}
     records_before = list((results / "records").glob("*.json"))
     second = cli("sweep", grid, "--results", results, "--summary", "monitor", "--ensemble", "auto")

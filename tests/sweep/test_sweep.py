@@ -5,18 +5,15 @@ import csv
 import json
 import math
 import os
-import signal
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from stability.errors import ConfigError
 from stability.sweep import grid as gridlib
-from tests.conftest import ROOT, run_cli, toml_value
+from tests.conftest import ROOT, kill_when_ready, run_cli, toml_value
 
 
 TINY = {
@@ -261,26 +258,15 @@ def resumed(tmp_path_factory):
     results = d / "results"
     cmd = [sys.executable, "-m", "stability", "sweep", str(grid), "--results", str(results), "--workers", "1",
            "--summary", "monitor"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    deadline = time.time() + 240
-    inflight = []
-    try:
-        while time.time() < deadline:
-            records = list((results / "records").glob("*.json"))
-            inflight = [p for p in (results / "runs").glob("*.pt") if not (results / "records" / f"{p.stem}.json").exists()]
-            if records and inflight:
-                break
-            assert proc.poll() is None, f"the sweep ended before it could be killed: {proc.stderr.read()}"
-            time.sleep(0.02)
-        else:
-            pytest.fail("no cell was in flight within the deadline")
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the sweep and the worker it started
-        proc.wait()
+
+    def in_flight() -> list:
+        return [p for p in (results / "runs").glob("*.pt") if not (results / "records" / f"{p.stem}.json").exists()]
+
+    kill_when_ready(cmd, lambda: bool(list((results / "records").glob("*.json")) and in_flight()), deadline_s=240,
+                    what="cell in flight")
     from stability import checkpoint as ckpt
 
-    inflight = [p for p in (results / "runs").glob("*.pt") if not (results / "records" / f"{p.stem}.json").exists()]
+    inflight = in_flight()
     killed_epochs = {p.stem: int(ckpt.read(p)["epoch"]) for p in inflight}
     before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in (results / "records").glob("*.json")}
     second = cli("sweep", grid, "--results", results, "--workers", "2", "--summary", "monitor")

@@ -15,6 +15,7 @@ import pytest
 from stability.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
 from stability.errors import ConfigError
 from stability.sweep import tables
+from stability.sweep.record import typed
 from stability.sweep.runner import RECORD_FORMAT, RECORD_SCHEMA
 from tests.conftest import run_cli
 
@@ -191,7 +192,7 @@ def test_figures_keep_runs_without_a_converged_sample_in_a_marked_strip_and_list
     assert "4 run(s) with no converged probe sample" in six["caption"]
     assert "1 diverged run(s) not drawn (ps-external-none-lr1e-2-s0)" in six["caption"]
 
-    seven = figures.accuracy_scatter_data([r for r in recs if figures._looped(r)], "rho_J_median")
+    seven = figures.accuracy_scatter_data([r for r in map(typed, recs) if figures._looped(r)], "rho_J_median")
     assert len(seven["points"]) == 8 and len(seven["missing"]) == 5
     gru = [m for m in seven["missing"] if m["cell_id"] == "ps-external-gru-lr0.003-s1"][0]
     assert gru["reason"] == figures.NO_CONVERGED and gru["hard"] == 45.0  # its accuracy is plotted, in the strip
@@ -272,7 +273,7 @@ def test_records_export_is_one_jsonl_line_and_one_csv_row_per_record(tmp_path):
     paths = export.write_records(recs, tmp_path)
     assert [p.name for p in paths] == ["records.jsonl", "records.csv"]
     back = export.read_jsonl(tmp_path / "records.jsonl")
-    assert len(back) == len(recs) and sorted(r["cell_id"] for r in back) == sorted(r["cell_id"] for r in recs)
+    assert len(back) == len(recs) and sorted(r.cell_id for r in back) == sorted(r["cell_id"] for r in recs)
     rows = list(csv.DictReader((tmp_path / "records.csv").open()))
     assert len(rows) == len(recs)
     row = [r for r in rows if r["cell_id"] == "ps-internal-pre-lr0.003-s1"][0]

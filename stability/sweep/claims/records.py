@@ -134,8 +134,8 @@ def _geometry(block: Optional[SplitSummary], split: str, field: str) -> tuple[Op
     return float(v), None
 
 
-def read_results(path) -> list[dict]:
-    """The records of RESULTS: ``RESULTS/records/*.json`` (the sweep's source of truth), else
+def read_results(path) -> list[SweepRecord]:
+    """The records of RESULTS, typed: ``RESULTS/records/*.json`` (the sweep's source of truth), else
     ``RESULTS/records.jsonl``, or a ``.jsonl`` file given directly."""
     path = Path(path)
     if path.is_file():
