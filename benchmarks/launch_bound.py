@@ -13,12 +13,19 @@ scaled by 0.5 so that plain iteration converges (benchmarks/analysis_scaling.py'
 
     python benchmarks/launch_bound.py [--samples 8] [--width 16] [--out benchmarks/results-launch-bound.json]
     python benchmarks/launch_bound.py --solvers --samples 64   # the solvers' syncs per evaluation, per row, batched
+    python benchmarks/launch_bound.py --forecast --samples 8   # each stage's forecast against its time (no counting)
+
+``--seed`` picks another model and inputs (``analysis_scaling.build``'s seed): the ratios are the slowest
+sample's, so they vary with it. ``--forecast`` (issue 35's forecasts per device): one analysis of the same model
+on ``--samples``, uncounted, each stage's predicted seconds (the split's prediction rescaled to this machine by its
+measured J-product, :func:`stability.analysis.pipeline.predicted`) against its measured seconds.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections import Counter
@@ -89,7 +96,7 @@ def count_stages(model, inputs, options) -> dict:
     return counts
 
 
-def measure(samples: int, width: int, factor: int = 8, batch: str | None = None) -> dict:
+def measure(samples: int, width: int, factor: int = 8, batch: str | None = None, seed: int = 0) -> dict:
     from analysis_scaling import build
 
     from stability import AnalysisOptions
@@ -97,10 +104,10 @@ def measure(samples: int, width: int, factor: int = 8, batch: str | None = None)
 
     stages = tuple(s for s in STAGES if s != "accuracy")  # accuracy needs targets; its work rides on the solve
     out = {"samples": samples, "factor": factor, "width": width, "positions": 81, "batch": batch or "auto",
-           "stages": {}}
+           "seed": seed, "stages": {}}
     runs = {}
     for N in (samples, factor * samples):
-        model, inputs = build("sudoku", width, (9, 9), 0.5, N)
+        model, inputs = build("sudoku", width, (9, 9), 0.5, N, seed=seed)
         kw = {"batch": batch} if batch else {}
         options = AnalysisOptions(samples=N, stages=stages, few_samples=0, **kw)
         runs[N] = count_stages(model, inputs, options)
@@ -111,6 +118,42 @@ def measure(samples: int, width: int, factor: int = 8, batch: str | None = None)
                                "ops_ratio": b["ops"] / max(a["ops"], 1), "syncs_ratio": b["syncs"] / max(a["syncs"], 1),
                                "seconds": [a["seconds"], b["seconds"]], "sync_calls": [a["sync_calls"], b["sync_calls"]]}
     return out
+
+
+def forecast_vs_actual(samples: int, width: int, batch: str | None = None, seed: int = 0) -> dict:
+    """{"stages": {stage: {"forecast_s", "actual_s", "ratio"}}, ...} of one analysis (``stability.analyze``, every
+    stage but accuracy) of ``samples`` sudoku-shape states: the forecast is the one the analysis itself makes
+    before its first stage (:func:`stability.analysis.pipeline.predicted`, rescaled by this machine's J-product)."""
+    import stability
+    from analysis_scaling import build
+    from stability import AnalysisOptions
+    from stability.analysis import pipeline
+    from stability.analysis.options import STAGES
+
+    stages = tuple(s for s in STAGES if s != "accuracy")
+    model, inputs = build("sudoku", width, (9, 9), 0.5, samples, seed=seed)
+    said = {}
+    original = pipeline.predicted  # the split's own forecast, kept as the analysis made it
+
+    def predicted(at, options):
+        said.update(original(at, options))
+        return said
+
+    kw = {"batch": batch} if batch else {}
+    t = time.perf_counter()
+    try:
+        pipeline.predicted = predicted
+        report = stability.analyze(model, inputs, options=AnalysisOptions(samples=samples, stages=stages,
+                                                                           **kw)).to_json()["inputs"]
+    finally:
+        pipeline.predicted = original
+    wall = time.perf_counter() - t
+    rows = {name: {"forecast_s": said[name], "actual_s": sec, "ratio": sec / said[name] if said[name] else None}
+            for name, sec in report["timings"].items()}
+    total_f, total_a = sum(said[n] for n in rows), sum(r["actual_s"] for r in rows.values())
+    return {"samples": samples, "width": width, "positions": 81, "batch": batch or "auto", "seed": seed,
+            "stages": rows, "total": {"forecast_s": total_f, "actual_s": total_a, "ratio": total_a / total_f},
+            "wall_s": wall, "load": list(os.getloadavg())}
 
 
 def solver_syncs(samples: int, width: int) -> dict:
@@ -149,6 +192,14 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def forecast_table(result: dict) -> str:
+    lines = ["| stage | forecast s | actual s | actual / forecast |", "|---|---|---|---|"]
+    for name, r in [*result["stages"].items(), ("total", result["total"])]:
+        ratio = "—" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        lines.append(f"| {name} | {r['forecast_s']:.2f} | {r['actual_s']:.2f} | {ratio} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=8)
@@ -157,15 +208,24 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", default=None, help="AnalysisOptions.batch, where the toolkit has it")
     ap.add_argument("--out", type=Path, default=HERE / "results-launch-bound.json")
     ap.add_argument("--solvers", action="store_true", help="the solvers' syncs per evaluation instead (printed)")
+    ap.add_argument("--seed", type=int, default=0, help="the model's and inputs' seed (analysis_scaling.build)")
+    ap.add_argument("--forecast", action="store_true",
+                    help="each stage's forecast against its measured seconds instead (JSON to --out)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if args.forecast:
+        result = forecast_vs_actual(args.samples, args.width, args.batch, args.seed)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        print(forecast_table(result))
+        print(f"wall {result['wall_s']:.1f} s, load {result['load'][0]:.2f}")
+        return 0
     if args.solvers:
         for method, paths in solver_syncs(args.samples, args.width).items():
             for path, row in paths.items():
                 print(f"{method:9s} {path:8s} evaluations {row['evaluations']:4d}  syncs/eval "
                       f"{row['syncs_per_eval']:.2f}  ops/eval {row['ops_per_eval']:.0f}")
         return 0
-    result = measure(args.samples, args.width, args.factor, args.batch)
+    result = measure(args.samples, args.width, args.factor, args.batch, args.seed)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(table(result))
     worst = max(max(s["ops_ratio"], s["syncs_ratio"]) for s in result["stages"].values())

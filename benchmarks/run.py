@@ -121,6 +121,12 @@ SUITE = (
               _script("launch_bound.py", "--samples", "2", "--factor", "2", "--out", "{out}/launch-bound.json"),
               "ops dispatched and host syncs per analysis stage at N and 8N samples (the ratio a batched stage "
               "keeps near 1)"),
+    Benchmark("forecast", "Forecast against the time of each stage on the CPU (`benchmarks/launch_bound.py --forecast`, "
+                          "issue 35)",
+              _script("launch_bound.py", "--forecast", "--samples", "8", "--out", "{out}/forecast.json"),
+              _script("launch_bound.py", "--forecast", "--samples", "2", "--out", "{out}/forecast.json"),
+              "each stage's forecast (the split's prediction rescaled by this machine's J-product) against its "
+              "measured seconds, one analysis of 8 sudoku-shape samples"),
     Benchmark("ensemble", "Ensembles (`benchmarks/ensemble_benchmark.py`, issue 37)",
               _script("ensemble_benchmark.py", "--out", "{out}"),
               _script("ensemble_benchmark.py", "--seeds", "2", "--epochs", "1", "--out", "{out}"),
