@@ -47,12 +47,13 @@ def cores() -> int:
 
 
 def resolve_processes(processes: Optional[int], members: int, config: RunConfig) -> int:
-    """How many processes train the ``members``: ``processes``, or for ``None`` (``auto``) min(cores, members) on
-    the CPU and 1 on CUDA. More processes than members is refused in one line."""
+    """How many processes train the ``members``: ``processes``, or for ``None`` (``auto``, the command's default)
+    min(cores, torch's threads, members) on the CPU (``OMP_NUM_THREADS=1`` keeps the ensemble on one core) and 1
+    on CUDA. More processes than members is refused in one line."""
     if processes is None:
         if resolve_device(config.train.device).type != "cpu":
             return 1
-        return max(1, min(cores(), members))
+        return max(1, min(cores(), torch.get_num_threads(), members))
     if processes > members:
         raise ConfigError(f"--processes {processes}: more than the ensemble's {members} members; give at most "
                           f"{members}, or auto")
