@@ -3,6 +3,7 @@
     python benchmarks/ensemble_benchmark.py [--seeds 5] [--epochs 45] [--threads 2] [--repeats 3]
                                             [--variants solo,solo1,ensemble,split] [--out DIR]
     python benchmarks/ensemble_benchmark.py --ceiling [--threads 2] [--out DIR]
+    python benchmarks/ensemble_benchmark.py --sensitivity [--seed 1] [--perturbed 4] [--epochs 45] [--out DIR]
 
 The demo's architecture (`--preset cpu`, stability/config.py PRESETS). Up to four variants (``--variants``),
 ``--repeats`` times, their order rotated each time: ``solo``, the K solo runs in sequence at ``--threads`` threads
@@ -14,6 +15,14 @@ training and evaluations; min, median, all) and of its training epochs alone, th
 each solo baseline run, the load average before and after each repetition, and for the last repetition each
 member against each solo baseline: its first-epoch loss (relative difference), the first epoch whose loss differs
 by more than 1e-4 relative, and its final val / hard accuracy (last iteration; points).
+
+``--sensitivity``: is a member's distance from its solo run the ensemble's doing or the training's own? At one
+thread, seed ``--seed``: the solo run; the same run with the members' written-out attention (``dense``) instead of
+the fused kernel; the one-member ensemble; and ``--perturbed`` solo runs whose initial weights are multiplied by
+1 + 1e-7·N(0, 1) (float32 rounding's size; a seeded draw each). Writes ``DIR/ensemble-sensitivity.json``: each
+run's per-epoch losses, the first epoch whose loss parts from the solo run's by more than 1e-4 relative, final val
+/ hard accuracy, and the weights' relative distance from the solo run's after every epoch (the one-member ensemble's
+from the ``dense`` run's at the end, and whether they are bitwise equal).
 
 ``--ceiling``: what batching can buy at all at this size, per batch of the progressive loss at a fixed depth
 (n, k) = (4, 4), forward and backward (the median of ``--reps`` timings, writes ``DIR/ensemble-ceiling.json``): one
@@ -51,6 +60,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="benchmarks/out")
     p.add_argument("--ceiling", action="store_true", help="per-batch timings: what batching can buy at this size")
     p.add_argument("--reps", type=int, default=15, help="--ceiling: timings per variant (the median is kept)")
+    p.add_argument("--sensitivity", action="store_true", help="a member against its solo run's own sensitivity")
+    p.add_argument("--seed", type=int, default=1, help="--sensitivity: the seed")
+    p.add_argument("--perturbed", type=int, default=4, help="--sensitivity: solo runs perturbed at 1e-7")
     args = p.parse_args(argv)
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     if not set(args.variants) <= set(VARIANTS) or not set(args.variants) & {"solo", "solo1"}:
@@ -64,6 +76,9 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     if args.ceiling:
         return ceiling(args)
+    if args.sensitivity:
+        torch.set_num_threads(1)
+        return sensitivity(args)
     return compare(args)
 
 
@@ -185,6 +200,86 @@ def _report(result: dict, pairs: list) -> None:
             print(f"  seed {m['seed']}: first-epoch loss rel diff {m['first_epoch_rel_diff']:.1e} (all epochs max "
                   f"{m['max_rel_loss_diff_all_epochs']:.1e}, parts at epoch {m['parts_at_epoch']}); val "
                   f"{m['val_points']:+.2f}, hard {m['hard_points']:+.2f} points vs {b}")
+
+
+def _solo_traced(config, out: Path, perturb_seed=None, dense: bool = False):
+    """A solo run and its flat weights after every epoch; ``perturb_seed``: its initial weights × (1 + 1e-7·N(0, 1))
+    from that seed; ``dense``: the members' attention instead of the fused kernel."""
+    from unittest import mock
+
+    import torch
+
+    from stability.model import attention
+    from stability.train import loop
+
+    start, snaps = loop._start, []
+
+    def perturbed_start(*a, **kw):
+        run = start(*a, **kw)
+        g = torch.Generator().manual_seed(perturb_seed)
+        with torch.no_grad():
+            for q in run.model.parameters():
+                q.mul_(1 + 1e-7 * torch.randn(q.shape, generator=g))
+        return run
+
+    def dense_sdpa(q, k, v, attn_mask=None):
+        return attention._dense_exp_attention(q, k, v, attn_mask)
+
+    with mock.patch.object(loop, "_start", perturbed_start if perturb_seed is not None else start), \
+            mock.patch.object(attention.F, "scaled_dot_product_attention",
+                              dense_sdpa if dense else attention.F.scaled_dot_product_attention):
+        result = loop.train(config, out, progress=False,
+                            callbacks=(lambda m, t, r: snaps.append(_flat(m.state_dict())),))
+    return result, snaps
+
+
+def _flat(state: dict):
+    import torch
+
+    return torch.cat([v.detach().reshape(-1).double() for v in state.values()])
+
+
+def sensitivity(args) -> int:
+    """The runs of ``--sensitivity`` (module docstring)."""
+    import torch
+
+    from stability.commands.train import config_from_args
+    from stability.train.ensemble import train_ensemble
+
+    config = config_from_args(argparse.Namespace(preset="cpu", config=None))
+    config = config.replace(train=config.train.replace(seed=args.seed, **({"epochs": args.epochs} if args.epochs
+                                                                            else {})))
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        ref, ref_snaps = _solo_traced(config, tmp / "solo.pt")
+        runs = {"dense": _solo_traced(config, tmp / "dense.pt", dense=True)}
+        runs.update({f"perturbed{i}": _solo_traced(config, tmp / f"p{i}.pt", perturb_seed=i)
+                     for i in range(1, args.perturbed + 1)})
+        member = train_ensemble(config, tmp / "ens", [args.seed], progress=False, processes=1)[0]
+        for name, (result, snaps) in {"solo": (ref, ref_snaps), **runs, "member": (member, None)}.items():
+            rel = [abs(x["loss"] - y["loss"]) / y["loss"] for x, y in zip(result.history, ref.history)]
+            out[name] = {"loss": [h["loss"] for h in result.history],
+                         "parts_at_epoch": next((e + 1 for e, r in enumerate(rel) if r > 1e-4), None),
+                         "val": result.final["val"]["accuracy"][-1], "hard": result.final["hard"]["accuracy"][-1]}
+            if snaps is not None:
+                out[name]["weights_rel_diff"] = [float((a - b).norm() / b.norm()) for a, b in zip(snaps, ref_snaps)]
+        w_member = _flat(torch.load(member.path, weights_only=True)["model"])
+        w_dense = _flat(torch.load(tmp / "dense.pt", weights_only=True)["model"])
+        out["member"]["bitwise_the_dense_run"] = bool(torch.equal(w_member, w_dense))
+        out["member"]["weights_rel_diff_from_dense"] = float((w_member - w_dense).norm() / w_dense.norm())
+    result = {"seed": args.seed, "epochs": config.train.epochs, "threads": 1, "torch": torch.__version__,
+              "loadavg": os.getloadavg(), "runs": out}
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "ensemble-sensitivity.json").write_text(json.dumps(result, indent=1) + "\n")
+    for name, r in out.items():
+        w = r.get("weights_rel_diff")
+        at = sorted({e for e in (0, 4, 9, 19) if e < len(w or [])} | ({len(w) - 1} if w else set()))
+        print(f"{name}: parts from solo at epoch {r['parts_at_epoch']}, val {r['val']:.3f}, hard {r['hard']:.3f}"
+              + (f", weights' distance from solo's after epochs {'/'.join(str(e + 1) for e in at)}: "
+                 + "/".join(f"{w[e]:.1e}" for e in at) if w else "")
+              + (f", bitwise the dense run: {r['bitwise_the_dense_run']}" if name == "member" else ""))
+    return 0
 
 
 def ceiling(args) -> int:
