@@ -159,6 +159,32 @@ def test_existing_members_are_not_overwritten_without_resume(tmp_path, cli):
     assert proc.returncode == 2 and "exists" in proc.stderr
 
 
+def test_each_members_loss_gradient_in_the_batched_step_is_its_solo_progressive_losss(tmp_path):
+    """In float64, members at different depths (from e itself, after frozen iterations, finished early while
+    another runs on): each member's gradient from the summed batched losses equals the gradient of its own
+    :func:`~stability.train.loop.progressive_loss` on its own batch, to 1e-12 relative. No member's gradient
+    reaches another's parameters."""
+    from stability.train import ensemble, loop
+
+    cfg = small_config()
+    runs = [loop._start(c, tmp_path / n, resume=False, progress=False) for n, c in ensemble.members(cfg, range(4))]
+    for r in runs:
+        r.model.double()
+        r.model.attention_impl = "dense"
+    task, B = runs[0].task, 20
+    x, y = task.dataset("train")
+    x = x.double() if x.is_floating_point() else x
+    xb, yb = torch.stack([x[i * B:(i + 1) * B] for i in range(4)]), torch.stack([y[i * B:(i + 1) * B] for i in range(4)])
+    depths = [(0, 3), (2, 1), (5, 1), (1, 5)]
+    ensemble.batched_losses(runs, xb, yb, depths).sum().backward()
+    batched = [[p.grad.clone() for p in r.model.parameters()] for r in runs]
+    for i, (r, (n, k)) in enumerate(zip(runs, depths)):
+        r.model.zero_grad()
+        loop.progressive_loss(r.model, task, xb[i], yb[i], n, k, 1.0, cfg.train.iterations).backward()
+        for g, p in zip(batched[i], r.model.parameters()):
+            assert torch.allclose(g, p.grad, rtol=1e-12, atol=1e-12 * float(p.grad.abs().max())), (i, depths[i])
+
+
 def test_a_one_member_ensemble_is_bitwise_its_solo_run_with_the_members_attention(tmp_path, monkeypatch):
     """Everything a member keeps of its own (initialisation, data order, (n, k) draws, learning-rate schedule,
     AdamW state, gradient clipping, the checkpoint's generator) is its solo run's to the bit: a one-member
