@@ -460,7 +460,7 @@ class EnsembleOptions(_Config):
     FLAGS: typing.ClassVar[tuple[str, ...]] = ("processes",)
 
     processes: Optional[int] = _f(None, "with --seeds: split the members across N processes, one thread each on the "
-                                  "CPU (auto: one per core torch may use, up to the members; 1 on CUDA; none: auto)",
+                                  "CPU (auto: one per core torch may use, up to the members; 1 on CUDA)",
                                   metavar="N|auto", ge=1, le=MAX_WORKERS)
 
 
