@@ -67,16 +67,14 @@ def test_auto_is_one_process_per_core_torch_may_use_up_to_the_members_and_one_on
 
 
 def test_the_commands_default_is_auto(monkeypatch):
-    """``stability train --seeds`` without ``--processes`` splits its members as ``--processes auto`` does."""
-    import argparse
-
-    from stability.commands.train import _processes
+    """``stability train --seeds`` without ``--processes`` (the options' default) splits its members as
+    ``--processes auto`` does: two processes on two cores."""
+    from stability.config import EnsembleOptions
 
     monkeypatch.setattr(split, "cores", lambda: 2)
     monkeypatch.setattr(split.torch, "get_num_threads", lambda: 2)
-    cfg = small_config()
-    assert _processes(argparse.Namespace(), cfg, 5) == _processes(argparse.Namespace(processes="auto"), cfg, 5) == 2
-    assert _processes(argparse.Namespace(processes=1), cfg, 5) == 1
+    assert EnsembleOptions().processes is None
+    assert split.resolve_processes(EnsembleOptions().processes, 5, small_config()) == 2
 
 
 def test_every_process_of_a_split_ensemble_shows_its_training_bar(tmp_path):
