@@ -28,6 +28,9 @@ It is not applied where:
   :func:`apply` does nothing and returns ``{}``, silently. ``import stability`` itself never changes the
   environment. From Python, set ``OMP_WAIT_POLICY=PASSIVE`` in the shell, or call ``stability.threads.apply()``
   before the first ``import torch`` (docs/python-api.md).
+
+The sizes of the pools of processes started side by side (``analyze``'s split processes, an ensemble's processes in
+stability/train/split.py): :func:`child_thread_env` while they start, :class:`limit_threads` inside them.
 """
 
 from __future__ import annotations
@@ -68,3 +71,39 @@ def apply(env: Optional[MutableMapping] = None) -> dict:
     added = policy_env(env)
     env.update(added)
     return added
+
+
+#: the environment variables that size the thread pools of OpenMP, MKL and OpenBLAS when a library loads
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+class limit_threads:
+    """Use ``threads`` threads in every thread pool of this process: torch's (OpenMP and its MKL) and, through
+    threadpoolctl, the OpenBLAS copies of numpy and scipy, which torch.set_num_threads does not reach: two
+    analyses side by side on a 2-core machine would otherwise each start a BLAS thread a core. Also a context
+    manager that restores the previous sizes."""
+
+    def __init__(self, threads: int):
+        import torch  # lazy: this module is imported before torch loads (apply() must run first)
+        from threadpoolctl import threadpool_limits
+
+        self._torch = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        self._blas = threadpool_limits(limits=threads, user_api="blas")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        import torch  # lazy, as in __init__ (already loaded there)
+
+        self._blas.restore_original_limits()
+        torch.set_num_threads(self._torch)
+
+
+def child_thread_env(threads: int):
+    """A context with ``THREAD_ENV`` set to ``threads`` while processes are started, so that a spawned process
+    sizes its thread pools before its libraries load (the variables are restored afterwards)."""
+    from unittest import mock  # lazy: a light import kept off the command line's start
+
+    return mock.patch.dict(os.environ, {k: str(threads) for k in THREAD_ENV})

@@ -1,5 +1,6 @@
 """Splits analysed side by side on the CPU: one spawned process per split, each with its share of the threads, and
-the process-wide settings that make that pay (thread pools sized before the libraries load, freed memory kept).
+the process-wide settings that make that pay (thread pools sized before the libraries load:
+:func:`stability.threads.child_thread_env`, :class:`stability.threads.limit_threads`; freed memory kept).
 
 Every split's numbers are those of analysing it alone (tests/analysis/test_parallel_splits.py): each split seeds its own
 generators and reads nothing another split computed.
@@ -7,7 +8,6 @@ generators and reads nothing another split computed.
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Callable
 
@@ -18,6 +18,7 @@ from stability.analysis.options import AnalysisOptions
 from stability.checkpoint import load
 from stability.errors import StabilityError, first_line
 from stability.processes import die_with_parent
+from stability.threads import child_thread_env, limit_threads
 
 
 def keep_freed_memory() -> bool:
@@ -37,39 +38,6 @@ def keep_freed_memory() -> bool:
         return bool(libc.mallopt(M_MMAP_THRESHOLD, 1 << 30)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
     except (OSError, AttributeError):
         return False
-
-
-#: the environment variables that size the thread pools of OpenMP, MKL and OpenBLAS when a library loads
-THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-
-
-class limit_threads:
-    """Use ``threads`` threads in every thread pool of this process: torch's (OpenMP and its MKL) and, through
-    threadpoolctl, the OpenBLAS copies of numpy and scipy, which torch.set_num_threads does not reach: two
-    analyses side by side on a 2-core machine would otherwise each start a BLAS thread a core. Also a context
-    manager that restores the previous sizes."""
-
-    def __init__(self, threads: int):
-        from threadpoolctl import threadpool_limits
-
-        self._torch = torch.get_num_threads()
-        torch.set_num_threads(threads)
-        self._blas = threadpool_limits(limits=threads, user_api="blas")
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self._blas.restore_original_limits()
-        torch.set_num_threads(self._torch)
-
-
-def child_thread_env(threads: int):
-    """A context with ``THREAD_ENV`` set to ``threads`` while processes are started, so that a spawned process
-    sizes its thread pools before its libraries load (the variables are restored afterwards)."""
-    from unittest import mock
-
-    return mock.patch.dict(os.environ, {k: str(threads) for k in THREAD_ENV})
 
 
 def _split_worker(analyze_split: Callable, path, release_config, split: str, options: AnalysisOptions, threads: int,

@@ -89,13 +89,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="checkpoint file to write (metrics go beside it: PATH's stem + .metrics.jsonl, .metrics.csv, "
                         ".accuracy.csv)")
     p.add_argument("--seeds", metavar="SEEDS",
-                   help="train an ensemble: one member per seed (0-4, or 0,2,7) in one process and one batched step; "
+                   help="train an ensemble: one member per seed (0-4, or 0,2,7) in one batched step (per process: "
+                        "see --processes); "
                         "--out is then a directory of member checkpoints s{seed}.pt (docs/training.md, \"Ensembles\")")
     p.add_argument("--lrs", metavar="RATES",
                    help="with --seeds: also one member per learning rate (1e-3,2.5e-3), files lr{rate}-s{seed}.pt")
     for name in EnsembleOptions.FLAGS:  # derived from the schema, as the run's flags
         args, kw = schema_argument(name, name, EnsembleOptions.model_fields[name], dest=name)
-        kw.update(type=auto_or_positive_int)
+        kw.update(type=auto_or_positive_int, help=kw["help"].replace("(default none)", "(default auto)"))
         p.add_argument(*args, **kw)
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out if it exists (its stored options; with a larger --epochs: "

@@ -182,14 +182,15 @@ class TrainConfig(_Config):
 class EnsembleOptions(_Config):
     """How ``stability train --seeds`` runs its members (issue 37); not a run's option, so never in a checkpoint's
     config. ``processes``: the members split across this many processes, each training its share in one batched
-    step with one thread on the CPU (``None``, the flag's ``auto``: min(cores, members) on the CPU, 1 on CUDA)."""
+    step with one thread on the CPU (``None``, the flag's ``auto`` and the default: one per core torch may use,
+    min(cores, torch's threads, members), on the CPU; 1 on CUDA)."""
 
     #: the fields with a flag of ``stability train``
     FLAGS: typing.ClassVar[tuple[str, ...]] = ("processes",)
 
-    processes: Optional[int] = _f(1, "with --seeds: split the members across N processes, one thread each on the "
-                                  "CPU (auto: one per core, up to the members; 1 on CUDA)", metavar="N|auto", ge=1,
-                                  le=MAX_WORKERS)
+    processes: Optional[int] = _f(None, "with --seeds: split the members across N processes, one thread each on the "
+                                  "CPU (auto: one per core torch may use, up to the members; 1 on CUDA)",
+                                  metavar="N|auto", ge=1, le=MAX_WORKERS)
 
 
 class RunConfig(_Config):

@@ -298,12 +298,13 @@ def train_ensemble(config: RunConfig, out_dir: Path | str, seeds: Sequence[int],
 
 
 def train_members(plan: Sequence[tuple[Path, RunConfig]], notes: Sequence[dict], *, resume: bool,
-                  progress: bool) -> list[TrainResult]:
+                  progress: bool, part: Optional[tuple[int, str]] = None) -> list[TrainResult]:
     """Train the members ``plan`` ((checkpoint path, config) each) in one batched step, each checkpoint carrying
     its ``notes[i]`` as its ``ensemble`` note. The members' configs may differ in seed, learning rate and data
     (``task.seed``: each member trains on its own training set), nothing that changes the model's shape. A
     member's divergence raises its DivergenceError (``.member``: its checkpoint path) with every member's last
-    good checkpoint in place. The caller holds the locks."""
+    good checkpoint in place. The caller holds the locks. ``part`` (process j of a split ensemble, its label):
+    the training bar on line j, named by the label; the evaluations' bars only in process 0 (one line each)."""
     runs: list[_Run] = []
     torch_states = []  # each member's global generator state, as its solo run leaves it after initialisation
     for (path, member_config), note in zip(plan, notes):
@@ -327,7 +328,7 @@ def train_members(plan: Sequence[tuple[Path, RunConfig]], notes: Sequence[dict],
         torch.set_rng_state(torch_states[i])  # the checkpoint's "rng" is the member's own
         runs[i].save(epoch)
 
-    _train_runs(runs, data, monitors, save, progress)
+    _train_runs(runs, data, monitors, save, progress, part or (0, "train"))
     return [TrainResult(path=r.out, epochs=cfg.epochs, history=r.history, final=r.final) for r in runs]
 
 
@@ -347,14 +348,18 @@ def _training_sets(runs: Sequence[_Run]) -> tuple[list, list]:
     return inputs, targets
 
 
-def _train_runs(runs: list[_Run], data: tuple[list, list], monitors: list, save, progress: bool) -> None:
+def _train_runs(runs: list[_Run], data: tuple[list, list], monitors: list, save, progress: bool,
+                part: tuple[int, str]) -> None:
     """The epochs of the members from the earliest one's (a member behind catches up, one ahead waits), then each
-    member's final evaluation; ``save(i, epoch)`` writes member i's checkpoint."""
+    member's final evaluation; ``save(i, epoch)`` writes member i's checkpoint. ``part``: (line, label) of the
+    training bar (:func:`train_members`)."""
     inputs, targets = data
     cfg = runs[0].config.train
     per_epoch = -(-inputs[0].shape[0] // cfg.batch_size)
     start = min(r.start_epoch for r in runs)
-    bar = loop._bar(progress, cfg.epochs * per_epoch, "train", "batch", initial=start * per_epoch, leave=True)
+    bar = loop._bar(progress, cfg.epochs * per_epoch, part[1], "batch", initial=start * per_epoch, leave=True,
+                    position=part[0])
+    progress = progress and part[0] == 0  # the evaluations' bars: one process's (they would share line 0)
     try:
         for epoch in range(start, cfg.epochs):
             active = [i for i, r in enumerate(runs) if r.start_epoch <= epoch]  # a member behind catches up

@@ -30,7 +30,7 @@ from typing import Optional, Sequence
 import torch
 
 from stability import hardware
-from stability.analysis.pool import child_thread_env, limit_threads
+from stability.threads import child_thread_env, limit_threads
 from stability.config import RunConfig, resolve_device
 from stability.errors import ConfigError, DivergenceError, StabilityError, Terminated, first_line
 from stability.processes import die_with_parent
@@ -47,12 +47,13 @@ def cores() -> int:
 
 
 def resolve_processes(processes: Optional[int], members: int, config: RunConfig) -> int:
-    """How many processes train the ``members``: ``processes``, or for ``None`` (``auto``) min(cores, members) on
-    the CPU and 1 on CUDA. More processes than members is refused in one line."""
+    """How many processes train the ``members``: ``processes``, or for ``None`` (``auto``, the command's default)
+    min(cores, torch's threads, members) on the CPU (``OMP_NUM_THREADS=1`` keeps the ensemble on one core) and 1
+    on CUDA. More processes than members is refused in one line."""
     if processes is None:
         if resolve_device(config.train.device).type != "cpu":
             return 1
-        return max(1, min(cores(), members))
+        return max(1, min(cores(), torch.get_num_threads(), members))
     if processes > members:
         raise ConfigError(f"--processes {processes}: more than the ensemble's {members} members; give at most "
                           f"{members}, or auto")
@@ -71,16 +72,17 @@ def parts(count: int, processes: int) -> list[list[int]]:
 
 
 def _worker(trainer, part: int, plan, notes, resume: bool, progress: bool, threads: int, queue) -> None:
-    """A spawned process: train the members ``plan`` by ``trainer`` with ``threads`` threads and put ``(part, "done", results)``,
-    or ``(part, "diverged", message, member)``, ``(part, "interrupted")``, ``(part, "error", message)`` on
-    ``queue``."""
+    """A spawned process: train the members ``plan`` by ``trainer`` with ``threads`` threads (its training bar on
+    line ``part``, named by its members) and put ``(part, "done", results)``, or ``(part, "diverged", message,
+    member)``, ``(part, "interrupted")``, ``(part, "error", message)`` on ``queue``."""
     parent = multiprocessing.parent_process()
     die_with_parent(parent.pid if parent is not None else None)  # no orphan trains on when the parent is killed
     hardware.apply_in_process()
     limit_threads(threads)
     try:
         with loop.sigterm_unwinds():
-            results = trainer(plan, notes, resume=resume, progress=progress)
+            label = "train " + ", ".join(Path(path).stem for path, _ in plan)
+            results = trainer(plan, notes, resume=resume, progress=progress, part=(part, label))
         queue.put((part, "done", [(str(r.path), r.epochs, r.history, r.final) for r in results]))
     except DivergenceError as exc:
         queue.put((part, "diverged", str(exc), str(getattr(exc, "member", "") or "")))
@@ -106,7 +108,7 @@ def train_split(trainer, plan: Sequence[tuple[Path, RunConfig]], notes: Sequence
             for j, idx in enumerate(split):
                 proc = ctx.Process(target=_worker, daemon=True,
                                    args=(trainer, j, [plan[i] for i in idx], [notes[i] for i in idx], resume,
-                                         progress and j == 0, threads, queue))
+                                         progress, threads, queue))
                 proc.start()
                 procs.append(proc)
         outcomes = _collect(procs, queue, [[plan[i][0].name for i in idx] for idx in split])

@@ -5,7 +5,7 @@ import numpy as np
 import torch
 from threadpoolctl import threadpool_info
 
-from stability.analysis.pool import THREAD_ENV, child_thread_env, limit_threads
+from stability.threads import THREAD_ENV, child_thread_env, limit_threads
 from stability.numerics import sigma_max, spectral_radius
 from stability.numerics.spectra import serial_blas
 

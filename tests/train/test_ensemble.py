@@ -159,6 +159,61 @@ def test_existing_members_are_not_overwritten_without_resume(tmp_path, cli):
     assert proc.returncode == 2 and "exists" in proc.stderr
 
 
+def test_each_members_loss_gradient_in_the_batched_step_is_its_solo_progressive_losss(tmp_path):
+    """In float64, members at different depths (from e itself, after frozen iterations, finished early while
+    another runs on): each member's gradient from the summed batched losses equals the gradient of its own
+    :func:`~stability.train.loop.progressive_loss` on its own batch, to 1e-12 relative. No member's gradient
+    reaches another's parameters."""
+    from stability.train import ensemble, loop
+
+    cfg = small_config()
+    runs = [loop._start(c, tmp_path / n, resume=False, progress=False) for n, c in ensemble.members(cfg, range(4))]
+    for r in runs:
+        r.model.double()
+        r.model.attention_impl = "dense"
+    task, B = runs[0].task, 20
+    x, y = task.dataset("train")
+    x = x.double() if x.is_floating_point() else x
+    xb, yb = torch.stack([x[i * B:(i + 1) * B] for i in range(4)]), torch.stack([y[i * B:(i + 1) * B] for i in range(4)])
+    depths = [(0, 3), (2, 1), (5, 1), (1, 5)]
+    ensemble.batched_losses(runs, xb, yb, depths).sum().backward()
+    batched = [[p.grad.clone() for p in r.model.parameters()] for r in runs]
+    for i, (r, (n, k)) in enumerate(zip(runs, depths)):
+        r.model.zero_grad()
+        loop.progressive_loss(r.model, task, xb[i], yb[i], n, k, 1.0, cfg.train.iterations).backward()
+        for g, p in zip(batched[i], r.model.parameters()):
+            assert torch.allclose(g, p.grad, rtol=1e-12, atol=1e-12 * float(p.grad.abs().max())), (i, depths[i])
+
+
+def test_a_one_member_ensemble_is_bitwise_its_solo_run_with_the_members_attention(tmp_path, monkeypatch):
+    """Everything a member keeps of its own (initialisation, data order, (n, k) draws, learning-rate schedule,
+    AdamW state, gradient clipping, the checkpoint's generator) is its solo run's to the bit: a one-member
+    ensemble's weights, optimizer state and generators equal, bit for bit, those of the solo run whose attention
+    is the members' written-out softmax (``dense``) instead of the fused kernel. So a member's distance from its solo run is the
+    rounding of the attention kernel (and of the stacked products), grown by the training's own sensitivity
+    (benchmarks/RESULTS.md, "Ensembles": a solo run perturbed at 1e-7 drifts apart as fast)."""
+    from stability.model import attention
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        cfg = small_config(epochs=3)
+        member = train_ensemble(cfg, tmp_path / "ens", [1], progress=False)[0]
+        monkeypatch.setattr(attention.F, "scaled_dot_product_attention",
+                            lambda q, k, v, attn_mask=None: attention._dense_exp_attention(q, k, v, attn_mask))
+        solo = train(cfg.replace(train=cfg.train.replace(seed=1)), tmp_path / "solo.pt", progress=False)
+    finally:
+        torch.set_num_threads(old)
+    a, b = (torch.load(r.path, weights_only=True) for r in (member, solo))
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in b["model"])
+    # the loss values reported: the vmapped mean sums in another order (its gradient, 1/N each, does not)
+    for x, y in zip(a["history"], b["history"]):
+        assert abs(x["loss"] - y["loss"]) <= 1e-6 * y["loss"] and x["step"] == y["step"] and x["lr"] == y["lr"]
+    assert all(torch.equal(a["rng"][k], b["rng"][k]) for k in ("torch", "data"))
+    for x, y in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
+        assert all(torch.equal(x[k], y[k]) for k in y)
+
+
 @pytest.mark.parametrize("window", [None, 5])
 def test_the_dense_attention_the_members_run_equals_sdpa(window):
     from stability.model import build_model

@@ -14,6 +14,7 @@ from stability.errors import ConfigError
 from stability.train import split
 from stability.train.ensemble import train_ensemble
 from stability.train.loop import metrics_path
+from tests.conftest import run_process
 from tests.train.test_ensemble import SMALL, small_config
 
 
@@ -47,18 +48,40 @@ def test_members_are_dealt_out_contiguously_in_parts_differing_by_at_most_one(co
     assert split.parts(count, processes) == expected
 
 
-def test_auto_is_one_process_per_core_up_to_the_members_and_one_on_cuda(monkeypatch):
+def test_auto_is_one_process_per_core_torch_may_use_up_to_the_members_and_one_on_cuda(monkeypatch):
     cfg = small_config()
     monkeypatch.setattr(split, "cores", lambda: 2)
+    monkeypatch.setattr(split.torch, "get_num_threads", lambda: 2)
     assert split.resolve_processes(None, 5, cfg) == 2
     assert split.resolve_processes(None, 1, cfg) == 1
+    monkeypatch.setattr(split.torch, "get_num_threads", lambda: 1)  # OMP_NUM_THREADS=1: the ensemble on one core
+    assert split.resolve_processes(None, 5, cfg) == 1
     monkeypatch.setattr(split, "cores", lambda: 16)
+    monkeypatch.setattr(split.torch, "get_num_threads", lambda: 16)
     assert split.resolve_processes(None, 5, cfg) == 5
     monkeypatch.setattr(split, "resolve_device", lambda name: torch.device("cuda"))
     assert split.resolve_processes(None, 5, cfg) == 1
     assert split.resolve_processes(3, 5, cfg) == 3
     with pytest.raises(ConfigError, match="--processes 6: more than the ensemble's 5 members"):
         split.resolve_processes(6, 5, cfg)
+
+
+def test_the_commands_default_is_auto(monkeypatch):
+    """``stability train --seeds`` without ``--processes`` (the options' default) splits its members as
+    ``--processes auto`` does: two processes on two cores."""
+    from stability.config import EnsembleOptions
+
+    monkeypatch.setattr(split, "cores", lambda: 2)
+    monkeypatch.setattr(split.torch, "get_num_threads", lambda: 2)
+    assert EnsembleOptions().processes is None
+    assert split.resolve_processes(EnsembleOptions().processes, 5, small_config()) == 2
+
+
+def test_every_process_of_a_split_ensemble_shows_its_training_bar(tmp_path):
+    """Each process draws its own training bar, named by its members (process 0 alone drew one before)."""
+    args = [a for a in SMALL if a != "--quiet"] + ["--epochs", "1", "--seeds", "0-2", "--processes", "2"]
+    proc = run_process("train", *args, "--out", tmp_path / "d")
+    assert "train s0, s1:" in proc.stderr and "train s2:" in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("extra, message", [
