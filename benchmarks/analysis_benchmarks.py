@@ -108,46 +108,39 @@ def _route(name, m64, m32, xs, x0s):
     return jacobian_spectral_radius(m32.step, xs.float(), x0s.float(), tol=tol, k=3)
 
 
-def bench_spectral_radius(samples: int = 8) -> dict:
+def _dense_small_row(width: int) -> dict:
+    """At a small width, one fixed point's ρ by the dense spectrum (the reference, its build and eig timed), by
+    every route of ``ROUTES`` and by ARPACK, each with its time, products and |Δρ| (one printed line)."""
     from reference_numerics import JacobianOperator, dense_spectrum
     from reference_numerics import arpack_rho as spectral_radius
+
+    m = sudoku_model(width)
+    m32 = sudoku_model(width).float()
+    r, x0 = fixed_points(m, 1)
+    op = JacobianOperator(m.step, r.x_best[0], x0[0], mode="vjp")
+    _route("float64", m, m32, r.x_best, x0)  # warm-up (first use of torch.func and the kernels)
+    D, t_build = _t(lambda: op.dense(chunk=512))
+    dense, t_eig = _t(lambda: dense_spectrum(D))
+    row = {"width": width, "n": op.shape[0], "status": r.status[0], "rho_dense": dense.rho,
+           "dense_build_s": t_build, "dense_eig_s": t_eig}
+    for name in ROUTES:
+        res, t_ = _t(lambda: _route(name, m, m32, r.x_best, x0))
+        row[name] = {"rho": float(res.rho[0]), "s": t_, "products": res.matvecs,
+                     "abs_diff": abs(dense.rho - float(res.rho[0]))}
+    arp, t_arp = _t(lambda: spectral_radius(op, k=3, tol=1e-6, transpose=True))
+    row["arpack"] = {"rho": arp.rho, "s": t_arp, "products": arp.matvecs, "abs_diff": abs(dense.rho - arp.rho)}
+    print(f"  width {width:3d} (n={op.shape[0]}): ρ dense {dense.rho:.10f} ({t_build:.1f} s build + {t_eig:.1f} s "
+          f"eig); " + "; ".join(f"{k} |Δ| {row[k]['abs_diff']:.1e} ({row[k]['s']:.2f} s, {row[k]['products']})"
+                               for k in (*ROUTES, "arpack")), flush=True)
+    return row
+
+
+def _per_sample_256(m, m32, r, x0, samples: int) -> tuple[list, dict]:
+    """Width 256, sample by sample: the reference ρ (float64 Krylov–Schur to a Ritz residual of 1e-10) and every
+    route's time, products, ρ, |Δρ| and Ritz residual (one printed line per sample)."""
     from stability.numerics import Linearisation as BatchedJacobian
     from stability.numerics.eigen import krylov_schur as batched_spectral_radius
 
-    out: dict = {"dense_small": [], "routes": {k: {"dtype": str(v[0]), "tol": v[1], "certified": v[2]}
-                                               for k, v in ROUTES.items()},
-                 "krylov": 60, "keep": 30}
-    for width in (32, 64):
-        m = sudoku_model(width)
-        m32 = sudoku_model(width).float()
-        r, x0 = fixed_points(m, 1)
-        op = JacobianOperator(m.step, r.x_best[0], x0[0], mode="vjp")
-        _route("float64", m, m32, r.x_best, x0)  # warm-up (first use of torch.func and the kernels)
-        D, t_build = _t(lambda: op.dense(chunk=512))
-        dense, t_eig = _t(lambda: dense_spectrum(D))
-        row = {"width": width, "n": op.shape[0], "status": r.status[0], "rho_dense": dense.rho,
-               "dense_build_s": t_build, "dense_eig_s": t_eig}
-        for name in ROUTES:
-            res, t_ = _t(lambda: _route(name, m, m32, r.x_best, x0))
-            row[name] = {"rho": float(res.rho[0]), "s": t_, "products": res.matvecs,
-                         "abs_diff": abs(dense.rho - float(res.rho[0]))}
-        arp, t_arp = _t(lambda: spectral_radius(op, k=3, tol=1e-6, transpose=True))
-        row["arpack"] = {"rho": arp.rho, "s": t_arp, "products": arp.matvecs, "abs_diff": abs(dense.rho - arp.rho)}
-        out["dense_small"].append(row)
-        print(f"  width {width:3d} (n={op.shape[0]}): ρ dense {dense.rho:.10f} ({t_build:.1f} s build + {t_eig:.1f} s "
-              f"eig); " + "; ".join(f"{k} |Δ| {row[k]['abs_diff']:.1e} ({row[k]['s']:.2f} s, {row[k]['products']})"
-                                   for k in (*ROUTES, "arpack")), flush=True)
-    small = out["dense_small"][-1]
-    n256 = 81 * 256
-    out["dense_256_estimate_s"] = (small["dense_eig_s"] * (n256 / small["n"]) ** 3
-                                   + small["dense_build_s"] * (n256 / small["n"]) ** 2)
-
-    # width 256: `samples` fixed points; reference ρ by float64 Krylov–Schur to a Ritz residual of 1e-10
-    m = sudoku_model(256)
-    m32 = sudoku_model(256).float()
-    r, x0 = fixed_points(m, samples)
-    out["status_256"] = r.status
-    _route("mixed", m, m32, r.x_best[:1], x0[:1])  # warm-up
     ref, per = [], {name: [] for name in ROUTES}
     for b in range(samples):
         xs, xb = r.x_best[b:b + 1], x0[b:b + 1]
@@ -162,41 +155,82 @@ def bench_spectral_radius(samples: int = 8) -> dict:
                               "ritz_residual": float(res.ritz_residual[0])})
             line.append(f"{name} {t_:.2f} s / {res.matvecs} / |Δ| {per[name][-1]['abs_diff']:.0e}")
         print("    " + "; ".join(line), flush=True)
-    out["width_256"] = {"n": n256, "samples": samples, "rho_reference": ref, "per_sample": per, "summary": {}}
+    return ref, per
+
+
+def _route_summary(per: dict) -> dict:
+    """Per route: the seconds (median, max, min), the products (median, max), ms per product, the largest |Δρ|
+    and the fraction of samples within the 0.5 s goal."""
+    out = {}
     for name in ROUTES:
         secs = np.array([p["s"] for p in per[name]])
         prods = np.array([p["products"] for p in per[name]])
         diffs = np.array([p["abs_diff"] for p in per[name]])
-        out["width_256"]["summary"][name] = {
+        out[name] = {
             "median_s": float(np.median(secs)), "max_s": float(secs.max()), "min_s": float(secs.min()),
             "median_products": float(np.median(prods)), "max_products": int(prods.max()),
             "ms_per_product": float(secs.sum() / prods.sum() * 1e3), "max_abs_diff": float(diffs.max()),
             "fraction_within_goal": float((secs <= 0.5).mean())}
-    # the same samples as one batch (finished samples leave it), per sample
-    many, t_many = _t(lambda: _route("mixed", m, m32, r.x_best, x0))
-    out["width_256"]["mixed_batch"] = {"per_sample_s": t_many / samples, "products": many.products.tolist(),
-                                       "max_abs_diff": float((many.rho.cpu() - torch.tensor(ref)).abs().max())}
-    # independent checks of the reference on sample 0: ARPACK on Jᵀ (reused vjp) and on J (jvp)
+    return out
+
+
+def _arpack_sample0(m, r, x0, ref: list) -> dict:
+    """Independent checks of the reference on sample 0: ARPACK on Jᵀ (reused vjp) and on J (jvp)."""
+    from reference_numerics import JacobianOperator
+    from reference_numerics import arpack_rho as spectral_radius
+
     op = JacobianOperator(m.step, r.x_best[0], x0[0], mode="vjp")
     arp, t_arp = _t(lambda: spectral_radius(op, k=3, tol=1e-6, transpose=True))
     op_jvp = JacobianOperator(m.step, r.x_best[0], x0[0], mode="jvp")
     arp_jvp, t_jvp = _t(lambda: spectral_radius(op_jvp, k=3, tol=1e-6))
-    out["width_256"]["arpack_sample0"] = {"rho_transpose": arp.rho, "s_transpose": t_arp,
-                                          "products_transpose": arp.matvecs, "rho_jvp": arp_jvp.rho, "s_jvp": t_jvp,
-                                          "products_jvp": arp_jvp.matvecs,
-                                          "abs_diff_vs_reference": abs(arp.rho - ref[0]),
-                                          "abs_diff_transpose_vs_jvp": abs(arp.rho - arp_jvp.rho)}
+    return {"rho_transpose": arp.rho, "s_transpose": t_arp, "products_transpose": arp.matvecs,
+            "rho_jvp": arp_jvp.rho, "s_jvp": t_jvp, "products_jvp": arp_jvp.matvecs,
+            "abs_diff_vs_reference": abs(arp.rho - ref[0]), "abs_diff_transpose_vs_jvp": abs(arp.rho - arp_jvp.rho)}
+
+
+def _print_256(out: dict, samples: int, n256: int) -> None:
+    """The width-256 summary lines: per route, then the mixed batch, ARPACK on sample 0 and the dense estimate."""
     print(f"  width 256 (n={n256}), {samples} samples, seconds per sample median [min, max], products median [max], "
           f"max |Δρ| vs the reference:", flush=True)
     for name, sm in out["width_256"]["summary"].items():
         print(f"    {name:18s} {sm['median_s']:.2f} [{sm['min_s']:.2f}, {sm['max_s']:.2f}] s, {sm['median_products']:.0f} "
               f"[{sm['max_products']}] products ({sm['ms_per_product']:.2f} ms each), |Δρ| ≤ {sm['max_abs_diff']:.1e}, "
               f"{sm['fraction_within_goal']:.0%} of samples ≤ 0.5 s", flush=True)
-    mb = out["width_256"]["mixed_batch"]
+    mb, a0 = out["width_256"]["mixed_batch"], out["width_256"]["arpack_sample0"]
     print(f"    mixed, one batch of {samples}: {mb['per_sample_s']:.2f} s per sample, |Δρ| ≤ {mb['max_abs_diff']:.1e}; "
-          f"ARPACK (sample 0) Jᵀ {t_arp:.1f} s ({arp.matvecs}), J by jvp {t_jvp:.1f} s ({arp_jvp.matvecs}), "
-          f"|Δρ| vs reference {abs(arp.rho - ref[0]):.1e}; dense ≈ {out['dense_256_estimate_s']:.0f} s (n³ estimate)",
-          flush=True)
+          f"ARPACK (sample 0) Jᵀ {a0['s_transpose']:.1f} s ({a0['products_transpose']}), J by jvp {a0['s_jvp']:.1f} s "
+          f"({a0['products_jvp']}), |Δρ| vs reference {a0['abs_diff_vs_reference']:.1e}; dense ≈ "
+          f"{out['dense_256_estimate_s']:.0f} s (n³ estimate)", flush=True)
+
+
+def bench_spectral_radius(samples: int = 8) -> dict:
+    """ρ(J*) by every route of ``ROUTES``: against the dense spectrum at widths 32 and 64, then at width 256
+    against a tight Krylov–Schur reference, sample by sample and as one batch, with ARPACK as a second check."""
+    out: dict = {"dense_small": [], "routes": {k: {"dtype": str(v[0]), "tol": v[1], "certified": v[2]}
+                                               for k, v in ROUTES.items()},
+                 "krylov": 60, "keep": 30}
+    for width in (32, 64):
+        out["dense_small"].append(_dense_small_row(width))
+    small = out["dense_small"][-1]
+    n256 = 81 * 256
+    out["dense_256_estimate_s"] = (small["dense_eig_s"] * (n256 / small["n"]) ** 3
+                                   + small["dense_build_s"] * (n256 / small["n"]) ** 2)
+
+    # width 256: `samples` fixed points; reference ρ by float64 Krylov–Schur to a Ritz residual of 1e-10
+    m = sudoku_model(256)
+    m32 = sudoku_model(256).float()
+    r, x0 = fixed_points(m, samples)
+    out["status_256"] = r.status
+    _route("mixed", m, m32, r.x_best[:1], x0[:1])  # warm-up
+    ref, per = _per_sample_256(m, m32, r, x0, samples)
+    out["width_256"] = {"n": n256, "samples": samples, "rho_reference": ref, "per_sample": per,
+                        "summary": _route_summary(per)}
+    # the same samples as one batch (finished samples leave it), per sample
+    many, t_many = _t(lambda: _route("mixed", m, m32, r.x_best, x0))
+    out["width_256"]["mixed_batch"] = {"per_sample_s": t_many / samples, "products": many.products.tolist(),
+                                       "max_abs_diff": float((many.rho.cpu() - torch.tensor(ref)).abs().max())}
+    out["width_256"]["arpack_sample0"] = _arpack_sample0(m, r, x0, ref)
+    _print_256(out, samples, n256)
     return out
 
 

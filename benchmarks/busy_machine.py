@@ -204,7 +204,8 @@ def summarize(runs: list, commands: list, settings: list, states: list, goal: fl
     return rows
 
 
-def main(argv=None) -> int:
+def _arguments(argv) -> argparse.Namespace:
+    """The command line, with each ``--add`` setting entered in ``SETTINGS`` and named in ``--settings``."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="one repeat")
     ap.add_argument("--repeats", type=int, help="repeats of each command, neighbour state and setting (3; --quick 1)")
@@ -224,57 +225,57 @@ def main(argv=None) -> int:
         name, _, pairs = spec.partition(":")
         SETTINGS[name] = dict(p.split("=", 1) for p in pairs.split(",") if p)
         args.settings += f",{name}"
-    commands = args.commands.split(",")
-    repeats = args.repeats or (1 if args.quick else 3)
-    settings = args.settings.split(",")
-    states = args.neighbour.split(",")
-    started = datetime.datetime.now()
+    return args
+
+
+def _measure(args, commands: list, settings: list, states: list, repeats: int, tmp: Path) -> list:
+    """Every run: per repeat, each neighbour state (its order reversed on odd repeats), each command, each setting
+    (likewise); the demo's checkpoint made first, untimed, where analyze or halt need one and none was given."""
     runs: list = []
-    with tempfile.TemporaryDirectory(prefix="busy-machine-") as tmp:
-        tmp = Path(tmp)
-        ckpt = args.ckpt.resolve() if args.ckpt else None
-        if ckpt is None and ({"analyze", "halt"} & set(commands)):
-            print("making the checkpoint (the demo, untimed) ...", flush=True)
-            run_one("demo", "1-thread", tmp / "setup", None, 3600)
-            ckpt = tmp / "setup" / "prefix-sums.pt"
-        for r in range(repeats):
-            for state in (states if r % 2 == 0 else states[::-1]):
-                neighbour = start_neighbour() if state == "on" else None
-                try:
-                    for name in commands:
-                        for setting in (settings if r % 2 == 0 else settings[::-1]):
-                            out = tmp / f"{state}-{name}-{setting}-{r}"
-                            run = run_one(name, setting, out, ckpt, args.timeout)
-                            run.update(neighbour=state, repeat=r)
-                            runs.append(run)
-                            print(json.dumps({k: v for k, v in run.items() if k != "outputs"}), flush=True)
-                finally:
-                    if neighbour is not None:
-                        stop_neighbour(neighbour)
-        # bits: `default` against `before` (same thread count), and `default` against `1-thread` (for the record)
-        checks = []
-        for state in states:
-            for name in commands:
-                done = {s: [x for x in runs if x["neighbour"] == state and x["command"] == name and x["setting"] == s
-                            and not x["timed_out"]] for s in settings}
-                for other in [s for s in settings if s != "default"]:
-                    if done.get("default") and done.get(other):
-                        same = _same({k: Path(v) for k, v in done["default"][0]["outputs"].items()},
-                                     {k: Path(v) for k, v in done[other][0]["outputs"].items()})
-                        checks.append({"neighbour": state, "command": name, "a": "default", "b": other,
-                                       "same_bits": same})
-    summary = summarize(runs, commands, settings, states, args.goal)
-    finished = datetime.datetime.now()
-    result = {"started": started.isoformat(timespec="seconds"), "finished": finished.isoformat(timespec="seconds"),
-              "command_line": "python benchmarks/busy_machine.py " + " ".join(sys.argv[1:] if argv is None else argv),
-              "machine": {"cpus": os.cpu_count(), "affinity": len(os.sched_getaffinity(0))},
-              "settings": {s: SETTINGS[s] for s in settings}, "commands": commands, "repeats": repeats,
-              "goal_busy_over_best": args.goal, "summary": summary, "bit_checks": checks, "runs": runs}
-    args.json.write_text(json.dumps(result, indent=1) + "\n")
+    ckpt = args.ckpt.resolve() if args.ckpt else None
+    if ckpt is None and ({"analyze", "halt"} & set(commands)):
+        print("making the checkpoint (the demo, untimed) ...", flush=True)
+        run_one("demo", "1-thread", tmp / "setup", None, 3600)
+        ckpt = tmp / "setup" / "prefix-sums.pt"
+    for r in range(repeats):
+        for state in (states if r % 2 == 0 else states[::-1]):
+            neighbour = start_neighbour() if state == "on" else None
+            try:
+                for name in commands:
+                    for setting in (settings if r % 2 == 0 else settings[::-1]):
+                        out = tmp / f"{state}-{name}-{setting}-{r}"
+                        run = run_one(name, setting, out, ckpt, args.timeout)
+                        run.update(neighbour=state, repeat=r)
+                        runs.append(run)
+                        print(json.dumps({k: v for k, v in run.items() if k != "outputs"}), flush=True)
+            finally:
+                if neighbour is not None:
+                    stop_neighbour(neighbour)
+    return runs
+
+
+def _bit_checks(runs: list, commands: list, settings: list, states: list) -> list:
+    """bits: `default` against `before` (same thread count), and `default` against `1-thread` (for the record)."""
+    checks = []
+    for state in states:
+        for name in commands:
+            done = {s: [x for x in runs if x["neighbour"] == state and x["command"] == name and x["setting"] == s
+                        and not x["timed_out"]] for s in settings}
+            for other in [s for s in settings if s != "default"]:
+                if done.get("default") and done.get(other):
+                    same = _same({k: Path(v) for k, v in done["default"][0]["outputs"].items()},
+                                 {k: Path(v) for k, v in done[other][0]["outputs"].items()})
+                    checks.append({"neighbour": state, "command": name, "a": "default", "b": other,
+                                   "same_bits": same})
+    return checks
+
+
+def _print_table(summary: list, checks: list, started, finished, repeats: int, goal: float, path: Path) -> None:
+    """The summary as a markdown table (min / median per neighbour state, the ratios, the goal) and the bit checks."""
     print()
     print(f"busy machine, {started:%Y-%m-%d %H:%M}–{finished:%H:%M}, {os.cpu_count()} cores; wall seconds, "
           f"min / median of {repeats}; busy/free and busy/best (the best setting beside the neighbour) of the "
-          f"medians (of the mins); goal: busy/best ≤ {args.goal}")
+          f"medians (of the mins); goal: busy/best ≤ {goal}")
     print()
     print("| command | setting | free: min / median | busy: min / median | busy/free | busy/best | goal met "
           "| 1-min load free; busy |")
@@ -296,7 +297,28 @@ def main(argv=None) -> int:
     for c in checks:
         print(f"bits, neighbour {c['neighbour']}, {c['command']}: {c['a']} vs {c['b']}: "
               f"{'same' if c['same_bits'] else 'DIFFERENT'}")
-    print(f"\nwritten: {args.json}")
+    print(f"\nwritten: {path}")
+
+
+def main(argv=None) -> int:
+    args = _arguments(argv)
+    commands = args.commands.split(",")
+    repeats = args.repeats or (1 if args.quick else 3)
+    settings = args.settings.split(",")
+    states = args.neighbour.split(",")
+    started = datetime.datetime.now()
+    with tempfile.TemporaryDirectory(prefix="busy-machine-") as tmp:
+        runs = _measure(args, commands, settings, states, repeats, Path(tmp))
+        checks = _bit_checks(runs, commands, settings, states)  # while the runs' outputs exist
+    summary = summarize(runs, commands, settings, states, args.goal)
+    finished = datetime.datetime.now()
+    result = {"started": started.isoformat(timespec="seconds"), "finished": finished.isoformat(timespec="seconds"),
+              "command_line": "python benchmarks/busy_machine.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "machine": {"cpus": os.cpu_count(), "affinity": len(os.sched_getaffinity(0))},
+              "settings": {s: SETTINGS[s] for s in settings}, "commands": commands, "repeats": repeats,
+              "goal_busy_over_best": args.goal, "summary": summary, "bit_checks": checks, "runs": runs}
+    args.json.write_text(json.dumps(result, indent=1) + "\n")
+    _print_table(summary, checks, started, finished, repeats, args.goal, args.json)
     return 0
 
 

@@ -238,7 +238,7 @@ def summarise(row: dict) -> dict:
             "rho_range": [min(rho_conv), max(rho_conv)] if rho_conv else None}
 
 
-def main(argv=None) -> int:
+def _arguments(argv) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", help="the trained prefix-sums checkpoint (default: train one, ~1 minute)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1)")
@@ -254,7 +254,83 @@ def main(argv=None) -> int:
     ap.add_argument("--timing-repeats", type=int, default=7,
                     help="most extra timings of our columns on a map whose Picard solve is short (7)")
     ap.add_argument("--out", default=str(HERE / "out" / "solvers.json"))
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def _columns(args, theirs: tuple) -> tuple:
+    """The solvers measured: ours, torchdeq's where installed, ``broyden-before`` before ours with ``--before``,
+    narrowed by ``--methods`` (picard always)."""
+    cols = (*OURS, *theirs)
+    if args.before:
+        globals()["BEFORE"] = load_before(args.before)
+        i = cols.index("broyden")
+        cols = (*cols[:i], "broyden-before", *cols[i:])
+    if args.methods:
+        pick = {"picard", *args.methods.split(",")}
+        cols = tuple(c for c in cols if c in pick)
+    return cols
+
+
+def _solve_all(cols: tuple, mp: dict) -> dict:
+    """Every column's solve of map ``mp`` with its summary (one printed line each; ours with their time per
+    evaluation and solver overhead against Picard's)."""
+    rows = {}
+    for name in cols:
+        rows[name] = run_ours(name, mp) if name in (*OURS, "broyden-before") else run_torchdeq(name, mp)
+        rows[name]["summary"] = summarise(rows[name])
+        sm = rows[name]["summary"]
+        extra = ""
+        if name in (*OURS, "broyden-before"):
+            implied = ((1 + rows[name]["overhead_per_eval_fraction"])
+                       / (1 + rows["picard"]["overhead_per_eval_fraction"]))
+            rows[name]["overhead_implied_time_ratio"] = implied
+            extra = (f", {rows[name]['s_per_eval'] / rows['picard']['s_per_eval']:.2f}× Picard's time per "
+                     f"evaluation, solver overhead {rows[name]['overhead_per_eval_fraction']:.1%} of f "
+                     f"(implied {implied:.2f}×)")
+        rr = sm["rho_range"]
+        print(f"  {name:18s} median {sm['nfe_median']:5.0f} evaluations, {sm['converged']}/{sm['samples']} "
+              f"converged ({sm['repelling']} repelling"
+              + (f", ρ(J*) {rr[0]:.3f}–{rr[1]:.3f}" if rr else "") + ")" + extra, flush=True)
+    return rows
+
+
+def _retime(rows: dict, ours: list, mp: dict, repeats: int) -> None:
+    """On a short map, the overheads of our columns again (``repeats`` more, alternated): each column's median and
+    the ratio of the medians replace the single timing in ``rows``."""
+    reps = min(repeats, int(TIMING_BUDGET_S / max(rows["picard"]["wall_s"], 1e-3)) - 1)
+    if reps <= 0:
+        return
+    fr = {c: [rows[c]["overhead_per_eval_fraction"]] for c in ours}
+    for r in range(reps):
+        for c in (ours if r % 2 else ours[::-1]):
+            fr[c].append(overhead_once(c, mp))
+    med_p = float(np.median(fr["picard"]))
+    for c in ours:
+        med = float(np.median(fr[c]))
+        rows[c]["overhead_repeats"] = fr[c]
+        rows[c]["overhead_per_eval_fraction"] = med
+        rows[c]["overhead_implied_time_ratio"] = (1 + med) / (1 + med_p)
+    print(f"  timed {reps + 1}× (alternated), median overhead and implied ratio: " + "; ".join(
+        f"{c} {float(np.median(fr[c])):.1%} ({rows[c]['overhead_implied_time_ratio']:.3f}×)" for c in ours),
+        flush=True)
+
+
+def _ratios(rows: dict, cols: tuple) -> dict:
+    """Per column: evaluations against Picard's and torchdeq's Broyden's, time per evaluation against Picard's."""
+    pic = rows["picard"]["summary"]
+    ratios = {}
+    for name in cols:
+        sm = rows[name]["summary"]
+        ratios[name] = {"nfe_vs_picard": sm["nfe_median"] / pic["nfe_median"],
+                        "nfe_vs_torchdeq_broyden": (sm["nfe_median"] / rows["torchdeq-broyden"]["summary"]
+                                                    ["nfe_median"]) if "torchdeq-broyden" in rows else None,
+                        "time_per_eval_vs_picard": rows[name]["s_per_eval"] / rows["picard"]["s_per_eval"],
+                        "overhead_implied_time_ratio": rows[name].get("overhead_implied_time_ratio")}
+    return ratios
+
+
+def main(argv=None) -> int:
+    args = _arguments(argv)
     globals()["RHO_TOL"] = args.rho_tol
     torch.set_num_threads(args.threads)
     try:
@@ -273,61 +349,15 @@ def main(argv=None) -> int:
 
     out = {"tol": TOL, "max_iter": MAX_ITER, "threads": args.threads, "torch": torch.__version__, "auto": AUTO,
            "cpu_count": os.cpu_count(), "checkpoint": str(ckpt), "maps": []}
-    cols = (*OURS, *theirs)
-    if args.before:
-        globals()["BEFORE"] = load_before(args.before)
-        i = cols.index("broyden")
-        cols = (*cols[:i], "broyden-before", *cols[i:])
-    if args.methods:
-        pick = {"picard", *args.methods.split(",")}
-        cols = tuple(c for c in cols if c in pick)
+    cols = _columns(args, theirs)
     for i, mp in enumerate(maps):
         if args.only and i not in args.only:
             continue
         print(f"{mp['name']}: {mp['e'].shape[0]} samples", flush=True)
-        rows = {}
-        for name in cols:
-            rows[name] = run_ours(name, mp) if name in (*OURS, "broyden-before") else run_torchdeq(name, mp)
-            rows[name]["summary"] = summarise(rows[name])
-            sm = rows[name]["summary"]
-            extra = ""
-            if name in (*OURS, "broyden-before"):
-                implied = ((1 + rows[name]["overhead_per_eval_fraction"])
-                           / (1 + rows["picard"]["overhead_per_eval_fraction"]))
-                rows[name]["overhead_implied_time_ratio"] = implied
-                extra = (f", {rows[name]['s_per_eval'] / rows['picard']['s_per_eval']:.2f}× Picard's time per "
-                         f"evaluation, solver overhead {rows[name]['overhead_per_eval_fraction']:.1%} of f "
-                         f"(implied {implied:.2f}×)")
-            rr = sm["rho_range"]
-            print(f"  {name:18s} median {sm['nfe_median']:5.0f} evaluations, {sm['converged']}/{sm['samples']} "
-                  f"converged ({sm['repelling']} repelling"
-                  + (f", ρ(J*) {rr[0]:.3f}–{rr[1]:.3f}" if rr else "") + ")" + extra, flush=True)
-        ours = [c for c in cols if c in (*OURS, "broyden-before")]
-        reps = min(args.timing_repeats, int(TIMING_BUDGET_S / max(rows["picard"]["wall_s"], 1e-3)) - 1)
-        if reps > 0:  # short map: the overheads again, columns alternated, and the ratio of their medians
-            fr = {c: [rows[c]["overhead_per_eval_fraction"]] for c in ours}
-            for r in range(reps):
-                for c in (ours if r % 2 else ours[::-1]):
-                    fr[c].append(overhead_once(c, mp))
-            med_p = float(np.median(fr["picard"]))
-            for c in ours:
-                med = float(np.median(fr[c]))
-                rows[c]["overhead_repeats"] = fr[c]
-                rows[c]["overhead_per_eval_fraction"] = med
-                rows[c]["overhead_implied_time_ratio"] = (1 + med) / (1 + med_p)
-            print(f"  timed {reps + 1}× (alternated), median overhead and implied ratio: " + "; ".join(
-                f"{c} {float(np.median(fr[c])):.1%} ({rows[c]['overhead_implied_time_ratio']:.3f}×)" for c in ours),
-                flush=True)
+        rows = _solve_all(cols, mp)
+        _retime(rows, [c for c in cols if c in (*OURS, "broyden-before")], mp, args.timing_repeats)
         pic = rows["picard"]["summary"]
-        ratios = {}
-        for name in cols:
-            sm = rows[name]["summary"]
-            ratios[name] = {"nfe_vs_picard": sm["nfe_median"] / pic["nfe_median"],
-                            "nfe_vs_torchdeq_broyden": (sm["nfe_median"] / rows["torchdeq-broyden"]["summary"]
-                                                        ["nfe_median"]) if "torchdeq-broyden" in rows else None,
-                            "time_per_eval_vs_picard": rows[name]["s_per_eval"] / rows["picard"]["s_per_eval"],
-                            "overhead_implied_time_ratio": rows[name].get("overhead_implied_time_ratio")}
-        entry = {"name": mp["name"], "samples": int(mp["e"].shape[0]), "solvers": rows, "ratios": ratios,
+        entry = {"name": mp["name"], "samples": int(mp["e"].shape[0]), "solvers": rows, "ratios": _ratios(rows, cols),
                  "picard_converged_all": pic["converged"] == pic["samples"]}
         if args.gmres_bound and i > 0:
             entry["gmres_bound"] = gmres_bound(mp)

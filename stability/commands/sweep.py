@@ -93,7 +93,7 @@ def _estimate(cells_todo: list, results) -> list[str]:
         except StabilityError:  # a record that does not fit times nothing (the sweep names it where it reads it)
             continue
         if rec.status == "done":
-            key = _kind(rec.config["task"]["name"], rec.config["model"]["recall"])
+            key = _kind(rec.config.task.name, rec.config.model.recall)
             times.setdefault(key, []).append(float(rec.timing.run_seconds))
             devices.add(rec.environment.device)
     todo: dict[tuple, int] = {}

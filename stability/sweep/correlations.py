@@ -45,11 +45,11 @@ def predictor_table(records: list[Union[SweepRecord, dict]], split: str = "hard"
             continue
         if split_quantity(r, "converged_fraction", split) is None:  # not analysed
             continue
-        row = {"cell_id": r.cell_id or r.id, "seed": r.config["train"]["seed"], "hard": _acc(r, "hard")}
+        row = {"cell_id": r.cell_id or r.id, "seed": r.config.train.seed, "hard": _acc(r, "hard")}
         for name, (key, _, undefined) in PREDICTORS.items():
             v = split_quantity(r, key, split)
             row[name] = v if v is not None else undefined
-        if r.config["model"]["recall"] == "none":
+        if r.config.model.recall == "none":
             row["rho_Wx"] = None
         rows.append(row)
     return rows

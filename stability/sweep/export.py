@@ -67,9 +67,9 @@ def csv_row(rec: Union[SweepRecord, dict]) -> dict:
     """The flat CSV row of one record, read typed (empty strings where a value is undefined)."""
     rec = typed(rec)
     c = rec.config
-    row = {"cell_id": rec.cell_id or rec.id, "id": rec.id, "task": c["task"]["name"],
-           "norm": c["model"]["norm"], "recall": c["model"]["recall"], "lr": c["train"]["lr"],
-           "seed": c["train"]["seed"], "status": rec.status, "epochs_completed": rec.epochs_completed,
+    row = {"cell_id": rec.cell_id or rec.id, "id": rec.id, "task": c.task.name,
+           "norm": c.model.norm, "recall": c.model.recall, "lr": c.train.lr,
+           "seed": c.train.seed, "status": rec.status, "epochs_completed": rec.epochs_completed,
            "loss_last": rec.loss_last}
     for split in ("val", "hard"):
         f = (rec.final or {}).get(split)

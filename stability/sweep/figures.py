@@ -64,7 +64,7 @@ def _typed(records: Records) -> list[SweepRecord]:
 
 
 def _tasks(records: list[SweepRecord]) -> list[str]:
-    present = {r.config["task"]["name"] for r in records}
+    present = {r.config.task.name for r in records}
     return [t for t in TASK_ORDER if t in present] + sorted(present - set(TASK_ORDER))
 
 
@@ -156,7 +156,7 @@ def best_autonomous(records: Records, task: str) -> Optional[tuple[str, float, l
     # lazy: numpy; this module imports without it
     from stability.sweep.claims import select_runs
 
-    runs = [r for r in _typed(records) if r.config["task"]["name"] == task and r.config["model"]["recall"] == "none"]
+    runs = [r for r in _typed(records) if r.config.task.name == task and r.config.model.recall == "none"]
     if not runs:
         return None
     chosen, how = select_runs(runs)
@@ -177,7 +177,7 @@ def figure3(records: Records):
     for ax, task in zip(axes, tasks):
         norm, lr, recs = best_autonomous(records, task)
         done = [r for r in recs if r.final]
-        T_train = recs[0].config["train"]["iterations"]
+        T_train = recs[0].config.train.iterations
         ax.axvspan(0, T_train, color="0.88", zorder=0, label=f"training depth T = {T_train}")
         for split, color in (("val", "tab:blue"), ("hard", "tab:red")):
             curves = [r.final[split].curve for r in done]
@@ -205,8 +205,8 @@ def best_by_recall(records: Records, task: str) -> dict:
     groups: dict[tuple, list] = {}
     for r in _typed(records):
         c = r.config
-        if c["task"]["name"] == task:
-            groups.setdefault((c["model"]["recall"], c["model"]["norm"], c["train"]["lr"]), []).append(r)
+        if c.task.name == task:
+            groups.setdefault((c.model.recall, c.model.norm, c.train.lr), []).append(r)
     out = {}
     for recall in RECALL_ORDER:
         keys = sorted(k for k in groups if k[0] == recall)
@@ -231,7 +231,7 @@ def figure3_by_recall(records: Records):
     axes = fig.subplots(len(tasks), 2, squeeze=False)
     for row, task in zip(axes, tasks):
         best = best_by_recall(records, task)
-        T_train = next(iter(best.values()))[2][0].config["train"]["iterations"]
+        T_train = next(iter(best.values()))[2][0].config.train.iterations
         for ax, split in zip(row, ("val", "hard")):
             ax.axvspan(0, T_train, color="0.9", zorder=0, label=f"training depth T = {T_train}")
             for recall, (norm, lr, recs) in best.items():
@@ -270,8 +270,8 @@ def _lr_panel(ax, recs: list[SweepRecord], key: str, group_by: str, colors: dict
         v = _stab(r, key)
         if v is None:
             continue
-        g = r.config["model"][group_by] if group_by else "all"
-        groups.setdefault(g, {}).setdefault(r.config["train"]["lr"], []).append(v)
+        g = getattr(r.config.model, group_by) if group_by else "all"
+        groups.setdefault(g, {}).setdefault(r.config.train.lr, []).append(v)
     for g, by_lr in sorted(groups.items()):
         color = colors.get(g, "tab:blue")
         lrs = sorted(by_lr)
@@ -291,8 +291,8 @@ def figure6(records: Records):
     records = _typed(records)
     tasks = _tasks(records)
     rows = ("external", "internal")
-    cand = [r for r in records if r.config["model"]["norm"] in FIGURE6_NORMS
-            and r.config["model"]["recall"] in rows]
+    cand = [r for r in records if r.config.model.norm in FIGURE6_NORMS
+            and r.config.model.recall in rows]
     sel = [r for r in cand if _stab(r, "rho_Wx") is not None]
     if not sel:
         return None
@@ -303,7 +303,7 @@ def figure6(records: Records):
     for i, recall in enumerate(rows):
         for j, task in enumerate(tasks):
             ax = axes[i][j]
-            recs = [r for r in sel if r.config["model"]["recall"] == recall and r.config["task"]["name"] == task]
+            recs = [r for r in sel if r.config.model.recall == recall and r.config.task.name == task]
             _lr_panel(ax, recs, "rho_Wx", "", {"all": RECALL_COLORS[recall]})
             ax.set_title(f"{TASK_TITLE.get(task, task)}, {recall} recall", fontsize=9)
             ax.set_xlabel("learning rate")
@@ -329,7 +329,7 @@ def figure6_rho_J_data(records: Records) -> dict:
     value) and those without (``missing``: cell id, norm, lr, reason, see :func:`missing_reason`). Runs with no
     converged probe sample are drawn in a strip above the axis, never dropped."""
     looped = [r for r in _typed(records) if _looped(r)]
-    rows = [r for r in ("external", "internal", "none") if any(rec.config["model"]["recall"] == r
+    rows = [r for r in ("external", "internal", "none") if any(rec.config.model.recall == r
                                                                  for rec in looped)]
     panels = {}
     for recall in rows:
@@ -337,9 +337,9 @@ def figure6_rho_J_data(records: Records) -> dict:
             pts, miss = [], []
             for r in looped:
                 c = r.config
-                if c["model"]["recall"] != recall or c["task"]["name"] != task:
+                if c.model.recall != recall or c.task.name != task:
                     continue
-                item = {"cell_id": _cell_name(r), "norm": c["model"]["norm"], "lr": c["train"]["lr"]}
+                item = {"cell_id": _cell_name(r), "norm": c.model.norm, "lr": c.train.lr}
                 reason = missing_reason(r, "rho_J_median")
                 if reason is None:
                     pts.append({**item, "value": _stab(r, "rho_J_median")})
@@ -416,8 +416,8 @@ def accuracy_scatter_data(records: Records, key: str) -> dict:
     pts, miss = [], []
     for r in _typed(records):
         c = r.config
-        item = {"cell_id": _cell_name(r), "norm": c["model"]["norm"], "recall": c["model"]["recall"],
-                "task": c["task"]["name"], "val": _acc(r, "val"), "hard": _acc(r, "hard")}
+        item = {"cell_id": _cell_name(r), "norm": c.model.norm, "recall": c.model.recall,
+                "task": c.task.name, "val": _acc(r, "val"), "hard": _acc(r, "hard")}
         reason = missing_reason(r, key)
         if reason is None:
             pts.append({**item, "x": _stab(r, key)})
@@ -459,8 +459,8 @@ def _acc_panels(fig, data: dict, color_of: Callable, xlabel: str, legend_title: 
 
 def figure7(records: Records):
     """Accuracy against ρ(W_x) for external recall with pre-norm, as the paper's App. B.4 (colour = task)."""
-    sel = [r for r in _typed(records) if r.config["model"]["recall"] == "external"
-           and r.config["model"]["norm"] in FIGURE7_NORMS]
+    sel = [r for r in _typed(records) if r.config.model.recall == "external"
+           and r.config.model.norm in FIGURE7_NORMS]
     data = accuracy_scatter_data(sel, "rho_Wx")
     if not data["points"]:
         return None
@@ -493,7 +493,7 @@ def hard_vs_fixed_point_data(records: Records, split: str = "hard") -> dict:
         if not _looped(r):
             continue
         c = r.config
-        item = {"cell_id": _cell_name(r), "norm": c["model"]["norm"], "recall": c["model"]["recall"],
+        item = {"cell_id": _cell_name(r), "norm": c.model.norm, "recall": c.model.recall,
                 "hard": _acc(r, "hard"), "rho_J": split_quantity(r, "rho_J_median", split),
                 "converged": split_quantity(r, "converged_fraction", split)}
         if item["converged"] is None:

@@ -24,7 +24,7 @@ def accuracy(rec: SweepRecord, split: str) -> Optional[float]:
 
 def is_looped(rec: SweepRecord) -> bool:
     """Whether the run is a looped model (recall internal, external or none), not the fixed-depth baseline."""
-    return rec.config["model"]["recall"] in RECALL_ORDER[:3]
+    return rec.config.model.recall in RECALL_ORDER[:3]
 
 
 def split_quantity(rec: SweepRecord, key: str, split: str = "hard") -> Optional[float]:

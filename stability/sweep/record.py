@@ -11,6 +11,10 @@ Serialisation is the record's JSON as the runner has always written it: :meth:`S
 in the same order with the same values (an int stays an int, a float a float: :data:`Real`), and a key that a
 record predates (``cell_id``, ``curves``, ``timing.cpu_seconds``, ``environment.hardware``, the analysis keys of
 later stages) is absent from it as it was from the file: every record written so far round-trips to the same dict.
+Its ``config`` is the one config schema, a :class:`~stability.config.RunConfig` (``rec.config.train.lr``), which
+remembers the options the file gave: an option the record predates reads as its default and is written back absent
+(:func:`written`). A number written as an int into a float option would be written back as a float; no record has
+one (the runner writes a RunConfig's own values).
 A record whose config block was written before the method block (schema 1 as written until then) is refused
 naming ``stability migrate``, which converts it once (:mod:`stability.migrate`).
 
@@ -26,7 +30,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import field_serializer, field_validator
 
 from stability.analysis.headline import SplitSummary
-from stability.config import Real, RecordPart, RunConfig, SweepSummary, from_dict, is_flat_config
+from stability.config import Real, RecordPart, RunConfig, SweepSummary, from_dict, is_flat_config, to_dict
 from stability.errors import ConfigError, StabilityError
 
 RECORD_FORMAT = "stability-sweep-record"
@@ -131,7 +135,7 @@ class SweepRecord(RecordPart):
     cell_id: Optional[str] = None
     grid: str
     axes: dict[str, Any]
-    config: dict[str, Any]
+    config: RunConfig
     status: Literal["done", "diverged"]
     error: Optional[str]
     checkpoint: str
@@ -149,19 +153,21 @@ class SweepRecord(RecordPart):
     environment: Environment
     finished_at: str
 
-    @field_validator("config")
+    @field_validator("config", mode="before")
     @classmethod
-    def _config(cls, value: dict) -> dict:
-        """The config block must be a RunConfig of the current schema (kept as written: a record predating an
-        option has none of it); one written before the method block names ``stability migrate``."""
+    def _config(cls, value: Any) -> Any:
+        """The config block as a :class:`~stability.config.RunConfig` of the current schema, which remembers the
+        options it was given (a record predating an option has none of it, and writes none back); one written
+        before the method block names ``stability migrate``."""
+        if isinstance(value, RunConfig):  # a run's config: every option written
+            value = to_dict(value)
         if is_flat_config(value):
             raise ValueError("written before the method block (its config has the method options beside the train "
                              "options); convert it once with `stability migrate`")
         try:
-            from_dict(RunConfig, value)
+            return from_dict(RunConfig, value)
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
-        return value
 
     @field_validator("options", mode="before")
     @classmethod
@@ -179,9 +185,9 @@ class SweepRecord(RecordPart):
     def _options_json(self, value: SweepSummary) -> dict:
         return value.to_record()
 
-    def run_config(self) -> RunConfig:
-        """The config block as a :class:`~stability.config.RunConfig` (an option it predates at its default)."""
-        return from_dict(RunConfig, self.config)
+    @field_serializer("config")
+    def _config_json(self, value: RunConfig) -> dict:
+        return written(value)
 
 
 def parse_record(obj: Any, where: str, migrate_path: Any = None) -> SweepRecord:
@@ -198,6 +204,20 @@ def parse_record(obj: Any, where: str, migrate_path: Any = None) -> SweepRecord:
         return SweepRecord(**obj)
     except ConfigError as exc:
         raise StabilityError(f"{where}: not a valid sweep record: {exc}") from None
+
+
+def written(config: RunConfig) -> dict:
+    """A record's config block as its JSON holds it: the options it was given, in the schema's order, lists for
+    tuples (a record predating an option has none of it)."""
+    return _plain(config.model_dump(exclude_unset=True))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def typed(rec: Union[SweepRecord, dict]) -> SweepRecord:

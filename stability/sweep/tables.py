@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Optional, Union
 
 from stability.atomic import write_text
-from stability.config import dotted
+from stability.config import RunConfig, dotted
 from stability.errors import ConfigError
 from stability.sweep.grid import _matches, _parse_value, shortest_e
-from stability.sweep.record import SweepRecord, typed
+from stability.sweep.record import SweepRecord, typed, written
 
 TASK_ORDER = ("chess", "sudoku", "prefix-sums")
 TASK_TITLE = {"chess": "Chess", "sudoku": "Sudoku", "prefix-sums": "Prefix sums"}
@@ -59,9 +59,11 @@ class Cell:
         return {"mean": mean, "std": std, "min": min(v) if v else None, "max": max(v) if v else None, "n": n}
 
 
-def _options(config: dict) -> dict:
-    """A record's config as ``section.option`` -> value (:func:`stability.config.dotted`; lists as tuples)."""
-    return {k: (tuple(v) if isinstance(v, list) else v) for k, v in dotted(config).items()}
+def _options(config: RunConfig) -> dict:
+    """A record's config as ``section.option`` -> value (:func:`stability.config.dotted`; lists as tuples), the
+    options as written (:func:`~stability.sweep.record.written`: an option a record predates is absent, not its
+    default)."""
+    return {k: (tuple(v) if isinstance(v, list) else v) for k, v in dotted(written(config)).items()}
 
 
 def collect(records: list[Union[SweepRecord, dict]]) -> dict[tuple, Cell]:

@@ -1,6 +1,7 @@
 """One schema base and functions a reader can hold (issue 34), checked on the source: every pydantic model of the
 package derives from stability.config's one config base, whose translator alone turns pydantic's errors into one
-line; and no function of the sweep's modules, their commands and the config schema is over 80 lines."""
+line; and no function of the package (but the sudoku solver's search), of its benchmarks, its tests and the docs'
+scripts is over 80 lines."""
 
 import ast
 from pathlib import Path
@@ -20,12 +21,17 @@ def _rel(path: Path) -> str:
     return str(path.relative_to(ROOT.parent))
 
 
-def test_no_function_of_the_sweep_the_claims_and_the_schema_is_over_80_lines():
-    long = [f"{_rel(p)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
-            for p in HELD for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+def _long_functions(paths) -> list[str]:
+    """``path:line name (N lines)`` of every function or method of ``paths`` over MAX_LINES lines (decorators not
+    counted, its docstring counted)."""
+    return [f"{_rel(p)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for p in paths for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
             and node.end_lineno - node.lineno + 1 > MAX_LINES]
-    assert long == []
+
+
+def test_no_function_of_the_sweep_the_claims_and_the_schema_is_over_80_lines():
+    assert _long_functions(HELD) == []
     assert ROOT / "sweep" / "claims" / "evaluation.py" in HELD  # the claims package is held
     assert ROOT / "config" / "messages.py" in HELD  # and the config package
 
@@ -48,9 +54,16 @@ def test_only_the_config_module_touches_pydantic_models_and_their_errors():
 
 def test_no_function_of_the_package_is_over_80_lines_but_the_sudoku_solver_s_search():
     """Issue 34's "functions a reader can hold", package-wide: the numba sudoku search is the one exception."""
-    long = [f"{_rel(p)}:{node.lineno} {node.name}" for p in sorted(ROOT.rglob("*.py"))
-            for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and node.end_lineno - node.lineno + 1 > MAX_LINES]
+    long = _long_functions(sorted(ROOT.rglob("*.py")))
     assert [f for f in long if not f.startswith("stability/tasks/sudoku_solver.py:")] == []
-    assert any(f.endswith(" _search") for f in long)  # the exception is still there, so the check reads the files
+    assert any(" _search (" in f for f in long)  # the exception is still there, so the check reads the files
+
+
+def test_no_function_of_the_benchmarks_the_tests_and_the_docs_scripts_is_over_80_lines():
+    """The same hold on the project's other Python: benchmarks/*.py, tests/**/*.py and docs/*.py (a benchmark's
+    main is split into its arguments, its measurement and its table, as the package's commands are)."""
+    repo = ROOT.parent
+    paths = sorted([*repo.glob("benchmarks/*.py"), *repo.glob("tests/**/*.py"), *repo.glob("docs/*.py")])
+    assert repo / "benchmarks" / "busy_machine.py" in paths and repo / "docs" / "readme_sample.py" in paths
+    assert Path(__file__).resolve() in paths  # tests/**, this file among them
+    assert _long_functions(paths) == []

@@ -6,16 +6,18 @@ round-trip through their record form, and the records written before the method 
 import copy
 import json
 import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
-from stability import atomic
 from stability.analysis.headline import HEADLINE
-from stability.config import SweepSummary
+from stability.config import ModelConfig, RunConfig, SweepSummary, TrainConfig, to_dict
 from stability.errors import StabilityError
-from stability.sweep.export import read_jsonl
+from stability.sweep.export import read_jsonl, records_jsonl
 from stability.sweep.record import (RECORD_SCHEMA, SplitSummary, SweepRecord, load_records, parse_record, read_record,
-                                    typed)
+                                    typed, written)
+from stability.sweep.runner import atomic_write_json
 from tests.conftest import ROOT, run_cli
 
 COMMITTED = [ROOT / "experiments" / "results" / "replication", ROOT / "experiments" / "results" / "ieee-kernels"]
@@ -28,23 +30,54 @@ def _one_committed() -> dict:
     return json.loads(path.read_text())
 
 
+#: every committed record and records.jsonl, wherever a results directory holds them
+RECORD_FILES = sorted((ROOT / "experiments" / "results").glob("**/records/*.json"))
+JSONL_FILES = sorted((ROOT / "experiments" / "results").glob("**/records.jsonl"))
+
+
 def test_every_committed_record_validates_and_round_trips_to_the_same_dict_and_bytes():
-    paths = [p for results in COMMITTED for p in sorted((results / "records").glob("*.json"))]
-    assert len(paths) == 205  # the second edition's 204 and the ieee kernel set's one
-    for path in paths:
+    assert len(RECORD_FILES) == 205  # the second edition's 204 and the ieee kernel set's one
+    assert {p.parent.parent for p in RECORD_FILES} == set(COMMITTED)
+    for path in RECORD_FILES:
         raw = json.loads(path.read_text())
         rec = SweepRecord(**raw)
+        assert isinstance(rec.config, RunConfig), path  # the one config schema, not a dict
         assert rec.to_dict() == raw, path
         assert list(rec.to_dict()) == list(raw), path  # the keys in the order the sweep writes them
-        # what the sweep writes for it (atomic.write_json of the typed record's dict) is the committed file
-        assert atomic.json_text(rec.to_dict(), indent=1) + "\n" == path.read_text(), path
+        # what the sweep writes for it (runner.atomic_write_json: atomic.write_json of the typed record's dict) is
+        # the committed file, byte for byte
+        with tempfile.TemporaryDirectory() as tmp:
+            atomic_write_json(Path(tmp) / path.name, rec.to_dict())
+            assert (Path(tmp) / path.name).read_bytes() == path.read_bytes(), path
         assert read_record(path).to_dict() == raw
 
 
-def test_every_committed_records_jsonl_line_validates_and_round_trips():
-    for results in COMMITTED:
-        raw = [json.loads(line) for line in (results / "records.jsonl").read_text().splitlines()]
-        assert [r.to_dict() for r in read_jsonl(results / "records.jsonl")] == raw
+def test_every_committed_records_jsonl_validates_and_is_written_back_byte_for_byte():
+    assert {p.parent for p in JSONL_FILES} == set(COMMITTED)
+    for path in JSONL_FILES:
+        raw = [json.loads(line) for line in path.read_text().splitlines()]
+        records = read_jsonl(path)
+        assert all(isinstance(r.config, RunConfig) for r in records)
+        assert [r.to_dict() for r in records] == raw
+        assert records_jsonl(records).encode() == path.read_bytes(), path  # export.write_records' text
+
+
+def test_the_config_block_is_a_run_config_that_reads_by_attribute_and_writes_back_what_it_was_given():
+    raw = _one_committed()
+    rec = SweepRecord(**raw)
+    assert rec.config.train.lr == raw["config"]["train"]["lr"]
+    assert rec.config.model.norm == raw["config"]["model"]["norm"]
+    assert list(rec.config.train.betas) == raw["config"]["train"]["betas"]
+    assert written(rec.config) == raw["config"]
+    # an option the record predates reads as the schema's default and stays absent from the JSON
+    del raw["config"]["model"]["depth"], raw["config"]["train"]["train_accuracy_samples"]
+    old = SweepRecord(**raw)
+    assert old.config.model.depth == ModelConfig().depth
+    assert old.config.train.train_accuracy_samples == TrainConfig().train_accuracy_samples
+    assert old.to_dict()["config"] == raw["config"] and "depth" not in old.to_dict()["config"]["model"]
+    # a record built from a run's RunConfig writes every option
+    built = SweepRecord(**{**raw, "config": RunConfig()})
+    assert built.to_dict()["config"] == to_dict(RunConfig())
 
 
 def test_the_typed_record_knows_its_parts():
@@ -52,7 +85,7 @@ def test_the_typed_record_knows_its_parts():
     assert rec.schema_version == RECORD_SCHEMA and rec.status == "done"
     assert rec.final["val"].accuracy > 0.9 and rec.analysis["hard"].repelling_searched == 4
     assert rec.options.splits == ("val", "hard") and rec.options.analyze_geometry is True
-    assert rec.run_config().model.recall == "external" and rec.monitor[0].epoch == 8
+    assert rec.config.model.recall == "external" and rec.monitor[0].epoch == 8
 
 
 def test_the_records_headline_block_has_the_documented_headline_keys_in_their_order():

@@ -101,7 +101,7 @@ def _in_arm(keys: dict, arm: Arm, lrs_of_arm: Optional[list[float]], depth: int 
 
 def _depth(rec: SweepRecord) -> int:
     """The record's model.depth (the fixed-depth baseline's blocks; 15, the default, where the config omits it)."""
-    return int(rec.config["model"].get("depth") or 15)
+    return int(rec.config.model.depth)
 
 
 def _excluded(keys: dict, exclude: list[Exclude], lrs: list[float]) -> bool:

@@ -17,8 +17,8 @@ from stability.sweep.record import SplitSummary, SweepRecord, load_records, type
 def run_keys(rec: Union[SweepRecord, dict]) -> dict:
     """The record's cell coordinates: task, norm, recall, lr, seed (from its config, as the tables read them)."""
     c = typed(rec).config
-    return {"task.name": c["task"]["name"], "model.norm": c["model"]["norm"], "model.recall": c["model"]["recall"],
-            "train.lr": float(c["train"]["lr"]), "train.seed": int(c["train"]["seed"])}
+    return {"task.name": c.task.name, "model.norm": c.model.norm, "model.recall": c.model.recall,
+            "train.lr": float(c.train.lr), "train.seed": int(c.train.seed)}
 
 
 def never_trained(rec: Union[SweepRecord, dict], loss_fraction: float) -> Optional[str]:
@@ -31,7 +31,7 @@ def never_trained(rec: Union[SweepRecord, dict], loss_fraction: float) -> Option
     if not rec.final:
         return "no final evaluation"
     loss = rec.loss_last
-    classes = int(rec.config["model"].get("out_channels") or 2)
+    classes = int(rec.config.model.out_channels)
     if loss is not None and classes > 1 and math.isfinite(float(loss)):
         chance = math.log(classes)
         if float(loss) >= loss_fraction * chance:
@@ -87,7 +87,7 @@ def metric_value(rec: Union[SweepRecord, dict], metric: str) -> tuple[Optional[f
         split = metric.split(".")[0]
         if diverged:
             return None, "diverged: no accuracy curve"
-        T = int(rec.config["train"]["iterations"])
+        T = int(rec.config.train.iterations)
         at_T = _curve_at(rec, split, T)
         if at_T is None:
             return None, f"no {split} accuracy curve reaching the training depth T = {T}"
@@ -114,7 +114,7 @@ def metric_value(rec: Union[SweepRecord, dict], metric: str) -> tuple[Optional[f
 
 def _rho_wx(rec: SweepRecord) -> tuple[Optional[float], Optional[str]]:
     """The final model's ρ(W_x): the stability summary's, else the val headline's."""
-    if rec.config["model"]["recall"] in ("none", "fixed"):
+    if rec.config.model.recall in ("none", "fixed"):
         return None, "no W_x (no recall)"
     v = rec.stability.rho_Wx if rec.stability is not None else None
     if v is None:
