@@ -96,8 +96,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --seeds: also one member per learning rate (1e-3,2.5e-3), files lr{rate}-s{seed}.pt")
     for name in EnsembleOptions.FLAGS:  # derived from the schema, as the run's flags
         info = EnsembleOptions.model_fields[name]
-        args, kw = schema_argument(field_extra(info).get("flag", name), name, info, dest=name)
-        if name == "processes":
+        args, kw = schema_argument(field_extra(info).get("flag", name.replace("_", "-")), name, info, dest=name)
+        if name in ("processes", "max_members"):
             kw.update(type=auto_or_positive_int, help=kw["help"].replace("(default none)", "(default auto)"))
         p.add_argument(*args, **kw)
     p.add_argument("--resume", action="store_true",
@@ -196,6 +196,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--processes needs --seeds (it splits an ensemble's members across processes)")
     if getattr(args, "step", None) is not None:
         raise ConfigError("--ensemble-step needs --seeds (it chooses how an ensemble's members are batched)")
+    if getattr(args, "max_members", None) is not None:
+        raise ConfigError("--max-members needs --seeds (it chunks an ensemble's members)")
     out = check_writable(args.out, "file", "--out")
     tensorboard = check_writable(args.tensorboard, "dir", "--tensorboard") if args.tensorboard else None
     if tensorboard is not None:
@@ -258,7 +260,9 @@ def _run_ensemble(args: argparse.Namespace, config) -> int:
     processes = _processes(args, config, len(seeds) * len(lrs or [None]))
     if lrs:
         check_float32(config.replace(train=config.train.replace(lr=max(lrs))))
-    step = EnsembleOptions(step=args.step or "auto").step
+    given = getattr(args, "max_members", None)
+    options = EnsembleOptions(step=args.step or "auto", max_members=None if given in (None, "auto") else given)
+    step = options.step
     ensemble.check_ensemble(config, step)
     plan = ensemble.members(config, seeds, lrs)
     out = ensemble.check_outputs(args.out, [name for name, _ in plan])
@@ -279,7 +283,7 @@ def _run_ensemble(args: argparse.Namespace, config) -> int:
         print(f"stability train: warning: {warning}", file=sys.stderr, flush=True)
     try:
         results = ensemble.train_ensemble(config, out, seeds, lrs, resume=args.resume, progress=not args.quiet,
-                                          processes=processes, step=step)
+                                          processes=processes, step=step, max_members=options.max_members)
     except DivergenceError as exc:
         print(f"stability train: diverged: {exc}", file=sys.stderr, flush=True)
         return EXIT_DIVERGED

@@ -46,10 +46,10 @@ import torch
 
 from stability import hardware
 from stability.atomic import check_writable
-from stability.config import RunConfig, short_number
+from stability.config import RunConfig, resolve_device, short_number
 from stability.errors import ConfigError, DivergenceError
 from stability.protocols import is_looped
-from stability.train import loop, split
+from stability.train import ensemble_memory, loop, split
 from stability.train.batchable import solo_reason
 from stability.train.fixed_step import FixedStep, _Call, resolve_step, stack_state
 from stability.train.loop import TrainResult, _Run, evaluate, lr_factor
@@ -269,12 +269,13 @@ def check_outputs(out_dir: Path | str, names: Sequence[str]) -> Path:
 
 def train_ensemble(config: RunConfig, out_dir: Path | str, seeds: Sequence[int], lrs: Optional[Sequence[float]] = None,
                    *, resume: bool = False, progress: bool = True, processes: int = 1,
-                   step: str = "auto") -> list[TrainResult]:
+                   step: str = "auto", max_members: Optional[int] = None) -> list[TrainResult]:
     """Train the ensemble's members (:func:`members`) into ``out_dir`` in one batched step; one ordinary checkpoint
     per member, written after every epoch. ``resume`` continues each member from its checkpoint (as a solo
     ``--resume`` does; a larger ``config.train.epochs`` extends them). ``processes`` > 1: the members split across
     that many processes, each one batched step (:mod:`stability.train.split`). ``step``: ``--ensemble-step``
-    (:func:`~stability.train.fixed_step.resolve_step`). Holds :func:`stability.train.loop.run_lock` on
+    (:func:`~stability.train.fixed_step.resolve_step`); ``max_members``: the most members in one batched step
+    (None: from the device's memory; :func:`train_members`). Holds :func:`stability.train.loop.run_lock` on
     ``out_dir`` throughout."""
     check_ensemble(config, step)
     plan = members(config, seeds, lrs)
@@ -288,16 +289,45 @@ def train_ensemble(config: RunConfig, out_dir: Path | str, seeds: Sequence[int],
         if processes > 1:
             if progress:
                 split.log_line(names, processes, out_dir)
-            return split.train_split(functools.partial(train_members, step=step), paths, notes, processes,
-                                     resume=resume, progress=progress)
+            return split.train_split(functools.partial(train_members, step=step, max_members=max_members), paths,
+                                     notes, processes, resume=resume, progress=progress)
         if progress:
             print(f"ensemble: {len(plan)} members ({', '.join(names)}) in {out_dir}, one batched step",
                   file=sys.stderr, flush=True)
-        return train_members(paths, notes, resume=resume, progress=progress, step=step)
+        return train_members(paths, notes, resume=resume, progress=progress, step=step, max_members=max_members)
 
 
 def train_members(plan: Sequence[tuple[Path, RunConfig]], notes: Sequence[dict], *, resume: bool,
-                  progress: bool, part: Optional[tuple[int, str]] = None, step: str = "auto") -> list[TrainResult]:
+                  progress: bool, part: Optional[tuple[int, str]] = None, step: str = "auto",
+                  max_members: Optional[int] = None) -> list[TrainResult]:
+    """Train the members ``plan`` in batched steps of at most ``max_members`` members (None: K_max from the
+    device's memory, :func:`stability.train.ensemble_memory.plan`), one chunk after another, each chunk by
+    :func:`train_together` (whose arguments the rest are): each member's checkpoint is the one an ensemble of its
+    chunk writes (its note still the whole ensemble's)."""
+    size = len(plan)
+    if len(plan) > 1:
+        size = max_members if max_members is not None else _memory_chunk(plan[0][1], len(plan), progress)
+    results: list[TrainResult] = []
+    for idx in ensemble_memory.chunks(len(plan), size):
+        results += train_together([plan[i] for i in idx], [notes[i] for i in idx], resume=resume,
+                                  progress=progress, part=part, step=step)
+    return results
+
+
+def _memory_chunk(config: RunConfig, count: int, progress: bool) -> int:
+    """K_max of ``config``'s members on its device (:mod:`stability.train.ensemble_memory`), said on stderr when
+    the ``count`` members do not fit in one step."""
+    device = resolve_device(config.train.device)
+    mem = ensemble_memory.plan(config, device)
+    if mem.k_max < count and progress:
+        print(f"ensemble: {count} members do not fit in one batched step on {device} ({mem.per_member / 2**20:.0f} "
+              f"MiB each, {mem.free / 2**20:.0f} MiB free): {-(-count // mem.k_max)} chunks of at most {mem.k_max}, "
+              "one after another", file=sys.stderr, flush=True)
+    return mem.k_max
+
+
+def train_together(plan: Sequence[tuple[Path, RunConfig]], notes: Sequence[dict], *, resume: bool,
+                   progress: bool, part: Optional[tuple[int, str]] = None, step: str = "auto") -> list[TrainResult]:
     """Train the members ``plan`` ((checkpoint path, config) each) in one batched step, each checkpoint carrying
     its ``notes[i]`` as its ``ensemble`` note. The members' configs may differ in seed, learning rate and data
     (``task.seed``: each member trains on its own training set), nothing that changes the model's shape. A

@@ -144,6 +144,7 @@ def test_a_killed_ensemble_resumes_to_the_uninterrupted_result(tmp_path, cli, pr
     (["--lrs", "1e-3", "--out", "{tmp}/d"], "--lrs needs --seeds"),
     (["--seeds", "0-1", "--method", "deep-supervision", "--out", "{tmp}/d"], "progressive loss only"),
     (["--ensemble-step", "fixed", "--out", "{tmp}/d"], "--ensemble-step needs --seeds"),
+    (["--max-members", "2", "--out", "{tmp}/d"], "--max-members needs --seeds"),
     (["--seeds", "0-1", "--compile", "--ensemble-step", "subsets", "--out", "{tmp}/d"],
      "compile with --ensemble-step subsets"),
 ])
