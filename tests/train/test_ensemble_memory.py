@@ -27,7 +27,8 @@ from stability.train.fixed_step import FixedStep
 K, alpha = int(sys.argv[1]), float(sys.argv[2])
 cfg = RunConfig(model=ModelConfig(width=32, heads=4),
                 task=TaskConfig(train_size=400, val_size=20, hard_size=20, train_length=16, hard_length=20),
-                train=TrainConfig(epochs=1, batch_size=400, iterations=8, device="cpu", method=Progressive(alpha=alpha)))
+                train=TrainConfig(epochs=1, batch_size=400, iterations=8, device="cpu",
+                                  method=Progressive(alpha=alpha)))
 state, activations = ensemble_memory.member_bytes(cfg, torch.device("cpu"))
 tmp = pathlib.Path(tempfile.mkdtemp())
 runs = [loop._start(c, tmp / n, resume=False, progress=False) for n, c in ensemble.members(cfg, range(K))]
