@@ -1,7 +1,8 @@
 """A K-seed ensemble (`stability train --seeds`) against the K solo runs in sequence, side by side in one run.
 
     python benchmarks/ensemble_benchmark.py [--seeds 5] [--epochs 45] [--threads 2] [--repeats 3]
-                                            [--variants solo,solo1,ensemble,split] [--out DIR]
+                                            [--variants solo,solo1,ensemble,split,fixed,fixed-compiled]
+                                            [--out DIR]
     python benchmarks/ensemble_benchmark.py --ceiling [--threads 2] [--out DIR]
     python benchmarks/ensemble_benchmark.py --sensitivity [--seed 1] [--perturbed 4] [--epochs 45] [--out DIR]
 
@@ -10,7 +11,11 @@ The demo's architecture (`--preset cpu`, stability/config.py PRESETS). Up to fou
 each (the goal's baseline); ``solo1``, the same at one thread each (on a small model often the faster baseline);
 ``ensemble``, the one-process ensemble (``--threads`` threads, ``--processes 1``); ``split``, the ensemble split
 across ``--processes`` processes (``--threads`` // processes threads each: what ``stability train --seeds`` runs
-by default, ``--processes auto``). Prints and writes ``DIR/ensemble.json``: wall seconds of each (whole runs:
+by default, ``--processes auto``); ``fixed``, the one-process ensemble with the fixed-shape step
+(``--ensemble-step fixed``: every member through all T iterations, masked; stability/train/fixed_step.py), and
+``fixed-compiled``, the same compiled (``--compile``: torch.compile's default mode on the CPU, its compilation
+counted in the wall seconds and in the first training epoch's). The default ``--variants`` are the
+first four (the committed records' set). Prints and writes ``DIR/ensemble.json``: wall seconds of each (whole runs:
 training and evaluations; min, median, all) and of its training epochs alone, the ratios baseline / variant for
 each solo baseline run, the load average before and after each repetition, and for the last repetition each
 member against each solo baseline: its first-epoch loss (relative difference), the first epoch whose loss differs
@@ -55,7 +60,7 @@ def main(argv=None) -> int:
     p.add_argument("--processes", type=int, default=None,
                    help="the split ensemble's processes, each with threads // processes threads (default: --threads)")
     p.add_argument("--repeats", type=int, default=1, help="repetitions of the variants (min and median kept)")
-    p.add_argument("--variants", default=",".join(VARIANTS),
+    p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                    help=f"which of {','.join(VARIANTS)} to run (a solo baseline among them), comma-separated")
     p.add_argument("--out", default="benchmarks/out")
     p.add_argument("--ceiling", action="store_true", help="per-batch timings: what batching can buy at this size")
@@ -83,7 +88,9 @@ def main(argv=None) -> int:
 
 
 #: the variants, in their order of the first repetition (module docstring)
-VARIANTS = ("solo", "solo1", "ensemble", "split")
+VARIANTS = ("solo", "solo1", "ensemble", "split", "fixed", "fixed-compiled")
+#: the variants run when ``--variants`` is not given (those of the committed records)
+DEFAULT_VARIANTS = VARIANTS[:4]
 #: the solo baselines among them
 BASELINES = ("solo", "solo1")
 
@@ -107,7 +114,10 @@ def _variants(config, seeds, tmp: Path, processes: int, rep: int, names: list) -
 
     runs = {"solo": lambda: solo("solo", torch.get_num_threads()), "solo1": lambda: solo("solo1", 1),
             "ensemble": lambda: train_ensemble(config, tmp / f"ens{rep}", seeds, progress=False),
-            "split": lambda: train_ensemble(config, tmp / f"split{rep}", seeds, progress=False, processes=processes)}
+            "split": lambda: train_ensemble(config, tmp / f"split{rep}", seeds, progress=False, processes=processes),
+            "fixed": lambda: train_ensemble(config, tmp / f"fixed{rep}", seeds, progress=False, step="fixed"),
+            "fixed-compiled": lambda: train_ensemble(config.replace(train=config.train.replace(compile=True)),
+                                                     tmp / f"fixedc{rep}", seeds, progress=False, step="fixed")}
     order = [n for n in VARIANTS if n in names]
     order = order[rep % len(order):] + order[:rep % len(order)]
     out = {}
@@ -123,7 +133,9 @@ def _epoch_seconds(name: str, results) -> float:
     solo runs' sum, one member's for the one-process ensemble, the slowest member's for the split one (its
     processes run side by side; the members of one process share its epochs' seconds)."""
     per_member = [sum(h["seconds"] for h in r.history) for r in results]
-    return {"solo": sum, "solo1": sum, "ensemble": lambda v: v[0], "split": max}[name](per_member)
+    one = lambda v: v[0]  # noqa: E731 (the members of one process share its epochs' seconds)
+    return {"solo": sum, "solo1": sum, "ensemble": one, "split": max, "fixed": one, "fixed-compiled": one}[name](
+        per_member)
 
 
 def _agreement(seeds, results, solo) -> list[dict]:

@@ -13,7 +13,10 @@ Checks, in the order they run (paper sizes on a GPU; ``--dry-run``: tiny sizes o
   the samples (``batch="all"``); goal: sudoku ≤ 15 s (issue 35);
 * ``train_throughput`` — samples/s of the paper's training configuration (width 256, 8 heads, MLP 1024,
   external recall, post-norm, batch 500, progressive loss T = 30 on 32-bit prefix sums) with fp32, bf16
-  autocast, and bf16 + torch.compile (``benchmarks/train_throughput.py``'s measurement);
+  autocast, bf16 + torch.compile (``benchmarks/train_throughput.py``'s measurement), and an ensemble of 8 members
+  in the fixed-shape step, bf16, compiled (CUDA graphs; ``--ensemble-step fixed --compile``), its samples/s all
+  members' samples; every variant's achieved TFLOP/s (the matrix FLOPs of one sample's step through all T
+  iterations, counted) against the device's bf16 matrix rate (a timed square product);
 * ``prefix_sums_cell`` — the paper's prefix-sums cell (external recall, post-norm, lr 1e-4) trained for a few
   epochs: loss, val / hard accuracy, seconds per epoch (the full cell is 100 epochs: RESULTS.md).
 
@@ -52,7 +55,7 @@ sys.path.insert(0, str(HERE))
 
 from analysis_benchmarks import sudoku_inputs, sudoku_model  # noqa: E402  (benchmarks/, on the path above)
 from analysis_scaling import build  # noqa: E402
-from train_throughput import measure  # noqa: E402
+from train_throughput import flops_per_sample, measure, measure_ensemble  # noqa: E402
 
 import stability  # noqa: E402
 from stability import AnalysisOptions  # noqa: E402
@@ -165,9 +168,52 @@ def check_train_throughput(device, dry: bool, partial: dict, lease: Lease) -> di
         partial["samples_per_s"][label] = measure(device, impl=impl, bf16=bf16, compile_=comp, steps=steps,
                                                   batch=batch, width=width, iterations=T, warmup=warm)
         first = time.perf_counter() - t if first is None else first
+    _ensemble_variant(device, dry, partial, lease, first)
     base = partial["samples_per_s"]["fp32"]
     partial["ratio_vs_fp32"] = {k: (v / base if v else None) for k, v in partial["samples_per_s"].items()}
+    _tflops(device, dry, partial)
     return partial
+
+
+#: the ensemble variant of ``train_throughput``: members of the fixed-shape step, compiled (CUDA graphs on CUDA)
+ENSEMBLE_MEMBERS = 8
+ENSEMBLE_LABEL = f"ensemble{ENSEMBLE_MEMBERS} bf16+fixed+compile"
+
+
+def _ensemble_variant(device, dry: bool, partial: dict, lease: Lease, first) -> None:
+    """samples/s (all members' samples) of an ensemble of :data:`ENSEMBLE_MEMBERS` in the fixed step, bf16,
+    compiled (``train_throughput.measure_ensemble``); a dry run: 2 members, uncompiled (the same code path but
+    torch.compile, whose CPU compilation tests/train/test_fixed_step.py covers)."""
+    label, members = ENSEMBLE_LABEL, 2 if dry else ENSEMBLE_MEMBERS
+    need = None if first is None else members * first + (120.0 if not dry else 0.0)
+    if need is not None and need > lease.left():
+        partial["samples_per_s"][label] = None
+        partial["skipped"][label] = f"budget: about {need:.0f} s, {lease.left():.0f} s left"
+        return
+    partial["ensemble"] = {"members": members, "step": "fixed", "compiled": not dry, "bf16": not dry}
+    partial["samples_per_s"][label] = measure_ensemble(
+        device, members=members, bf16=not dry, compile_=not dry, steps=partial["steps"], batch=partial["batch"],
+        width=partial["width"], iterations=partial["iterations"], warmup=1 if dry else 3)
+
+
+def _tflops(device, dry: bool, partial: dict) -> None:
+    """Achieved TFLOP/s of every variant: samples/s × the matrix FLOPs of one sample's step through all T
+    iterations (``train_throughput.flops_per_sample``: the fixed step's executed work, the issue's convention for
+    the solo ones), and the device's bf16 matrix rate (a square bf16 product, timed) they are a fraction of."""
+    flops = flops_per_sample(device, width=partial["width"], iterations=partial["iterations"])
+    n = 256 if dry else 8192
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    (a @ a).sum().item()
+    _sync(device)
+    reps, t = 3 if dry else 20, time.perf_counter()
+    for _ in range(reps):
+        a @ a
+    _sync(device)
+    peak = reps * 2 * n ** 3 / (time.perf_counter() - t) / 1e12
+    partial["flops_per_sample"] = flops
+    partial["bf16_matrix_tflops"] = peak
+    partial["tflops"] = {k: (v * flops / 1e12 if v else None) for k, v in partial["samples_per_s"].items()}
+    partial["fraction_of_bf16_matrix_rate"] = {k: (v / peak if v else None) for k, v in partial["tflops"].items()}
 
 
 def check_prefix_sums_cell(device, dry: bool, partial: dict, lease: Lease) -> dict:

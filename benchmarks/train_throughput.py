@@ -61,6 +61,73 @@ def measure(device, *, impl: str, bf16: bool, compile_: bool, steps: int, batch:
     return steps * batch / (time.perf_counter() - t0)
 
 
+def flops_per_sample(device, *, width: int, iterations: int = 30, batch: int = 2) -> float:
+    """Matrix FLOPs of one sample's training step through all ``iterations`` (forward and backward, n = 0,
+    k = T: what the fixed ensemble step executes per member and sample, and the issue's "~5 GFLOP per sample"
+    convention for the solo variants), counted by :class:`torch.utils.flop_counter.FlopCounterMode` at ``batch``."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from stability.train.loop import progressive_loss
+
+    task = make_task(TaskConfig(train_size=max(batch, 8)))
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(width=width, **task.model_options())).to(device)
+    model.attention_impl = "dense"
+    x, y = task.dataset("train")
+    with FlopCounterMode(display=False) as counter:
+        progressive_loss(model, task, x[:batch].to(device), y[:batch].to(device), 0, iterations, 1.0,
+                         iterations).backward()
+    return counter.get_total_flops() / batch
+
+
+def measure_ensemble(device, *, members: int, bf16: bool, compile_: bool, steps: int, batch: int, width: int,
+                     iterations: int = 30, warmup: int = 3) -> float:
+    """Samples/s (all members' samples) of a ``members``-member ensemble of the configuration above in the
+    fixed-shape step (stability/train/fixed_step.py; ``compile_``: torch.compile, CUDA graphs on CUDA), each
+    member's own draws, AdamW and clipping as ``stability train --seeds`` runs them."""
+    import tempfile
+    from pathlib import Path
+
+    from stability.config import RunConfig
+    from stability.train import ensemble, loop
+    from stability.train.fixed_step import FixedStep
+
+    config = RunConfig(model=ModelConfig(width=width), task=TaskConfig(train_size=batch * 4),
+                       train=TrainConfig(batch_size=batch, iterations=iterations, device=str(device), bf16=bf16,
+                                         compile=compile_))
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = [loop._start(c, Path(tmp) / name, resume=False, progress=False)
+                for name, c in ensemble.members(config, range(members))]
+    for run in runs:
+        run.model.attention_impl = "dense"
+    step = FixedStep(runs, compile=compile_)
+    x, y = runs[0].task.dataset("train")
+    x, y = x.to(device), y.to(device)
+
+    def one(i):
+        sl = slice((i % 4) * batch, (i % 4 + 1) * batch)
+        xb, yb = torch.stack([x[sl]] * members), torch.stack([y[sl]] * members)
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=runs[0].use_bf16):
+            losses = step(runs, xb, yb, [ensemble._draw_depth(r) for r in runs])
+        for run in runs:
+            run.optimizer.zero_grad(set_to_none=True)
+        losses.sum().backward()
+        for run in runs:
+            torch.nn.utils.clip_grad_norm_(run.model.parameters(), 1.0)
+            run.optimizer.step()
+
+    for i in range(warmup):  # warm-up (and compilation, graph capture)
+        one(i)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(steps):
+        one(i)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return steps * batch * members / (time.perf_counter() - t0)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=10)

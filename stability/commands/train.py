@@ -95,8 +95,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lrs", metavar="RATES",
                    help="with --seeds: also one member per learning rate (1e-3,2.5e-3), files lr{rate}-s{seed}.pt")
     for name in EnsembleOptions.FLAGS:  # derived from the schema, as the run's flags
-        args, kw = schema_argument(name, name, EnsembleOptions.model_fields[name], dest=name)
-        kw.update(type=auto_or_positive_int, help=kw["help"].replace("(default none)", "(default auto)"))
+        info = EnsembleOptions.model_fields[name]
+        args, kw = schema_argument(field_extra(info).get("flag", name.replace("_", "-")), name, info, dest=name)
+        if name in ("processes", "max_members"):
+            kw.update(type=auto_or_positive_int, help=kw["help"].replace("(default none)", "(default auto)"))
         p.add_argument(*args, **kw)
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out if it exists (its stored options; with a larger --epochs: "
@@ -192,6 +194,10 @@ def run(args: argparse.Namespace) -> int:
         return _run_ensemble(args, config)
     if getattr(args, "processes", None) is not None:
         raise ConfigError("--processes needs --seeds (it splits an ensemble's members across processes)")
+    if getattr(args, "step", None) is not None:
+        raise ConfigError("--ensemble-step needs --seeds (it chooses how an ensemble's members are batched)")
+    if getattr(args, "max_members", None) is not None:
+        raise ConfigError("--max-members needs --seeds (it chunks an ensemble's members)")
     out = check_writable(args.out, "file", "--out")
     tensorboard = check_writable(args.tensorboard, "dir", "--tensorboard") if args.tensorboard else None
     if tensorboard is not None:
@@ -254,7 +260,10 @@ def _run_ensemble(args: argparse.Namespace, config) -> int:
     processes = _processes(args, config, len(seeds) * len(lrs or [None]))
     if lrs:
         check_float32(config.replace(train=config.train.replace(lr=max(lrs))))
-    ensemble.check_ensemble(config)
+    given = getattr(args, "max_members", None)
+    options = EnsembleOptions(step=args.step or "auto", max_members=None if given in (None, "auto") else given)
+    step = options.step
+    ensemble.check_ensemble(config, step)
     plan = ensemble.members(config, seeds, lrs)
     out = ensemble.check_outputs(args.out, [name for name, _ in plan])
     if args.resume:  # the stored options, with the flags given now on top (as a solo --resume)
@@ -274,7 +283,7 @@ def _run_ensemble(args: argparse.Namespace, config) -> int:
         print(f"stability train: warning: {warning}", file=sys.stderr, flush=True)
     try:
         results = ensemble.train_ensemble(config, out, seeds, lrs, resume=args.resume, progress=not args.quiet,
-                                          processes=processes)
+                                          processes=processes, step=step, max_members=options.max_members)
     except DivergenceError as exc:
         print(f"stability train: diverged: {exc}", file=sys.stderr, flush=True)
         return EXIT_DIVERGED

@@ -183,14 +183,28 @@ class EnsembleOptions(_Config):
     """How ``stability train --seeds`` runs its members (issue 37); not a run's option, so never in a checkpoint's
     config. ``processes``: the members split across this many processes, each training its share in one batched
     step with one thread on the CPU (``None``, the flag's ``auto`` and the default: one per core torch may use,
-    min(cores, torch's threads, members), on the CPU; 1 on CUDA)."""
+    min(cores, torch's threads, members), on the CPU; 1 on CUDA). ``step`` (``--ensemble-step``): the batched step,
+    ``subsets`` (each iteration run on the members in their no-gradient or gradient window, a shape that changes
+    every batch), ``fixed`` (every member through all T iterations, masked: one shape, what ``--compile`` and CUDA
+    graphs need; stability/train/fixed_step.py) or ``auto`` (fixed on CUDA or with ``--compile``, subsets on the
+    CPU). ``max_members``: the most members in one batched step; more train in chunks of that many, one after
+    another (``None``, the flag's ``auto`` and the default: K_max from the device's free memory and a member's
+    measured need; stability/train/ensemble_memory.py)."""
 
     #: the fields with a flag of ``stability train``
-    FLAGS: typing.ClassVar[tuple[str, ...]] = ("processes",)
+    FLAGS: typing.ClassVar[tuple[str, ...]] = ("processes", "step", "max_members")
 
     processes: Optional[int] = _f(None, "with --seeds: split the members across N processes, one thread each on the "
                                   "CPU (auto: one per core torch may use, up to the members; 1 on CUDA)",
                                   metavar="N|auto", ge=1, le=MAX_WORKERS)
+    step: Literal["auto", "subsets", "fixed"] = _f("auto", "with --seeds: the batched step: subsets (the members in "
+                                                   "each state per iteration), fixed (all members through T "
+                                                   "iterations, masked: one shape, compiled with --compile) or auto "
+                                                   "(fixed on CUDA or with --compile, else subsets)",
+                                                   flag="ensemble-step")
+    max_members: Optional[int] = _f(None, "with --seeds: at most N members in one batched step, more in chunks of N "
+                                    "one after another (auto: as many as the device's free memory holds)",
+                                    metavar="N|auto", ge=1, le=MAX_WORKERS)
 
 
 class RunConfig(_Config):

@@ -23,12 +23,19 @@ the members at its epoch until it catches up, which is a different batch shape).
 --ensemble auto`` trains a group of a grid's cells through it (members that differ in ``task.seed`` as well, each
 on its own training set), each into its own cell's checkpoint.
 
+Two batched steps (``--ensemble-step``): the subset step above (:func:`batched_losses`, the CPU's default) and the
+fixed-shape step (:mod:`stability.train.fixed_step`: every member through all T iterations, masked, one shape every
+batch; CUDA's default, and what ``--compile`` compiles, with CUDA graphs on CUDA). Both give each member its solo
+loss's gradient (on the CPU the same bits: tests/train/test_fixed_step.py).
+
 Stays solo: deep supervision and implicit training (per-sample halting and solver iterations make a batched step
-unnatural), ``--compile``, and the ``noise`` initial state (drawn from the global generator each batch).
+unnatural), ``--compile`` with ``--ensemble-step subsets``, and the ``noise`` initial state (drawn from the global
+generator each batch).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 import time
@@ -39,11 +46,12 @@ import torch
 
 from stability import hardware
 from stability.atomic import check_writable
-from stability.config import RunConfig, short_number
+from stability.config import RunConfig, resolve_device, short_number
 from stability.errors import ConfigError, DivergenceError
 from stability.protocols import is_looped
-from stability.train import loop, split
+from stability.train import ensemble_memory, loop, split
 from stability.train.batchable import solo_reason
+from stability.train.fixed_step import FixedStep, _Call, resolve_step, stack_state
 from stability.train.loop import TrainResult, _Run, evaluate, lr_factor
 from stability.train.monitor import StabilityMonitor
 
@@ -103,23 +111,12 @@ def members(config: RunConfig, seeds: Sequence[int],
     return out
 
 
-def check_ensemble(config: RunConfig) -> None:
-    """Refuse (one line) what the batched step does not cover (:func:`~stability.train.batchable.solo_reason`)."""
-    reason = solo_reason(config)
+def check_ensemble(config: RunConfig, step: str = "auto") -> None:
+    """Refuse (one line) what the batched ``step`` does not cover (:func:`~stability.train.batchable.solo_reason`)."""
+    reason = solo_reason(config, step)
     if reason is not None:
         raise ConfigError(f"--seeds with {reason}; train each seed with its own `stability train`, or use "
                           "`stability sweep`")
-
-
-class _Call(torch.nn.Module):
-    """``functional_call``'s entry: calls ``fn(model)`` with the model's parameters swapped for the given ones."""
-
-    def __init__(self, model: torch.nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, fn):
-        return fn(self.model)
 
 
 def batched_losses(runs: Sequence[_Run], inputs: torch.Tensor, targets: torch.Tensor,
@@ -132,10 +129,7 @@ def batched_losses(runs: Sequence[_Run], inputs: torch.Tensor, targets: torch.Te
     computes what its solo loss computes (:func:`stability.train.loop.progressive_loss`), and no more."""
     model, task, cfg = runs[0].model, runs[0].task, runs[0].config.train
     K, device = len(runs), inputs.device
-    named = [dict(r.model.named_parameters()) for r in runs]
-    params = {f"model.{n}": torch.stack([p[n] for p in named]) for n, _ in model.named_parameters()}
-    bufs = [dict(r.model.named_buffers()) for r in runs]
-    buffers = {f"model.{n}": torch.stack([b[n] for b in bufs]) for n, _ in model.named_buffers()}
+    params, buffers = stack_state(runs)
     wrapper = _Call(model)
     everyone = list(range(K))
 
@@ -200,10 +194,12 @@ def _diverged(run: _Run, what: str, epoch: int) -> DivergenceError:
     return exc
 
 
-def _ensemble_epoch(runs: list[_Run], epoch: int, inputs: list, targets: list, bar) -> list[dict]:
+def _ensemble_epoch(runs: list[_Run], epoch: int, inputs: list, targets: list, bar,
+                    losses_of=batched_losses) -> list[dict]:
     """One epoch of the members in ``runs`` (all at ``epoch``), batched, each on its own training set
-    (``inputs[i]``, ``targets[i]``: the same tensors where the members' data are the same); their records
-    (without evaluations)."""
+    (``inputs[i]``, ``targets[i]``: the same tensors where the members' data are the same), their losses by
+    ``losses_of`` (the subset step :func:`batched_losses` or a :class:`~stability.train.fixed_step.FixedStep`);
+    their records (without evaluations)."""
     cfg0, device = runs[0].config.train, runs[0].device
     N = inputs[0].shape[0]
     lrs = []
@@ -222,7 +218,7 @@ def _ensemble_epoch(runs: list[_Run], epoch: int, inputs: list, targets: list, b
         yb = torch.stack([y[j] for y, j in zip(targets, idx)])
         depths = [_draw_depth(run) for run in runs]
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=runs[0].use_bf16):
-            losses = batched_losses(runs, xb, yb, depths)
+            losses = losses_of(runs, xb, yb, depths)
         values = losses.detach().tolist()
         for run, v in zip(runs, values):
             if not torch.isfinite(torch.tensor(v)):
@@ -272,13 +268,16 @@ def check_outputs(out_dir: Path | str, names: Sequence[str]) -> Path:
 
 
 def train_ensemble(config: RunConfig, out_dir: Path | str, seeds: Sequence[int], lrs: Optional[Sequence[float]] = None,
-                   *, resume: bool = False, progress: bool = True, processes: int = 1) -> list[TrainResult]:
+                   *, resume: bool = False, progress: bool = True, processes: int = 1,
+                   step: str = "auto", max_members: Optional[int] = None) -> list[TrainResult]:
     """Train the ensemble's members (:func:`members`) into ``out_dir`` in one batched step; one ordinary checkpoint
     per member, written after every epoch. ``resume`` continues each member from its checkpoint (as a solo
     ``--resume`` does; a larger ``config.train.epochs`` extends them). ``processes`` > 1: the members split across
-    that many processes, each one batched step (:mod:`stability.train.split`). Holds
-    :func:`stability.train.loop.run_lock` on ``out_dir`` throughout."""
-    check_ensemble(config)
+    that many processes, each one batched step (:mod:`stability.train.split`). ``step``: ``--ensemble-step``
+    (:func:`~stability.train.fixed_step.resolve_step`); ``max_members``: the most members in one batched step
+    (None: from the device's memory; :func:`train_members`). Holds :func:`stability.train.loop.run_lock` on
+    ``out_dir`` throughout."""
+    check_ensemble(config, step)
     plan = members(config, seeds, lrs)
     out_dir = check_outputs(out_dir, [name for name, _ in plan])
     names = [name for name, _ in plan]
@@ -290,21 +289,53 @@ def train_ensemble(config: RunConfig, out_dir: Path | str, seeds: Sequence[int],
         if processes > 1:
             if progress:
                 split.log_line(names, processes, out_dir)
-            return split.train_split(train_members, paths, notes, processes, resume=resume, progress=progress)
+            return split.train_split(functools.partial(train_members, step=step, max_members=max_members), paths,
+                                     notes, processes, resume=resume, progress=progress)
         if progress:
             print(f"ensemble: {len(plan)} members ({', '.join(names)}) in {out_dir}, one batched step",
                   file=sys.stderr, flush=True)
-        return train_members(paths, notes, resume=resume, progress=progress)
+        return train_members(paths, notes, resume=resume, progress=progress, step=step, max_members=max_members)
 
 
 def train_members(plan: Sequence[tuple[Path, RunConfig]], notes: Sequence[dict], *, resume: bool,
-                  progress: bool, part: Optional[tuple[int, str]] = None) -> list[TrainResult]:
+                  progress: bool, part: Optional[tuple[int, str]] = None, step: str = "auto",
+                  max_members: Optional[int] = None) -> list[TrainResult]:
+    """Train the members ``plan`` in batched steps of at most ``max_members`` members (None: K_max from the
+    device's memory, :func:`stability.train.ensemble_memory.plan`), one chunk after another, each chunk by
+    :func:`train_together` (whose arguments the rest are): each member's checkpoint is the one an ensemble of its
+    chunk writes (its note still the whole ensemble's)."""
+    size = len(plan)
+    if len(plan) > 1:
+        size = max_members if max_members is not None else _memory_chunk(plan[0][1], len(plan), progress)
+    results: list[TrainResult] = []
+    for idx in ensemble_memory.chunks(len(plan), size):
+        results += train_together([plan[i] for i in idx], [notes[i] for i in idx], resume=resume,
+                                  progress=progress, part=part, step=step)
+    return results
+
+
+def _memory_chunk(config: RunConfig, count: int, progress: bool) -> int:
+    """K_max of ``config``'s members on its device (:mod:`stability.train.ensemble_memory`), said on stderr when
+    the ``count`` members do not fit in one step."""
+    device = resolve_device(config.train.device)
+    mem = ensemble_memory.plan(config, device)
+    if mem.k_max < count and progress:
+        print(f"ensemble: {count} members do not fit in one batched step on {device} ({mem.per_member / 2**20:.0f} "
+              f"MiB each, {mem.free / 2**20:.0f} MiB free): {-(-count // mem.k_max)} chunks of at most {mem.k_max}, "
+              "one after another", file=sys.stderr, flush=True)
+    return mem.k_max
+
+
+def train_together(plan: Sequence[tuple[Path, RunConfig]], notes: Sequence[dict], *, resume: bool,
+                   progress: bool, part: Optional[tuple[int, str]] = None, step: str = "auto") -> list[TrainResult]:
     """Train the members ``plan`` ((checkpoint path, config) each) in one batched step, each checkpoint carrying
     its ``notes[i]`` as its ``ensemble`` note. The members' configs may differ in seed, learning rate and data
     (``task.seed``: each member trains on its own training set), nothing that changes the model's shape. A
     member's divergence raises its DivergenceError (``.member``: its checkpoint path) with every member's last
     good checkpoint in place. The caller holds the locks. ``part`` (process j of a split ensemble, its label):
-    the training bar on line j, named by the label; the evaluations' bars only in process 0 (one line each)."""
+    the training bar on line j, named by the label; the evaluations' bars only in process 0 (one line each).
+    ``step``: the subset step (:func:`batched_losses`) or the fixed-shape one (:class:`FixedStep`, compiled with
+    ``train.compile``), ``auto`` resolved by :func:`~stability.train.fixed_step.resolve_step`."""
     runs: list[_Run] = []
     torch_states = []  # each member's global generator state, as its solo run leaves it after initialisation
     for (path, member_config), note in zip(plan, notes):
@@ -328,8 +359,18 @@ def train_members(plan: Sequence[tuple[Path, RunConfig]], notes: Sequence[dict],
         torch.set_rng_state(torch_states[i])  # the checkpoint's "rng" is the member's own
         runs[i].save(epoch)
 
-    _train_runs(runs, data, monitors, save, progress, part or (0, "train"))
+    _train_runs(runs, data, monitors, save, progress, part or (0, "train"), _step_of(runs, step))
     return [TrainResult(path=r.out, epochs=cfg.epochs, history=r.history, final=r.final) for r in runs]
+
+
+def _step_of(runs: Sequence[_Run], step: str):
+    """The losses function of ``step`` for the members ``runs``: :func:`batched_losses` or a :class:`FixedStep`
+    (compiled with ``train.compile``); a compiled subset step is refused in one line."""
+    cfg = runs[0].config.train
+    check_ensemble(runs[0].config, step)
+    if resolve_step(step, runs[0].device, cfg.compile) == "subsets":
+        return batched_losses
+    return FixedStep(runs, compile=cfg.compile)
 
 
 def _training_sets(runs: Sequence[_Run]) -> tuple[list, list]:
@@ -349,10 +390,10 @@ def _training_sets(runs: Sequence[_Run]) -> tuple[list, list]:
 
 
 def _train_runs(runs: list[_Run], data: tuple[list, list], monitors: list, save, progress: bool,
-                part: tuple[int, str]) -> None:
+                part: tuple[int, str], losses_of=batched_losses) -> None:
     """The epochs of the members from the earliest one's (a member behind catches up, one ahead waits), then each
     member's final evaluation; ``save(i, epoch)`` writes member i's checkpoint. ``part``: (line, label) of the
-    training bar (:func:`train_members`)."""
+    training bar (:func:`train_members`); ``losses_of``: the step (:func:`_ensemble_epoch`)."""
     inputs, targets = data
     cfg = runs[0].config.train
     per_epoch = -(-inputs[0].shape[0] // cfg.batch_size)
@@ -364,7 +405,7 @@ def _train_runs(runs: list[_Run], data: tuple[list, list], monitors: list, save,
         for epoch in range(start, cfg.epochs):
             active = [i for i, r in enumerate(runs) if r.start_epoch <= epoch]  # a member behind catches up
             records = _ensemble_epoch([runs[i] for i in active], epoch, [inputs[i] for i in active],
-                                      [targets[i] for i in active], bar)
+                                      [targets[i] for i in active], bar, losses_of)
             for i, record in zip(active, records):
                 _evaluations(runs[i], record, epoch, progress)
                 if monitors[i] is not None:

@@ -53,6 +53,12 @@ def test_dry_run_writes_every_check_with_finite_numbers(tmp_path, capsys):
         assert all(math.isfinite(x) for x in numbers(chk["result"])), name
     tp = data["checks"]["train_throughput"]["result"]
     assert tp["samples_per_s"]["fp32"] > 0 and tp["samples_per_s"]["bf16"] > 0
+    assert tp["samples_per_s"][suite.ENSEMBLE_LABEL] > 0 and tp["ensemble"]["members"] == 2  # dry: 2, uncompiled
+    for label, sps in tp["samples_per_s"].items():  # TFLOP/s = samples/s × the counted FLOPs of a sample's step
+        if sps is not None:
+            assert tp["tflops"][label] == pytest.approx(sps * tp["flops_per_sample"] / 1e12, rel=1e-12)
+            assert tp["fraction_of_bf16_matrix_rate"][label] == pytest.approx(
+                tp["tflops"][label] / tp["bf16_matrix_tflops"], rel=1e-12)
     rho = data["checks"]["batched_rho"]["result"]
     assert rho["samples"] == 2 and 0 < rho["rho_median"] < 1.5 and rho["ritz_residual_max"] <= 1e-6
     assert rho["goal_s"] == 3.0 and isinstance(rho["met"], bool) and rho["stages_s"] == {"rho": rho["seconds"]}

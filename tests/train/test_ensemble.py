@@ -143,6 +143,10 @@ def test_a_killed_ensemble_resumes_to_the_uninterrupted_result(tmp_path, cli, pr
     (["--seeds", "0-1", "--out", "{tmp}/file"], "is a file, expected a directory"),
     (["--lrs", "1e-3", "--out", "{tmp}/d"], "--lrs needs --seeds"),
     (["--seeds", "0-1", "--method", "deep-supervision", "--out", "{tmp}/d"], "progressive loss only"),
+    (["--ensemble-step", "fixed", "--out", "{tmp}/d"], "--ensemble-step needs --seeds"),
+    (["--max-members", "2", "--out", "{tmp}/d"], "--max-members needs --seeds"),
+    (["--seeds", "0-1", "--compile", "--ensemble-step", "subsets", "--out", "{tmp}/d"],
+     "compile with --ensemble-step subsets"),
 ])
 def test_bad_ensemble_input_is_one_line_exit_2(tmp_path, cli, extra, message):
     (tmp_path / "file").write_text("x")
