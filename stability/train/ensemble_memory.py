@@ -28,6 +28,10 @@ from typing import Optional
 import torch
 
 from stability.config import RunConfig
+from stability.model import build_model
+from stability.protocols import is_looped
+from stability.tasks import make_task
+from stability.train.step import progressive_loss
 
 #: the fraction of the free memory an ensemble plans to use (the rest: the allocator's fragmentation, evaluation)
 USABLE = 0.8
@@ -69,8 +73,6 @@ def free_bytes(device: torch.device) -> int:
 def saved_bytes(model, task, inputs: torch.Tensor, targets: torch.Tensor, cfg) -> int:
     """Bytes autograd saves for the backward pass of the progressive loss through all ``cfg.iterations`` iterations
     (n = 0, k = T: the fixed step's graph of one member), the parameters' own storage not counted."""
-    from stability.protocols import is_looped
-    from stability.train.step import progressive_loss
 
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
@@ -94,8 +96,6 @@ def member_bytes(config: RunConfig, device: torch.device) -> tuple[int, int]:
     """(state, activations) bytes of one member of ``config`` on ``device`` (module docstring): a probe model
     built under a forked generator (the caller's random state is untouched), one forward at :data:`PROBE_SAMPLES`
     samples under the run's autocast."""
-    from stability.model import build_model
-    from stability.tasks import make_task
 
     cfg = config.train
     task = make_task(config.task)
