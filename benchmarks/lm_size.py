@@ -148,12 +148,12 @@ def _one_application(model, xs, x0) -> dict:
     calls) and the relative difference of their products."""
     import torch
 
-    from stability.lm.tokens import _diagonal_apply, _one_pass_apply, is_causal
+    from stability.lm.tokens import is_causal, one_pass_apply, per_position_apply
 
     D, real = model.dynamic_channels, model.token_mask(x0)
     V = torch.randn(int(real.sum()), D, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
-    ops = {"one_pass": _one_pass_apply(model.step, xs, x0, D, real, model.diagonal_tangents),
-           "per_position": _diagonal_apply(model.step, xs, x0, D, real, torch.zeros(xs.shape[0], dtype=xs.dtype),
+    ops = {"one_pass": one_pass_apply(model.step, xs, x0, D, real, model.diagonal_tangents),
+           "per_position": per_position_apply(model.step, xs, x0, D, real, torch.zeros(xs.shape[0], dtype=xs.dtype),
                                            prefix=is_causal(model, x0))}
     out, ys = {}, {}
     for name, op in ops.items():

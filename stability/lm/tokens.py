@@ -8,7 +8,8 @@ tokens (``model.token_mask(x0)`` False) are left out (NaN, status ``"pad"``):
 * :func:`token_residuals`: r_t(x) = ‖f(x)_t − x_t‖∞ / (‖f(x)_t‖∞ + ε), the solver's residual per token;
 * :func:`token_convergence`: Picard from e: r_t at every iterate, the steps each token needs to reach τ, and each
   token's status (converged, periodic, stalled, max-iterations, non-finite);
-* :func:`token_spectra`: ρ of each diagonal block ∂f_t/∂x_t of J* and the bottleneck token. With causal attention
+* :func:`token_spectra`: ρ of each diagonal block ∂f_t/∂x_t of J* and the bottleneck token (matrix-free: one
+  forward-mode product per Krylov step where the model has a one-pass context, :mod:`stability.lm.diagonal`). With causal attention
   token t's update reads only tokens s ≤ t, so J* is block lower-triangular in token order and its eigenvalues are
   those of the diagonal blocks: ρ(J*) = max_t ρ(∂f_t/∂x_t), exactly, at T blocks of D × D instead of one
   eigenproblem of (T·D)². The blocks come from T·D forward-mode products, which also give every block above the
@@ -206,8 +207,8 @@ def _position_chunks(T: int, chunk: int) -> list:
     return [range(t0, min(T, t0 + chunk)) for t0 in range(0, T, max(1, int(chunk)))]
 
 
-def _diagonal_apply(f, x: torch.Tensor, x0: torch.Tensor, D: int, real: torch.Tensor, acausal: torch.Tensor, *,
-                    chunk: int = 8, prefix: bool = False):
+def per_position_apply(f, x: torch.Tensor, x0: torch.Tensor, D: int, real: torch.Tensor, acausal: torch.Tensor,
+                       *, chunk: int = 8, prefix: bool = False):
     """The batched operator of the real tokens' diagonal blocks for :func:`~stability.numerics.eigen.krylov_schur`:
     V (P, D) (one row per real token, in (b, t) order) ↦ (∂f_t/∂x_t V_bt), one forward-mode product per token
     position, vmapped ``chunk`` positions at a time (memory: ``chunk`` copies of the step's activations, whatever
@@ -247,10 +248,10 @@ def _diagonal_apply(f, x: torch.Tensor, x0: torch.Tensor, D: int, real: torch.Te
     return apply
 
 
-def _one_pass_apply(f, x: torch.Tensor, x0: torch.Tensor, D: int, real: torch.Tensor, context):
-    """The same operator as :func:`_diagonal_apply` by ONE forward-mode product with the tangent on every position
-    at once, under ``context()`` (a model's :meth:`~stability.lm.LMAdapter.diagonal_tangents`: the ops that couple
-    positions pass the tangent along the diagonal only, :mod:`stability.lm.diagonal`)."""
+def one_pass_apply(f, x: torch.Tensor, x0: torch.Tensor, D: int, real: torch.Tensor, context):
+    """The same operator as :func:`per_position_apply` by ONE forward-mode product with the tangent on every
+    position at once, under ``context()`` (a model's :meth:`~stability.lm.LMAdapter.diagonal_tangents`: the ops
+    that couple positions pass the tangent along the diagonal only, :mod:`stability.lm.diagonal`)."""
     B, T, C = x.shape
 
     def apply(V: torch.Tensor) -> torch.Tensor:
@@ -308,7 +309,7 @@ def _token_rho_matrix_free(f, x, x0, D, mask, tol, *, chunk: int = 8, prefix: bo
     real = mask.to(x.device)
     acausal = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
     P = int(real.sum())
-    per = _diagonal_apply(f, x, x0, D, real, acausal, chunk=chunk, prefix=prefix)
+    per = per_position_apply(f, x, x0, D, real, acausal, chunk=chunk, prefix=prefix)
     if context is None:
         route = {"route": "per-position", "note": f"{why}: per-position products", "applications": 0}
 
@@ -317,7 +318,7 @@ def _token_rho_matrix_free(f, x, x0, D, mask, tol, *, chunk: int = 8, prefix: bo
             return per(V)
     else:
         route = {}
-        apply = _checked_apply(_one_pass_apply(f, x, x0, D, real, context), per, _check_tol(x.dtype), route)
+        apply = _checked_apply(one_pass_apply(f, x, x0, D, real, context), per, _check_tol(x.dtype), route)
     spec = krylov_schur(apply, (P, D), dtype=torch.float64, device=x.device, tol=tol, k=3)
     rho = torch.full(mask.shape, float("nan"), dtype=torch.float64, device=x.device)
     rho[real] = spec.rho.to(rho)

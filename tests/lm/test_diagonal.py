@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from stability.lm import diagonal, pack
-from stability.lm.tokens import _diagonal_apply, _one_pass_apply, token_blocks, token_spectra
+from stability.lm.tokens import one_pass_apply, per_position_apply, token_blocks, token_spectra
 from tests.lm.conftest import T, float64, ids, padded_mask
 from tests.lm.test_tokens import fixed_point, huginn
 
@@ -42,8 +42,8 @@ def _products(m, x, x0, V):
     """(one-pass, per-position, dense blocks) products of the real tokens' diagonal blocks with V (P, D)."""
     D, real = m.dynamic_channels, m.token_mask(x0)
     acausal = torch.zeros(x.shape[0], dtype=x.dtype)
-    per = _diagonal_apply(m.step, x, x0, D, real, acausal, chunk=3)(V)
-    one = _one_pass_apply(m.step, x, x0, D, real, m.diagonal_tangents)(V)
+    per = per_position_apply(m.step, x, x0, D, real, acausal, chunk=3)(V)
+    one = one_pass_apply(m.step, x, x0, D, real, m.diagonal_tangents)(V)
     blocks, _ = token_blocks(m.step, x, x0, D)
     return one, per, torch.einsum("pij,pj->pi", blocks[real], V)
 
@@ -89,9 +89,9 @@ def test_inkling_needs_its_convolutions_diagonal_too():
     D, real = m.dynamic_channels, m.token_mask(x0)
     V = torch.randn(int(real.sum()), D, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     attention = diagonal.eager_attention(hf.eager_attention_forward, hf.repeat_kv, lambda mod: mod.is_causal)
-    only = _one_pass_apply(m.step, x, x0, D, real, lambda: diagonal.patched((hf, {"eager_attention_forward":
+    only = one_pass_apply(m.step, x, x0, D, real, lambda: diagonal.patched((hf, {"eager_attention_forward":
                                                                                   attention})))(V)
-    per = _diagonal_apply(m.step, x, x0, D, real, torch.zeros(2, dtype=torch.float64))(V)
+    per = per_position_apply(m.step, x, x0, D, real, torch.zeros(2, dtype=torch.float64))(V)
     assert float((only - per).norm() / per.norm()) > 1e-3
 
 
@@ -134,7 +134,7 @@ def test_sdpa_diagonal_mode_gives_the_explicit_attentions_blocks():
     x = torch.randn(2, 5, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     real = torch.ones(2, 5, dtype=torch.bool)
     V = torch.randn(10, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    one = _one_pass_apply(Toy(sdpa=True).step, x, x0, 6, real, diagonal.SdpaDiagonal)(V)
+    one = one_pass_apply(Toy(sdpa=True).step, x, x0, 6, real, diagonal.SdpaDiagonal)(V)
     blocks, acausal = token_blocks(Toy().step, x, x0, 6)
     dense = torch.einsum("pij,pj->pi", blocks[real], V)
     assert float(acausal.max()) == 0.0 and float((one - dense).norm() / dense.norm()) <= 1e-10
