@@ -8,12 +8,13 @@ tokens (``model.token_mask(x0)`` False) are left out (NaN, status ``"pad"``):
 * :func:`token_residuals`: r_t(x) = ‖f(x)_t − x_t‖∞ / (‖f(x)_t‖∞ + ε), the solver's residual per token;
 * :func:`token_convergence`: Picard from e: r_t at every iterate, the steps each token needs to reach τ, and each
   token's status (converged, periodic, stalled, max-iterations, non-finite);
-* :func:`token_spectra`: ρ of each diagonal block ∂f_t/∂x_t of J* and the bottleneck token (matrix-free: one
-  forward-mode product per Krylov step where the model has a one-pass context, :mod:`stability.lm.diagonal`). With causal attention
+* :func:`token_spectra`: ρ of each diagonal block ∂f_t/∂x_t of J* and the bottleneck token. With causal attention
   token t's update reads only tokens s ≤ t, so J* is block lower-triangular in token order and its eigenvalues are
   those of the diagonal blocks: ρ(J*) = max_t ρ(∂f_t/∂x_t), exactly, at T blocks of D × D instead of one
   eigenproblem of (T·D)². The blocks come from T·D forward-mode products, which also give every block above the
-  diagonal: ``acausal`` is their largest entry, 0 for a causal map (checked, not assumed).
+  diagonal: ``acausal`` is their largest entry, 0 for a causal map (checked, not assumed). Matrix-free, the
+  blocks are applied by one forward-mode product per Krylov step where the model has a one-pass context
+  (:mod:`stability.lm.diagonal`, checked against the T per-position products).
 """
 
 from __future__ import annotations

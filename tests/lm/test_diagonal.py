@@ -89,15 +89,16 @@ def test_inkling_needs_its_convolutions_diagonal_too():
     D, real = m.dynamic_channels, m.token_mask(x0)
     V = torch.randn(int(real.sum()), D, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     attention = diagonal.eager_attention(hf.eager_attention_forward, hf.repeat_kv, lambda mod: mod.is_causal)
-    only = one_pass_apply(m.step, x, x0, D, real, lambda: diagonal.patched((hf, {"eager_attention_forward":
-                                                                                  attention})))(V)
+    context = lambda: diagonal.patched((hf, {"eager_attention_forward": attention}))  # noqa: E731
+    only = one_pass_apply(m.step, x, x0, D, real, context)(V)
     per = per_position_apply(m.step, x, x0, D, real, torch.zeros(2, dtype=torch.float64))(V)
     assert float((only - per).norm() / per.norm()) > 1e-3
 
 
 class Toy(torch.nn.Module):
     """x' = tanh(W x + attention(x) + c · cumsum_t x / (t + 1)) + x0 per token (D = 6, 2 heads, causal), the
-    attention by ``sdpa`` or written out (as the reference Huginn: its diagonal rule under the flag); ``c`` ≠ 0 adds a coupling of positions no context knows."""
+    attention by ``sdpa`` or written out (as the reference Huginn: its diagonal rule under the flag); ``c`` ≠ 0
+    adds a coupling of positions no context knows."""
 
     dynamic_channels, causal = 6, True
 
