@@ -19,6 +19,7 @@ tokens (``model.token_mask(x0)`` False) are left out (NaN, status ``"pad"``):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -290,8 +291,8 @@ def _checked_apply(one, per, tol: float, route: dict):
             rel = float(((a - b).double().norm(dim=-1) / (nb + 1e-6 * nb.max()).clamp_min(1e-300)).max())
         except (RuntimeError, NotImplementedError) as exc:
             rel, route["error"] = float("inf"), f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-        route["check_rel_diff"] = rel if rel == rel else float("inf")
-        route["route"] = "one-pass" if route["check_rel_diff"] <= tol else "per-position"
+        route["check_rel_diff"] = rel if math.isfinite(rel) else None  # None: failed, or not finite (JSON-safe)
+        route["route"] = "one-pass" if math.isfinite(rel) and rel <= tol else "per-position"
         if route["route"] == "per-position":
             what = route.get("error") or f"differed from the per-position one (relative {rel:.3g} > {tol:g})"
             route["note"] = f"one-pass product {what}: per-position products"

@@ -4,6 +4,7 @@ diagonal blocks of ``token_blocks`` to 1e-10, the per-token ρ by it equals the 
 a step with a position-coupling op the context does not know (a cumsum over tokens) falls back to the per-position
 answer."""
 
+import contextlib
 import math
 
 import pytest
@@ -161,3 +162,18 @@ def test_an_unknown_position_coupling_op_falls_back_to_the_per_position_answer()
     assert unknown.route["note"].startswith("no one-pass context") and torch.equal(unknown.token_rho, ref.token_rho)
     known = token_spectra(Toy(), x, x0, method="krylov", positions=2)
     assert known.route["route"] == "one-pass"
+
+
+def test_a_context_that_fails_falls_back_to_the_per_position_answer_and_says_why():
+    @contextlib.contextmanager
+    def failing():  # a context whose products raise (entering it, here)
+        raise RuntimeError("no forward-mode rule here")
+        yield
+
+    x0 = torch.randn(2, 5, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(2, 5, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    got = token_spectra(Toy(context=failing), x, x0, method="krylov", positions=2)
+    assert got.route["route"] == "per-position" and got.route["check_rel_diff"] is None
+    assert "RuntimeError: no forward-mode rule here" in got.route["note"]
+    ref = token_spectra(Toy(), x, x0, method="krylov", positions=2, one_pass=False)
+    assert torch.equal(got.token_rho, ref.token_rho)
