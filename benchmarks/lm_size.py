@@ -1,6 +1,6 @@
 """A Huginn-shaped looped language model of over 100 M parameters analysed on the CPU: time and peak memory (issue 36).
 
-    python benchmarks/lm_size.py [--threads 2] [--json benchmarks/out/lm-size.json] [--quick]
+    python benchmarks/lm_size.py [--threads 2] [--json benchmarks/out/lm-size.json] [--quick] [--token-rho-only]
 
 The model: :class:`stability.lm.huginn.Huginn` with Huginn-0125's layer counts (prelude 2, recurrent core 4, coda 2;
 vocabulary 65,536; 32 recurrences) at a tenth of its width (hidden 528, MLP 1,792, 8 heads): 101.4 M parameters,
@@ -15,6 +15,12 @@ diagonal block of J*), on ``--threads`` threads: wall seconds (per stage), and t
 the model's float32 size (parameters × 4 bytes), and the peak resident set within each logged phase (a thread
 reading VmRSS every 20 ms: ``phase_peak_mib``). The goal (benchmarks/RESULTS.md, "Looped language models at
 100 M parameters"): ≤ 10 minutes, peak ≤ 3× the float32 size.
+
+``--token-rho-only``: the same model and sequences, x* reached by Picard (``--max-iter`` steps), then the per-token
+ρ alone by both routes side by side (:func:`stability.lm.token_spectra`, matrix-free): the one-pass diagonal
+product (:mod:`stability.lm.diagonal`, one forward-mode product per Krylov step, checked on the first) and the
+per-position one (T products per step): wall seconds, operator applications, the seconds of one application of
+each operator, the peak resident set within each phase, and the largest difference of the two routes' ρ.
 """
 
 from __future__ import annotations
@@ -125,6 +131,78 @@ def measure(sizes: dict, batch: int, tokens: int, max_iter: int) -> dict:
             "prop5_rel_error": split.get("prop5", {}).get("rel_error")}
 
 
+def _timed_route(model, xs, x0, peaks, one_pass: bool) -> tuple:
+    """(TokenSpectra, wall seconds) of the per-token ρ by one route, its phase named for the resident-set peaks."""
+    import time as _time
+
+    from stability.lm import token_spectra
+
+    peaks.enter("token ρ " + ("one-pass" if one_pass else "per-position"))
+    t0 = _time.perf_counter()
+    spec = token_spectra(model, xs, x0, method="krylov", one_pass=one_pass)
+    return spec, _time.perf_counter() - t0
+
+
+def _one_application(model, xs, x0) -> dict:
+    """The seconds of one application of each operator (the same random V on every real token; the faster of two
+    calls) and the relative difference of their products."""
+    import torch
+
+    from stability.lm.tokens import is_causal, one_pass_apply, per_position_apply
+
+    D, real = model.dynamic_channels, model.token_mask(x0)
+    V = torch.randn(int(real.sum()), D, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    ops = {"one_pass": one_pass_apply(model.step, xs, x0, D, real, model.diagonal_tangents),
+           "per_position": per_position_apply(model.step, xs, x0, D, real, torch.zeros(xs.shape[0], dtype=xs.dtype),
+                                           prefix=is_causal(model, x0))}
+    out, ys = {}, {}
+    for name, op in ops.items():
+        times = []
+        for _ in range(2):  # the faster of two: the first call pays one-time costs
+            t0 = time.perf_counter()
+            ys[name] = op(V)
+            times.append(time.perf_counter() - t0)
+        out[f"{name}_s"] = round(min(times), 3)
+    out["rel_diff"] = float((ys["one_pass"] - ys["per_position"]).norm() / ys["per_position"].norm())
+    return out
+
+
+def measure_token_rho(sizes: dict, batch: int, tokens: int, max_iter: int) -> dict:
+    """``--token-rho-only`` (module docstring): x* by Picard, then the per-token ρ by both routes."""
+    import torch
+
+    from stability.config import AnalysisOptions
+    from stability.protocols import differentiable_attention
+    from stability.solvers import solve
+
+    peaks = PhasePeaks()
+    peaks.enter("build")
+    model = build(sizes)
+    params = sum(p.numel() for p in model.parameters())
+    ids = torch.randint(0, sizes["vocab_size"], (batch, tokens), generator=torch.Generator().manual_seed(1))
+    peaks.enter("reach x*")
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        x0 = model.embed(ids)
+        res = solve(model.step, model.initial_state(x0), x0, tol=AnalysisOptions().tol, max_iter=max_iter)
+    reach_s, xs = time.perf_counter() - t0, res.x_best.detach()
+    with differentiable_attention(), torch.no_grad():
+        peaks.enter("one application each")
+        once = _one_application(model, xs, x0)
+        one, one_s = _timed_route(model, xs, x0, peaks, one_pass=True)
+        per, per_s = _timed_route(model, xs, x0, peaks, one_pass=False)
+    diff = (one.token_rho - per.token_rho).abs() / per.token_rho.abs()
+    return {"sizes": sizes, "parameters": params, "float32_mib": round(params * 4 / 2**20, 1), "batch": batch,
+            "tokens": tokens, "threads": torch.get_num_threads(), "reach_s": round(reach_s, 1),
+            "picard_steps": int(res.nfe.max()), "one_application": once,
+            "one_pass": {"wall_s": round(one_s, 1), **one.route},
+            "per_position": {"wall_s": round(per_s, 1), **per.route},
+            "token_rho_max_rel_diff": float(torch.nan_to_num(diff, nan=0.0).max()),
+            "rho_per_sequence": one.rho.tolist(), "bottleneck": one.bottleneck.tolist(),
+            "peak_rss_mib": round(peak_rss_mib(), 1),
+            "phase_peak_mib": {k: round(v, 1) for k, v in peaks.peaks.items()}}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=2)
@@ -132,6 +210,8 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--max-iter", type=int, default=200, help="the solver budget of reachability (Picard)")
     p.add_argument("--quick", action="store_true", help="the toy size (hidden 64): the suite's smoke run")
+    p.add_argument("--token-rho-only", action="store_true",
+                   help="reach x*, then the per-token ρ alone by both routes (one-pass and per-position)")
     p.add_argument("--json", type=Path, default=None, help="write the measurement here")
     args = p.parse_args(argv)
     if min(args.threads, args.batch, args.tokens, args.max_iter) < 1:
@@ -140,7 +220,8 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    out = measure(QUICK if args.quick else FULL, args.batch, args.tokens, args.max_iter)
+    run = measure_token_rho if args.token_rho_only else measure
+    out = run(QUICK if args.quick else FULL, args.batch, args.tokens, args.max_iter)
     print(json.dumps(out, indent=1))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

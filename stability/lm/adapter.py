@@ -187,6 +187,12 @@ class LMAdapter(torch.nn.Module):
                 return label
         return "other"
 
+    def diagonal_tangents(self):
+        """A context manager under which one forward-mode product of ``step`` gives the diagonal blocks' products
+        ∂f_t/∂x_t V_t for all t at once (:mod:`stability.lm.diagonal`), or None: unknown for this model (the
+        per-token ρ then takes one product per token position). None by default."""
+        return None
+
     def routers(self) -> list:
         """(name, module) of the routers inside the loop (top-k expert choice), for
         :func:`stability.lm.routing.routing_changes`; none by default."""

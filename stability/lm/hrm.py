@@ -30,6 +30,7 @@ from typing import Optional
 
 import torch
 
+from stability.lm import diagonal
 from stability.lm.adapter import LMAdapter
 from stability.lm.inputs import LMInputs, attention_bias
 
@@ -77,3 +78,11 @@ class HrmTextAdapter(LMAdapter):
 
     def head(self, carry, h, mask, pos) -> torch.Tensor:
         return self.hf.lm_head(carry[..., :self.d])
+
+    def diagonal_tangents(self):
+        """The one-pass diagonal product's context (:mod:`stability.lm.diagonal`): the model's eager attention, its
+        only op that couples positions, with the diagonal tangent."""
+        from transformers.models.hrm_text import modeling_hrm_text as hf
+
+        fn = diagonal.eager_attention(hf.eager_attention_forward, hf.repeat_kv)
+        return diagonal.patched((hf, {"eager_attention_forward": fn}))

@@ -23,6 +23,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from stability.lm import diagonal
 from stability.lm.adapter import LMAdapter
 from stability.lm.inputs import LMInputs, attention_bias
 
@@ -73,8 +74,9 @@ class Attention(nn.Module):
         B, T, d = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
         q, k = rotate(q, pos, self.base), rotate(k, pos, self.base)
-        w = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d // self.heads) + bias, dim=-1)
-        return self.out((w @ v).transpose(1, 2).reshape(B, T, d))
+        w = torch.softmax(q @ diagonal.cut(k).transpose(-1, -2) / math.sqrt(d // self.heads) + bias, dim=-1)
+        o = diagonal.attention_diagonal(w @ diagonal.cut(v), w, q, k, v, 1 / math.sqrt(d // self.heads))
+        return self.out(o.transpose(1, 2).reshape(B, T, d))
 
 
 class Block(nn.Module):
@@ -133,6 +135,11 @@ class Huginn(LMAdapter):
 
     def head(self, carry, h, mask, pos) -> torch.Tensor:
         return self.lm_head(self.norm(self._stack(self.coda, carry, mask, pos)))
+
+    def diagonal_tangents(self):
+        """The context of the one-pass diagonal product (:mod:`stability.lm.diagonal`): the attention is the only op
+        that couples positions, and it reads the flag."""
+        return diagonal.tangent_mode()
 
 
 def tiny(seed: int = 0, **sizes) -> Huginn:

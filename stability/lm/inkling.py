@@ -32,6 +32,7 @@ from typing import Optional
 
 import torch
 
+from stability.lm import diagonal
 from stability.lm.adapter import LMAdapter
 from stability.lm.inputs import LMInputs, attention_bias
 
@@ -132,5 +133,56 @@ class InklingLoopAdapter(LMAdapter):
         logits = lm_head(hidden).float()
         return softcap(logits) if softcap is not None else logits
 
+    def diagonal_tangents(self):
+        """The one-pass diagonal product's context (:mod:`stability.lm.diagonal`): the ops that couple positions with
+        the diagonal tangent: the eager attention over tokens (not the attention over a token's block states), the
+        short causal convolutions (``causal_conv1d_fn``) and the dynamic ones (per-token taps: their tangent kept
+        whole; the window: the token itself only)."""
+        from transformers.models.inkling2_loop import modeling_inkling2_loop as hf
+
+        token_attention = lambda module: isinstance(  # noqa: E731
+            module, (hf.Inkling2LoopSlidingAttention, hf.Inkling2LoopFullAttention))
+        attention = diagonal.eager_attention(hf.eager_attention_forward, hf.repeat_kv, token_attention)
+        return diagonal.patched((hf, {"eager_attention_forward": attention,
+                                      "causal_conv1d_fn": _diagonal_conv(hf.causal_conv1d_fn)}),
+                                (hf.Inkling2LoopDynamicShortConvolution, {"forward": _diagonal_dynamic_conv}))
+
     def routers(self) -> list:
         return [(f"layers.{i}.mlp.gate", self.text.layers[i].mlp.gate) for i in range(self.start, self.end)]
+
+
+def _diagonal_conv(original):
+    """``causal_conv1d_fn`` (x (B, C, T), weight (C, K): y_t = Σ_k w_k x_{t+k−K+1}) with the tangent of the tap k =
+    K − 1 only (the token itself): :func:`stability.lm.diagonal.conv_diagonal`."""
+    from transformers.activations import ACT2FN
+
+    def conv(hidden_states, weight, bias=None, activation=None, **kwargs):
+        out = original(hidden_states.detach(), weight, bias, activation=None, **kwargs)
+        out = diagonal.conv_diagonal(out, hidden_states.to(weight.dtype), weight[:, -1:]).to(out.dtype)
+        return (ACT2FN[activation](out) if activation is not None else out).to(hidden_states.dtype)
+
+    return conv
+
+
+def _diagonal_dynamic_conv(self, hidden_states, dynamic_input, cache=None, conv_mask=None, cache_offset=0, **kw):
+    """``Inkling2LoopDynamicShortConvolution.forward`` (transformers 5.25, no cache, no ``seq_idx``) with the
+    diagonal tangent: the per-token taps (from ``dynamic_input`` at the token) keep theirs, the window of earlier
+    tokens is cut but for the token itself (lag 0)."""
+    import math
+
+    from transformers.models.inkling2_loop.modeling_inkling2_loop import apply_mask_to_padding_states
+
+    if cache is not None or kw.get("seq_idx") is not None:
+        raise NotImplementedError("the diagonal dynamic convolution takes no cache and no seq_idx")
+    input_dtype, (B, T, C), K = hidden_states.dtype, hidden_states.shape, self.conv_kernel_size
+    dynamic = self.weight_proj(dynamic_input).float().view(B, T, self.num_heads, 1, K)
+    weights = self.static_weight.float().T.view(self.num_heads, -1, K) + dynamic
+    hidden_states = hidden_states.float()
+    residual = hidden_states
+    context = apply_mask_to_padding_states(hidden_states, conv_mask).transpose(1, 2)
+    context = torch.nn.functional.pad(context, (K - 1, 0))[..., -(T + K - 1):]
+    windows = context.unfold(-1, K, 1).flip(-1).transpose(1, 2)  # windows[..., lag]: the token lag steps back
+    windows = windows.reshape(B, T, self.num_heads, -1, K)
+    hidden_states = (windows.detach() * weights).sum(-1)  # the value as the model computes it, the taps' tangent
+    hidden_states = diagonal.conv_diagonal(hidden_states, windows[..., 0], weights[..., 0].detach()).reshape(B, T, C)
+    return ((hidden_states + residual) / math.sqrt(2 * K + 1)).to(input_dtype)

@@ -45,7 +45,18 @@ def _rho(r: dict) -> list:
                  f"per sample: {_few(rho)}; bottleneck token: {_few(r['bottleneck'], 'd')}"),
             _row("ρ(J*) by blocks", "exact" if exact else "not exact",
                  "causal: no block above the diagonal, so ρ(J*) = max token ρ" if exact else
-                 f"a block above the diagonal is nonzero (largest {_few(r['acausal'], '.2g')}): not causal here")]
+                 f"a block above the diagonal is nonzero (largest {_few(r['acausal'], '.2g')}): not causal here"),
+            *_route(r.get("route"))]
+
+
+def _route(route) -> list:
+    """The per-token ρ's route: dense blocks, one forward-mode pass per Krylov step, or one product per position."""
+    if not route or route.get("route") == "blocks":
+        return [_row("token ρ route", "blocks", "every diagonal block formed (T·D products), dense eigenvalues")]
+    if route["route"] == "one-pass":
+        return [_row("token ρ route", "one-pass", f"one product per Krylov step ({route['applications']}), checked "
+                     f"against the per-position products: relative {route['check_rel_diff']:.1e}")]
+    return [_row("token ρ route", "per-position", f"{route['note']} ({route['applications']} applications)")]
 
 
 def _scoring(s: dict) -> list:

@@ -12,11 +12,14 @@ tokens (``model.token_mask(x0)`` False) are left out (NaN, status ``"pad"``):
   token t's update reads only tokens s ≤ t, so J* is block lower-triangular in token order and its eigenvalues are
   those of the diagonal blocks: ρ(J*) = max_t ρ(∂f_t/∂x_t), exactly, at T blocks of D × D instead of one
   eigenproblem of (T·D)². The blocks come from T·D forward-mode products, which also give every block above the
-  diagonal: ``acausal`` is their largest entry, 0 for a causal map (checked, not assumed).
+  diagonal: ``acausal`` is their largest entry, 0 for a causal map (checked, not assumed). Matrix-free, the
+  blocks are applied by one forward-mode product per Krylov step where the model has a one-pass context
+  (:mod:`stability.lm.diagonal`, checked against the T per-position products).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -185,6 +188,7 @@ class TokenSpectra:
     bottleneck: torch.Tensor
     acausal: torch.Tensor
     mask: torch.Tensor
+    route: Optional[dict] = None
 
     @property
     def exact(self) -> torch.Tensor:
@@ -196,7 +200,8 @@ class TokenSpectra:
                             "lower-triangular: causal attention)",
                 "token_rho": [[_num(v) for v in row] for row in self.token_rho.tolist()],
                 "rho": [_num(v) for v in self.rho.tolist()], "bottleneck": self.bottleneck.tolist(),
-                "exact": self.exact.tolist(), "acausal": [float(v) for v in self.acausal.tolist()]}
+                "exact": self.exact.tolist(), "acausal": [float(v) for v in self.acausal.tolist()],
+                "route": self.route or {"route": "blocks"}}
 
 
 def _position_chunks(T: int, chunk: int) -> list:
@@ -204,8 +209,8 @@ def _position_chunks(T: int, chunk: int) -> list:
     return [range(t0, min(T, t0 + chunk)) for t0 in range(0, T, max(1, int(chunk)))]
 
 
-def _diagonal_apply(f, x: torch.Tensor, x0: torch.Tensor, D: int, real: torch.Tensor, acausal: torch.Tensor, *,
-                    chunk: int = 8, prefix: bool = False):
+def per_position_apply(f, x: torch.Tensor, x0: torch.Tensor, D: int, real: torch.Tensor, acausal: torch.Tensor,
+                       *, chunk: int = 8, prefix: bool = False):
     """The batched operator of the real tokens' diagonal blocks for :func:`~stability.numerics.eigen.krylov_schur`:
     V (P, D) (one row per real token, in (b, t) order) ↦ (∂f_t/∂x_t V_bt), one forward-mode product per token
     position, vmapped ``chunk`` positions at a time (memory: ``chunk`` copies of the step's activations, whatever
@@ -245,17 +250,81 @@ def _diagonal_apply(f, x: torch.Tensor, x0: torch.Tensor, D: int, real: torch.Te
     return apply
 
 
-def _token_rho_matrix_free(f, x, x0, D, mask, tol, *, chunk: int = 8, prefix: bool = False):
-    """ρ per real token by Krylov–Schur on every diagonal block at once, matrix-free (products: T per Krylov
-    step, whatever D, ``chunk`` positions at a time); (rho (B, T) NaN at pads, acausal (B,))."""
+def one_pass_apply(f, x: torch.Tensor, x0: torch.Tensor, D: int, real: torch.Tensor, context):
+    """The same operator as :func:`per_position_apply` by ONE forward-mode product with the tangent on every
+    position at once, under ``context()`` (a model's :meth:`~stability.lm.LMAdapter.diagonal_tangents`: the ops
+    that couple positions pass the tangent along the diagonal only, :mod:`stability.lm.diagonal`)."""
+    B, T, C = x.shape
+
+    def apply(V: torch.Tensor) -> torch.Tensor:
+        full = torch.zeros(B, T, D, dtype=x.dtype, device=x.device)
+        full[real] = V.to(x.dtype)
+        W = torch.cat([full, torch.zeros(B, T, C - D, dtype=x.dtype, device=x.device)], dim=-1)
+        with context():
+            Y = torch.func.jvp(lambda p: f(p, x0), (x,), (W,))[1]
+        return Y[..., :D][real]
+
+    return apply
+
+
+def _check_tol(dtype: torch.dtype) -> float:
+    """The largest relative difference of the one-pass product from the per-position one that passes the check:
+    1e-10 in float64, 1000 ε of a lower precision (float32: 1.2e-4)."""
+    return 1e-10 if dtype == torch.float64 else 1e3 * torch.finfo(dtype).eps
+
+
+def _checked_apply(one, per, tol: float, route: dict):
+    """The per-token ρ's operator: the first application takes the per-position product ``per`` (its answer is the
+    one returned) and the one-pass ``one`` on the same V; the later ones take ``one`` where every real token's row
+    agrees to ``tol`` (relative to the row, floored at 1e-6 of the largest row), ``per`` otherwise or where ``one``
+    fails. ``route`` records it: the route, the check's difference, the products of each kind."""
+
+    def apply(V: torch.Tensor) -> torch.Tensor:
+        if "route" in route:
+            route["applications"] += 1
+            return (one if route["route"] == "one-pass" else per)(V)
+        b = per(V)
+        route.update(applications=1, check_tol=tol)
+        try:
+            a = one(V)
+            nb = b.double().norm(dim=-1)
+            rel = float(((a - b).double().norm(dim=-1) / (nb + 1e-6 * nb.max()).clamp_min(1e-300)).max())
+        except (RuntimeError, NotImplementedError) as exc:
+            rel, route["error"] = float("inf"), f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        route["check_rel_diff"] = rel if math.isfinite(rel) else None  # None: failed, or not finite (JSON-safe)
+        route["route"] = "one-pass" if math.isfinite(rel) and rel <= tol else "per-position"
+        if route["route"] == "per-position":
+            what = route.get("error") or f"differed from the per-position one (relative {rel:.3g} > {tol:g})"
+            route["note"] = f"one-pass product {what}: per-position products"
+        return b
+
+    return apply
+
+
+def _token_rho_matrix_free(f, x, x0, D, mask, tol, *, chunk: int = 8, prefix: bool = False, context=None,
+                           why: str = "no one-pass context for this model"):
+    """ρ per real token by Krylov–Schur on every diagonal block at once, matrix-free; (rho (B, T) NaN at pads,
+    acausal (B,), route (dict)). With ``context`` (the model's one-pass context) the products are one per Krylov
+    step where the check of :func:`_checked_apply` passes; otherwise (or without it) T per step, ``chunk``
+    positions at a time. ``acausal`` comes from the per-position products (with one-pass: the first application's,
+    on the random start vectors)."""
     real = mask.to(x.device)
     acausal = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
     P = int(real.sum())
-    spec = krylov_schur(_diagonal_apply(f, x, x0, D, real, acausal, chunk=chunk, prefix=prefix), (P, D),
-                        dtype=torch.float64, device=x.device, tol=tol, k=3)
+    per = per_position_apply(f, x, x0, D, real, acausal, chunk=chunk, prefix=prefix)
+    if context is None:
+        route = {"route": "per-position", "note": f"{why}: per-position products", "applications": 0}
+
+        def apply(V):
+            route["applications"] += 1
+            return per(V)
+    else:
+        route = {}
+        apply = _checked_apply(one_pass_apply(f, x, x0, D, real, context), per, _check_tol(x.dtype), route)
+    spec = krylov_schur(apply, (P, D), dtype=torch.float64, device=x.device, tol=tol, k=3)
     rho = torch.full(mask.shape, float("nan"), dtype=torch.float64, device=x.device)
     rho[real] = spec.rho.to(rho)
-    return rho, acausal
+    return rho, acausal, route
 
 
 @torch.no_grad()
@@ -266,7 +335,7 @@ def is_causal(model, x0) -> bool:
 
 
 def token_spectra(model, x: torch.Tensor, x0: torch.Tensor, *, method: str = "auto", chunk: int = 64,
-                  tol: float = 1e-10, blocks_max: int = 64, positions: int = 8) -> TokenSpectra:
+                  tol: float = 1e-10, blocks_max: int = 64, positions: int = 8, one_pass: bool = True) -> TokenSpectra:
     """Per-token spectral radii at the states x (B, T, C), usually x* (:class:`TokenSpectra`; module docstring).
 
     ``method``: ``blocks`` forms every diagonal block (T·D forward-mode products, then T eigenproblems of D × D:
@@ -275,21 +344,28 @@ def token_spectra(model, x: torch.Tensor, x0: torch.Tensor, *, method: str = "au
     ``blocks_max``. Both report ``acausal`` from the products they take (with ``krylov``, on the random Krylov
     directions: nonzero for a map that reads later tokens, with probability one). ``chunk``: the directions of one
     vmapped product (``blocks``); ``positions``: the token positions of one vmapped product (``krylov``), which
-    bounds its memory; a model marked ``causal`` has each run of positions evaluated on its prefix only."""
+    bounds its memory; a model marked ``causal`` has each run of positions evaluated on its prefix only. With
+    ``one_pass`` (``krylov``) and a model that has a one-pass context (``diagonal_tangents()``), one product per
+    Krylov step, checked on the first against the per-position products (:func:`_checked_apply`); ``route`` says
+    which ran."""
     D, mask = _dims(model, x), _mask(model, x0, x)
     x, x0 = x.detach(), x0.detach()
     if method == "auto":
         method = "blocks" if D <= blocks_max else "krylov"
+    route = None
     if method == "blocks":
         blocks, acausal = token_blocks(model.step, x, x0, D, chunk=chunk)
         flat = blocks.double().reshape(-1, D, D)  # every token's block, one batch of dense matrices
         rho = spectral_radius(flat, route="dense").rho.reshape(blocks.shape[:-2]).to(blocks.device)
         rho = torch.where(mask.to(rho.device), rho, torch.full_like(rho, float("nan")))
     elif method == "krylov":
-        rho, acausal = _token_rho_matrix_free(model.step, x, x0, D, mask, tol, chunk=positions,
-                                              prefix=is_causal(model, x0))
+        hook = getattr(model, "diagonal_tangents", None) if one_pass else None
+        context = hook if callable(hook) and hook() is not None else None
+        why = "no one-pass context for this model" if one_pass else "one-pass route turned off"
+        rho, acausal, route = _token_rho_matrix_free(model.step, x, x0, D, mask, tol, chunk=positions,
+                                                     prefix=is_causal(model, x0), context=context, why=why)
     else:
         raise ValueError(f"method must be auto, blocks or krylov, got {method!r}")
     filled = torch.nan_to_num(rho, nan=-1.0)
     return TokenSpectra(token_rho=rho.cpu(), rho=filled.amax(1).cpu(), bottleneck=filled.argmax(1).cpu(),
-                        acausal=acausal.double().cpu(), mask=mask.cpu())
+                        acausal=acausal.double().cpu(), mask=mask.cpu(), route=route)
