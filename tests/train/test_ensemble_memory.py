@@ -12,7 +12,7 @@ from stability.model import build_model
 from stability.tasks import make_task
 from stability.train import ensemble_memory
 from stability.train.ensemble import train_ensemble
-from tests.conftest import run_process
+from tests.conftest import ROOT, run_process
 from tests.train.test_ensemble import SMALL, small_config
 
 # one fixed step of K members, forward, backward and AdamW, in a fresh process: the estimate and the growth of the
@@ -39,7 +39,8 @@ before = int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize(
 FixedStep(runs)(runs, torch.stack([x] * K), torch.stack([y] * K), [(0, 8)] * K).sum().backward()
 for r in runs:
     r.optimizer.step()
-print(K * (state + activations), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(K * (state + activations), peak - before, before, peak)
 """
 
 
@@ -48,12 +49,14 @@ def test_a_members_estimated_bytes_are_within_25_percent_of_a_real_steps_peak(al
     """Two members of width 32 at batch 400, T = 8, 16 tokens (about 200 MB each): the measured peak of one fixed
     step over the resident size before it is 0.75-1.25 times the estimate (measured: 0.82 at α = 1, 0.87 at
     α = 0.5; the estimate adds one iteration's transient gradients that the allocator partly reuses)."""
-    env = {"MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
+    # a minimal environment: the child measures its own peak, so nothing the test process set may reach it
+    keep = {k: os.environ[k] for k in ("PATH", "HOME", "PYTHONPATH", "TMPDIR") if k in os.environ}
+    env = {**keep, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-c", _PROBE, "2", str(alpha)], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=300, check=True)
-    estimate, measured = map(int, proc.stdout.split())
+                          env=env, timeout=300, check=True, cwd=ROOT)
+    estimate, measured, before, peak = map(int, proc.stdout.split())
     assert measured > 100e6, measured  # the step dominates the process's other allocations
-    assert 0.75 <= measured / estimate <= 1.25, (measured, estimate)
+    assert 0.75 <= measured / estimate <= 1.25, (measured, estimate, before, peak)
 
 
 def test_a_members_state_is_six_times_its_parameter_bytes_and_k_max_the_usable_share():
