@@ -484,6 +484,10 @@ def test_each_claim_figure_draws_the_per_unit_values_its_verdict_rests_on(tmp_pa
     assert not list(tmp_path.glob(".figs.*"))                             # no staging folder left behind
 
 
+#: the claims file each edition's records are judged against (the second edition's is the default)
+CLAIMS_OF = {"experiments/results/replication-v3": "experiments/claims-v2.toml"}
+
+
 def test_the_claims_tables_in_the_readme_and_replication_page_are_the_output_of_stability_claims(tmp_path):
     """docs/replication.md's verdict table and the README's are generated blocks: rerendering them with
     `stability claims RESULTS --markdown PAGE` from the committed records changes nothing (a stale or hand-edited
@@ -498,7 +502,8 @@ def test_the_claims_tables_in_the_readme_and_replication_page_are_the_output_of_
         for source in {s for s, _ in blocks}:
             copy = tmp_path / page.replace("/", "_")
             shutil.copy(ROOT / page, copy)
-            run_cli("claims", source, "--claims", "experiments/claims.toml", "--markdown", copy, cwd=ROOT)
+            run_cli("claims", source, "--claims", CLAIMS_OF.get(source, "experiments/claims.toml"), "--markdown", copy,
+                    cwd=ROOT)
             assert copy.read_text(encoding="utf-8") == text, f"{page}: the {source} block is stale"
 
 
@@ -510,6 +515,15 @@ def test_the_committed_verdicts_json_is_what_stability_claims_writes_from_the_co
     run_cli("claims", "experiments/results/replication", "--claims", "experiments/claims.toml", "--json", out,
             cwd=ROOT)
     assert out.read_bytes() == (SECOND / "claims.json").read_bytes()
+
+
+def test_the_third_editions_verdicts_json_is_what_stability_claims_writes_from_its_records(tmp_path):
+    """experiments/results/replication-v3/claims.json, regenerated from the third edition's committed records and
+    experiments/claims-v2.toml from the checkout's root, is the committed file byte for byte."""
+    out = tmp_path / "claims.json"
+    run_cli("claims", "experiments/results/replication-v3", "--claims", "experiments/claims-v2.toml", "--json", out,
+            cwd=ROOT)
+    assert out.read_bytes() == (ROOT / "experiments" / "results" / "replication-v3" / "claims.json").read_bytes()
 
 
 def test_figure3_draws_the_configuration_the_registered_rule_selects():

@@ -20,7 +20,8 @@ from stability.sweep.record import (RECORD_SCHEMA, SplitSummary, SweepRecord, lo
 from stability.sweep.runner import atomic_write_json
 from tests.conftest import ROOT, run_cli
 
-COMMITTED = [ROOT / "experiments" / "results" / "replication", ROOT / "experiments" / "results" / "ieee-kernels"]
+COMMITTED = [ROOT / "experiments" / "results" / "replication", ROOT / "experiments" / "results" / "ieee-kernels",
+             ROOT / "experiments" / "results" / "replication-v3"]
 #: two records as the sweep wrote them before the method block (commit 0a8f4a3; tests/fixtures/.../README.md)
 FLAT = ROOT / "tests" / "fixtures" / "sweep-flat-records"
 
@@ -36,7 +37,7 @@ JSONL_FILES = sorted((ROOT / "experiments" / "results").glob("**/records.jsonl")
 
 
 def test_every_committed_record_validates_and_round_trips_to_the_same_dict_and_bytes():
-    assert len(RECORD_FILES) == 205  # the second edition's 204 and the ieee kernel set's one
+    assert len(RECORD_FILES) == 389  # the second edition's 204, the ieee kernel set's one, the third edition's 184
     assert {p.parent.parent for p in RECORD_FILES} == set(COMMITTED)
     for path in RECORD_FILES:
         raw = json.loads(path.read_text())
