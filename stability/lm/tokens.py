@@ -273,16 +273,17 @@ def _check_tol(dtype: torch.dtype) -> float:
     return 1e-10 if dtype == torch.float64 else 1e3 * torch.finfo(dtype).eps
 
 
-def _checked_apply(one, per, tol: float, route: dict):
+def _checked_apply(one, per, tol: float, route: dict, fallback=None):
     """The per-token ρ's operator: the first application takes the per-position product ``per`` (its answer is the
     one returned) and the one-pass ``one`` on the same V; the later ones take ``one`` where every real token's row
     agrees to ``tol`` (relative to the row, floored at 1e-6 of the largest row), ``per`` otherwise or where ``one``
-    fails. ``route`` records it: the route, the check's difference, the products of each kind."""
+    fails (``fallback``, where given, in place of ``per`` from the second application: the same products, another
+    batching). ``route`` records it: the route, the check's difference, the products of each kind."""
 
     def apply(V: torch.Tensor) -> torch.Tensor:
         if "route" in route:
             route["applications"] += 1
-            return (one if route["route"] == "one-pass" else per)(V)
+            return (one if route["route"] == "one-pass" else (fallback or per))(V)
         b = per(V)
         route.update(applications=1, check_tol=tol)
         try:
@@ -319,8 +320,12 @@ def _token_rho_matrix_free(f, x, x0, D, mask, tol, *, chunk: int = 8, prefix: bo
             route["applications"] += 1
             return per(V)
     else:
+        # the check's per-position products one position at a time (one copy of the step's activations, not
+        # ``chunk``): the one-pass route's peak is then the one-pass product's; a fallback runs ``per`` as before
+        check = per_position_apply(f, x, x0, D, real, acausal, chunk=1, prefix=prefix)
         route = {}
-        apply = _checked_apply(one_pass_apply(f, x, x0, D, real, context), per, _check_tol(x.dtype), route)
+        apply = _checked_apply(one_pass_apply(f, x, x0, D, real, context), check, _check_tol(x.dtype), route,
+                               fallback=per)
     spec = krylov_schur(apply, (P, D), dtype=torch.float64, device=x.device, tol=tol, k=3)
     rho = torch.full(mask.shape, float("nan"), dtype=torch.float64, device=x.device)
     rho[real] = spec.rho.to(rho)
