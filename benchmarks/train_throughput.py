@@ -22,6 +22,23 @@ from stability.tasks import make_task
 from stability.train.loop import make_optimizer, resolve_device, training_loss
 
 
+def _timed(one, device, steps: int, warmup: int, reseed=None) -> float:
+    """Seconds of ``steps`` calls of ``one(i)`` after ``warmup`` untimed ones (warm-up, compilation, graph
+    capture; then ``reseed()`` where given), the device synchronised at both ends."""
+    for i in range(warmup):
+        one(i)
+    if reseed is not None:
+        reseed()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(steps):
+        one(i)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
 def measure(device, *, impl: str, bf16: bool, compile_: bool, steps: int, batch: int, width: int,
             iterations: int = 30, warmup: int = 3) -> float:
     task = make_task(TaskConfig(train_size=batch * 4))
@@ -48,17 +65,7 @@ def measure(device, *, impl: str, bf16: bool, compile_: bool, steps: int, batch:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
 
-    for i in range(warmup):  # warm-up (and compilation)
-        one(i)
-    gen.manual_seed(1)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for i in range(steps):
-        one(i)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return steps * batch / (time.perf_counter() - t0)
+    return steps * batch / _timed(one, device, steps, warmup, reseed=lambda: gen.manual_seed(1))
 
 
 def flops_per_sample(device, *, width: int, iterations: int = 30, batch: int = 2) -> float:
@@ -116,16 +123,7 @@ def measure_ensemble(device, *, members: int, bf16: bool, compile_: bool, steps:
             torch.nn.utils.clip_grad_norm_(run.model.parameters(), 1.0)
             run.optimizer.step()
 
-    for i in range(warmup):  # warm-up (and compilation, graph capture)
-        one(i)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for i in range(steps):
-        one(i)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return steps * batch * members / (time.perf_counter() - t0)
+    return steps * batch * members / _timed(one, device, steps, warmup)
 
 
 def main() -> None:

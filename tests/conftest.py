@@ -12,6 +12,7 @@ only a process shows (``python -m`` itself, import-time behaviour, being killed 
 """
 
 import contextlib
+import importlib.util
 import io
 import os
 import random
@@ -248,3 +249,13 @@ def trained(tmp_path_factory) -> Path:
                     train=TrainConfig(epochs=2, batch_size=20, iterations=4, test_iterations=6, device="cpu"))
     train(cfg, out, progress=False)
     return out
+
+
+def load_benchmark(path: Path, name: str):
+    """The benchmark script at ``path`` imported as module ``name`` (registered in sys.modules: dataclasses look
+    their module up)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

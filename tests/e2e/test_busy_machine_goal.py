@@ -1,17 +1,11 @@
 """The busy-machine benchmark judges issue 25's goal as the issue states it: beside a CPU-bound neighbour, the
 default setting against the *best* setting measured there (not against the same setting on a free machine)."""
 
-import importlib.util
-import sys
-from tests.conftest import ROOT
+from tests.conftest import ROOT, load_benchmark
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("busy_machine", ROOT / "benchmarks" / "busy_machine.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark(ROOT / "benchmarks" / "busy_machine.py", "busy_machine")
 
 
 def _run(setting, state, seconds, timed_out=False):

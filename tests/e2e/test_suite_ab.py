@@ -3,22 +3,17 @@ line and exit status 2; its summary and table are the min, median and B/A ratio 
 and a real run on a two-commit repository runs each revision's own code in its own worktree, alternately, and
 leaves no worktree behind."""
 
-import importlib.util
 import json
 import subprocess
 import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, load_benchmark
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("suite_ab", ROOT / "benchmarks" / "suite_ab.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark(ROOT / "benchmarks" / "suite_ab.py", "suite_ab")
 
 
 def _git(repo, *args):

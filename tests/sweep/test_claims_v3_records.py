@@ -10,6 +10,7 @@ import pytest
 from scipy import stats
 
 from stability.sweep import claims as C
+from tests.sweep.test_claims_v2 import _acc, _key, _paired_config_means
 
 ROOT = Path(__file__).resolve().parents[2]
 V2 = ROOT / "experiments" / "claims-v2.toml"
@@ -20,25 +21,6 @@ RATES = (1e-3, 2.5e-3, 5e-3)
 
 def _raw() -> list:
     return [json.loads(f.read_text()) for f in sorted((RESULTS / "records").glob("*.json"))]
-
-
-def _acc(r: dict, split: str) -> float:
-    return 0.0 if r["status"] == "diverged" or not r["final"] else 100.0 * r["final"][split]["accuracy"]
-
-
-def _key(r: dict) -> tuple:
-    m, t = r["config"]["model"], r["config"]["train"]
-    return m["norm"], m["recall"], float(t["lr"]), int(t["seed"])
-
-
-def _paired_config_means(raw, value, a_of, b_of, config_of) -> list:
-    """Per configuration, the mean over its units of a's value − b's (units present in both arms)."""
-    a = {k: v for r in raw if (k := a_of(r)) is not None and (v := value(r)) is not None}
-    b = {k: v for r in raw if (k := b_of(r)) is not None and (v := value(r)) is not None}
-    cfg = {}
-    for u in set(a) & set(b):
-        cfg.setdefault(config_of(u), []).append(a[u] - b[u])
-    return [np.mean(v) for _, v in sorted(cfg.items())]
 
 
 def _holm(ps: list) -> list:
