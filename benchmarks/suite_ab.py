@@ -9,6 +9,12 @@ skipped, read from a JUnit XML file: ``-q`` over the addopts' ``-q`` prints no s
 (``--out``), and a table gives per side the runs, min and median seconds and the counts, then the ratio B/A of the
 medians (below 1: B is faster).
 
+**Shared tests.** Two revisions far apart do not run the same tests, so the whole-suite ratio mixes what the code
+costs with what the tests were added. From the JUnit file each run also keeps every test's own seconds (pytest's
+``time``: setup, call and teardown) by node id; ``shared`` sums, per side, the median seconds of the tests that
+passed in every run of both sides, and its ratio B/A compares the same tests on the two revisions' code (fixtures
+shared by several tests are charged to the first that needs them, on both sides alike).
+
     python benchmarks/suite_ab.py A B [--repeats 3] [--out benchmarks/results-suite-ab.json]
                                       [--pytest-args "tests/house -x"] [--threads 2] [--repo .]
 
@@ -112,6 +118,38 @@ def junit_counts(path: Path) -> Optional[dict]:
             "failed": total["failures"], "errors": total["errors"], "skipped": total["skipped"]}
 
 
+def junit_times(path: Path) -> dict:
+    """Node id (``classname::name``) → seconds of every test that passed, from a JUnit XML file (empty where it is
+    absent or unreadable)."""
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return {}
+    out = {}
+    for case in root.iter("testcase"):
+        if any(child.tag in ("failure", "error", "skipped") for child in case):
+            continue
+        out[f"{case.get('classname')}::{case.get('name')}"] = float(case.get("time", 0.0))
+    return out
+
+
+def shared(runs: list[dict]) -> dict:
+    """The tests that passed in every run of both sides: their number, each side's sum of their median seconds and
+    the ratio B/A of the sums; with the number and summed seconds of the tests passed on one side only."""
+    med = {}
+    for side in SIDES:
+        times = [r.get("times") or {} for r in runs if r["side"] == side]
+        ids = set.intersection(*(set(t) for t in times)) if times else set()
+        med[side] = {i: statistics.median(t[i] for t in times) for i in ids}
+    both = sorted(set(med["a"]) & set(med["b"]))
+    out = {"tests": len(both), **{f"{side}_s": sum(med[side][i] for i in both) for side in SIDES}}
+    out["ratio_b_over_a"] = out["b_s"] / out["a_s"] if out["a_s"] > 0 else None
+    for side in SIDES:
+        only = set(med[side]) - set(both)
+        out[f"{side}_only"] = {"tests": len(only), "s": sum(med[side][i] for i in only)}
+    return out
+
+
 def run_suite(tree: Path, args, junit: Path) -> dict:
     """One run of the suite in ``tree``: wall seconds, exit status, whether it timed out, the load before it and
     its counts."""
@@ -128,7 +166,7 @@ def run_suite(tree: Path, args, junit: Path) -> dict:
         status, timed_out, tail = None, True, ""
     wall = time.perf_counter() - t0
     return {"wall_s": wall, "exit_status": status, "timed_out": timed_out, "load1_before": load,
-            "counts": junit_counts(junit), "output_tail": tail}
+            "counts": junit_counts(junit), "times": junit_times(junit), "output_tail": tail}
 
 
 def measure(args, commits: dict) -> list[dict]:
@@ -141,7 +179,7 @@ def measure(args, commits: dict) -> list[dict]:
                 run = {"side": side, "revision": getattr(args, side), "commit": commits[side], "repeat": r,
                        **run_suite(trees[side], args, Path(tmp) / f"junit-{side}.xml")}
                 runs.append(run)
-                print(json.dumps({k: v for k, v in run.items() if k != "output_tail"}), flush=True)
+                print(json.dumps({k: v for k, v in run.items() if k not in ("output_tail", "times")}), flush=True)
     return runs
 
 
@@ -165,6 +203,7 @@ def summarise(runs: list[dict]) -> dict:
                      **{k: _span([(r["counts"] or {}).get(k) for r in mine]) for k in COUNTS},
                      "all_passed": all(r["exit_status"] == 0 for r in mine)}
     out["ratio_b_over_a"] = out["b"]["median_s"] / out["a"]["median_s"]
+    out["shared"] = shared(runs)
     return out
 
 
@@ -184,6 +223,11 @@ def table(summary: dict) -> str:
                      f"{s['median_s']:.1f} | " + " | ".join(_count(s[k]) for k in COUNTS)
                      + f" | {'yes' if s['all_passed'] else 'no'} |")
     lines.append(f"\nB/A of the medians: {summary['ratio_b_over_a']:.3f} (below 1: B is faster)")
+    sh = summary.get("shared")
+    if sh and sh["tests"]:
+        lines.append(f"shared tests (passed in every run of both): {sh['tests']}, A {sh['a_s']:.1f} s, B "
+                     f"{sh['b_s']:.1f} s, B/A {sh['ratio_b_over_a']:.3f}; A only {sh['a_only']['tests']} "
+                     f"({sh['a_only']['s']:.1f} s), B only {sh['b_only']['tests']} ({sh['b_only']['s']:.1f} s)")
     return "\n".join(lines)
 
 

@@ -78,6 +78,22 @@ def test_the_summary_is_min_and_median_per_side_and_the_ratio_of_the_medians():
     assert "B/A of the medians: 0.909" in text  # 10 / 11
 
 
+def test_shared_tests_are_those_passed_in_every_run_of_both_sides_summed_by_their_medians():
+    t = lambda **kw: {k.replace("__", "::"): v for k, v in kw.items()}  # noqa: E731
+    runs = [{**_run("a", 10.0), "times": t(m__x=1.0, m__y=2.0, m__old=5.0)},
+            {**_run("a", 11.0), "times": t(m__x=3.0, m__y=2.0, m__old=5.0, m__flaky=1.0)},
+            {**_run("a", 12.0), "times": t(m__x=2.0, m__y=4.0, m__old=5.0)},
+            {**_run("b", 9.0), "times": t(m__x=1.0, m__y=1.0, m__new=7.0, m__flaky=1.0)},
+            {**_run("b", 9.5), "times": t(m__x=1.5, m__y=3.0, m__new=7.0)},
+            {**_run("b", 9.9), "times": t(m__x=0.5, m__y=2.0, m__new=7.0)}]
+    sh = _bench().summarise(runs)["shared"]
+    # shared: x and y (flaky passed in one run of each side only); medians a: x 2, y 2; b: x 1, y 2
+    assert sh["tests"] == 2 and sh["a_s"] == 4.0 and sh["b_s"] == 3.0 and sh["ratio_b_over_a"] == 0.75
+    assert sh["a_only"] == {"tests": 1, "s": 5.0} and sh["b_only"] == {"tests": 1, "s": 7.0}
+    assert "shared tests (passed in every run of both): 2, A 4.0 s, B 3.0 s, B/A 0.750" in _bench().table(
+        _bench().summarise(runs))
+
+
 def test_a_real_run_times_each_revision_in_its_own_worktree_alternately(tiny_repo, tmp_path, capsys):
     out = tmp_path / "ab.json"
     code = _bench().main(["HEAD~1", "HEAD", "--repo", str(tiny_repo), "--repeats", "2", "--out", str(out),
@@ -93,9 +109,12 @@ def test_a_real_run_times_each_revision_in_its_own_worktree_alternately(tiny_rep
         want = {"passed": 1, "failed": 0} if r["side"] == "a" else {"passed": 0, "failed": 1}
         assert r["counts"] == {**want, "errors": 0, "skipped": 1}, r
         assert r["exit_status"] == (0 if r["side"] == "a" else 1) and r["wall_s"] > 0
+        # each passed test's own seconds by node id (B's test failed: none)
+        assert list(r["times"]) == (["test_value::test_value"] if r["side"] == "a" else []), r["times"]
     s = result["summary"]
     medians = {side: sorted(r["wall_s"] for r in runs if r["side"] == side) for side in "ab"}
     assert s["ratio_b_over_a"] == pytest.approx((sum(medians["b"]) / 2) / (sum(medians["a"]) / 2))
+    assert s["shared"]["tests"] == 0 and s["shared"]["a_only"]["tests"] == 1 and s["shared"]["ratio_b_over_a"] is None
     assert "B/A of the medians:" in capsys.readouterr().out
     # the temporary worktrees are gone
     assert _git(tiny_repo, "worktree", "list").count("\n") == 0
