@@ -18,7 +18,8 @@ import torch
 
 
 def toy(points: int = 200, K: int = 8, seed: int = 0) -> dict:
-    from stability.analysis.geometry import Figure5Model, anisotropy, figure5_radius
+    from stability.analysis.closed_form_regions import Figure5Model, figure5_radius
+    from stability.analysis.geometry import anisotropy
     from stability.analysis.options import AnalysisOptions
     from stability.analysis.perturbation import random_directions
     from stability.analysis.pipeline import analyze

@@ -1,6 +1,7 @@
 """A Huginn-shaped looped language model of over 100 M parameters analysed on the CPU: time and peak memory (issue 36).
 
     python benchmarks/lm_size.py [--threads 2] [--json benchmarks/out/lm-size.json] [--quick] [--token-rho-only]
+                                 [--geometry]
 
 The model: :class:`stability.lm.huginn.Huginn` with Huginn-0125's layer counts (prelude 2, recurrent core 4, coda 2;
 vocabulary 65,536; 32 recurrences) at a tenth of its width (hidden 528, MLP 1,792, 8 heads): 101.4 M parameters,
@@ -21,6 +22,12 @@ reading VmRSS every 20 ms: ``phase_peak_mib``). The goal (benchmarks/RESULTS.md,
 product (:mod:`stability.lm.diagonal`, one forward-mode product per Krylov step, checked on the first) and the
 per-position one (T products per step): wall seconds, operator applications, the seconds of one application of
 each operator, the peak resident set within each phase, and the largest difference of the two routes' ρ.
+
+``--geometry``: the same model on ``--batch`` sequences (1 by default here), stages ``reachability`` and
+``geometry`` (1 direction in all loop parameters, no group directions, 1 sample, bracket hi/lo ≤ 1.5, no
+certification: the smallest search), its directions applied in place (the model's loop is far above three
+parameter sets of GEOMETRY_BYTES): wall seconds, the radii, and the peak resident set of each phase against the
+model's float32 size.
 """
 
 from __future__ import annotations
@@ -203,6 +210,46 @@ def measure_token_rho(sizes: dict, batch: int, tokens: int, max_iter: int) -> di
             "phase_peak_mib": {k: round(v, 1) for k, v in peaks.peaks.items()}}
 
 
+def measure_geometry(sizes: dict, batch: int, tokens: int, max_iter: int) -> dict:
+    """``--geometry`` (module docstring): the geometry stage of the model, its directions applied in place."""
+    import torch
+
+    from stability.config import AnalysisOptions
+    from stability.lm import analyze_lm
+
+    peaks = PhasePeaks()
+    peaks.enter("build")
+    model = build(sizes)
+    params = sum(p.numel() for p in model.parameters())
+    f32_mib = params * 4 / 2**20
+    ids = torch.randint(0, sizes["vocab_size"], (batch, tokens), generator=torch.Generator().manual_seed(1))
+    options = AnalysisOptions(samples=batch, stages=("reachability", "geometry"), max_iter=max_iter,
+                              geometry_directions=1, geometry_group_directions=0, geometry_samples=1,
+                              geometry_accuracy=0.5, geometry_certify=0)
+    said = []
+    t0 = time.perf_counter()
+
+    def log(msg):
+        said.append(msg)
+        print(f"  [{time.perf_counter() - t0:7.1f} s] {msg}", flush=True)
+        peaks.enter(msg.split(",")[0][:60])
+
+    before = {k: v.detach().clone() for k, v in model.named_parameters() if v.dtype == torch.float64}
+    split = analyze_lm(model, ids, options=options, lm_stages=(), log=log).to_json()["inputs"]
+    wall = time.perf_counter() - t0
+    geo = split["geometry"]
+    unchanged = all(torch.equal(v, before[k]) for k, v in model.named_parameters() if k in before)
+    peak = peak_rss_mib()
+    return {"sizes": sizes, "parameters": params, "float32_mib": round(f32_mib, 1), "batch": batch,
+            "tokens": tokens, "threads": torch.get_num_threads(), "analysis_wall_s": round(wall, 1),
+            "stage_s": {k: round(v, 1) for k, v in split.get("timings", {}).items()},
+            "evaluation": geo["evaluation"], "in_place_line": next((m for m in said if "in place" in m), None),
+            "radii": geo["radii"], "reasons": geo["reasons"], "counts": geo["counts"],
+            "parameters_unchanged_after": unchanged, "peak_rss_mib": round(peak, 1),
+            "peak_over_float32": round(peak / f32_mib, 2),
+            "phase_peak_mib": {k: round(v, 1) for k, v in peaks.peaks.items()}}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=2)
@@ -212,15 +259,20 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="the toy size (hidden 64): the suite's smoke run")
     p.add_argument("--token-rho-only", action="store_true",
                    help="reach x*, then the per-token ρ alone by both routes (one-pass and per-position)")
+    p.add_argument("--geometry", action="store_true",
+                   help="the geometry stage alone (its directions applied in place): time and peak memory")
     p.add_argument("--json", type=Path, default=None, help="write the measurement here")
     args = p.parse_args(argv)
+    if args.geometry and args.token_rho_only:
+        print("lm_size.py: --geometry and --token-rho-only are two measurements: choose one", file=sys.stderr)
+        return 2
     if min(args.threads, args.batch, args.tokens, args.max_iter) < 1:
         print("lm_size.py: --threads, --batch, --tokens and --max-iter must be positive", file=sys.stderr)
         return 2
     import torch
 
     torch.set_num_threads(args.threads)
-    run = measure_token_rho if args.token_rho_only else measure
+    run = measure_token_rho if args.token_rho_only else measure_geometry if args.geometry else measure
     out = run(QUICK if args.quick else FULL, args.batch, args.tokens, args.max_iter)
     print(json.dumps(out, indent=1))
     if args.json:

@@ -21,12 +21,15 @@ cell by cell (the column a = 0 outward from θ*, then every row outward from it)
 cells whose solve failed marked: the stability region of a trained checkpoint beside Figure 5.
 
 **Memory.** A search holds every row's perturbed parameters (rows × the loop parameters) and its directions; when
-that exceeds ``memory`` (:data:`GEOMETRY_BYTES`: a language model, whose loop is most of the model) the directions
-are searched a chunk at a time, each chunk holding its own rows and directions only (the same draws). Each row's
-search is its own, so a chunk's radii are those of the whole search up to the eigensolver's random starts (the
-bracket's ``accuracy``); the toy models never chunk.
+that exceeds ``memory`` (:data:`GEOMETRY_BYTES`) the directions are searched a chunk at a time, each chunk holding
+its own rows and directions only (the same draws). When even one direction's three parameter sets (the direction
+and its two signs' rows) exceed it — a language model, whose loop is most of the model — the directions are
+applied in place (:class:`~stability.analysis.perturbation.InPlace`): one row at a time, its parameters written
+into the model's own, θ* kept once in its stored precision and put back bit for bit after, the directions
+regenerated from their draws. Each row's search is its own, so a chunk's radii are those of the whole search up to
+the eigensolver's random starts (the bracket's ``accuracy``); the toy models never chunk.
 
-**Reference models** whose stable region is known in closed form (:class:`DiagonalRecall`, :class:`Figure5Model`)
+**Reference models** whose stable region is known in closed form (:mod:`stability.analysis.closed_form_regions`)
 check the search against exact radii.
 """
 
@@ -40,6 +43,7 @@ import numpy as np
 import torch
 
 from stability.analysis.continuation import solve_rows
+from stability.analysis.in_place import InPlace, Theta
 from stability.analysis.perturbation import Family, loop_parameters, parameter_groups, random_directions
 from stability.analysis.radii import (ESTIMATE_TOL, GROWTH, KRYLOV, RESTARTS, T_MAX, T_MIN, T_START, Radii,
                                       rho_estimate, search_radii)
@@ -130,20 +134,20 @@ def measure(model, inputs: torch.Tensor, x_star: torch.Tensor, x0: torch.Tensor,
             samples: list, directions: int = 8, accuracy: float = 0.1, group_directions: int = 1,
             certify: int = 4, plane: int = 0, tol: float = 1e-5, max_iter: int = 500, eig_tol: float = 1e-6,
             eig_k: int = 3, seed: int = 0, t_max: float = T_MAX, log=None, restart: str = "auto",
-            memory: int = GEOMETRY_BYTES) -> Geometry:
+            memory: Optional[int] = None) -> Geometry:
     """The geometry stage on the inputs ``samples`` (indices into ``inputs`` / ``x_star`` / ``x0``): radii along
     ``directions`` directions in all loop parameters and ``group_directions`` per parameter group, both signs;
     anisotropy per input; with ``plane`` > 0 the ρ(J*) picture on a plane × plane grid around the first input
     whose x* attracts. ``attracting`` (per sample of the batch: x* converged and ρ(J*) < 1 at θ*) and
     ``rho_at_theta`` come from the stages before. ``restart``: the eigensolver's (``AnalysisOptions.eig_restart``).
-    ``memory``: the bytes of stacked perturbed parameters one search may hold (:data:`GEOMETRY_BYTES`)."""
+    ``memory``: the bytes of stacked perturbed parameters one search may hold (default :data:`GEOMETRY_BYTES`;
+    below three loop parameter sets, the directions are applied in place)."""
+    memory = GEOMETRY_BYTES if memory is None else int(memory)
     say = log or (lambda msg: None)
     sel = torch.tensor(samples, dtype=torch.long, device=x_star.device)
     inp, xs, x0s = inputs[sel], x_star[sel], x0[sel]
     names, outside, in_embed = loop_parameters(model, inp[:1], xs[:1], x0s[:1])
-    # the analysis precision (x*'s): a language model's float32-stored embedding perturbed in float64 too
-    base = {k: v.detach().to(xs.dtype) if v.is_floating_point() else v.detach()
-            for k, v in model.named_parameters() if k in names}
+    loop = {k: v.detach() for k, v in model.named_parameters() if k in names}
     groups = parameter_groups(model, names, inp[:1], xs[:1], x0s[:1]) if group_directions > 0 else {}
     specs = [("all", j, seed, None, directions) for j in range(directions)]
     for g_i, (label, members) in enumerate(groups.items()):
@@ -152,38 +156,50 @@ def measure(model, inputs: torch.Tensor, x_star: torch.Tensor, x0: torch.Tensor,
     att = [bool(attracting[b]) for b in samples]
     say(f"geometry: {S} sample(s) × {D} directions × 2 signs = {S * 2 * D} radii ({directions} in all loop "
         f"parameters, {group_directions} in each of {len(groups)} groups)")
-    search = _Search(model, base, specs, inp, xs, x0s, att, embed_moves=any(k in base for k in in_embed),
+    chunks, in_place = _chunks(D, S, sum(v.numel() * xs.element_size() for v in loop.values()), memory)
+    # the analysis precision (x*'s): a language model's float32-stored embedding perturbed in float64 too
+    theta = Theta(model, names, xs.dtype) if in_place else None
+    base = {} if in_place else {k: v.to(xs.dtype) if v.is_floating_point() else v for k, v in loop.items()}
+    search = _Search(model, base, specs, inp, xs, x0s, att, embed_moves=any(k in names for k in in_embed),
                      restart=restart, tol=tol, max_iter=max_iter, accuracy=accuracy, eig_tol=eig_tol, eig_k=eig_k,
-                     seed=seed, t_max=t_max, log=say)
-    found = search.all(_chunks(D, S, sum(v.numel() * v.element_size() for v in base.values()), memory), certify)
-    if search.chunks > 1:
+                     seed=seed, t_max=t_max, log=say, theta=theta)
+    found = search.all(chunks, certify)
+    if in_place:
+        say(f"geometry: {D} directions applied in place, {S * 2 * D} rows one at a time (θ* kept: "
+            f"{theta.nbytes():,} B)")
+    elif search.chunks > 1:
         say(f"geometry: {D} directions in {search.chunks} chunks (each search's stacked parameters ≤ {memory:,} B)")
     geo = _record(found, specs, groups, samples, att, directions, accuracy, certify, t_max)
     geo.rho_at_theta, geo.outside_loop = [rho_at_theta[b] for b in samples], outside
     geo.counts["map_calls"] = search.calls
-    geo.evaluation = "vmap over rows" if search.vmap else "one row at a time (the model's code does not vmap)"
+    geo.evaluation = ("in place, one row at a time (the model's own parameters moved and put back)" if in_place
+                      else "vmap over rows" if search.vmap else "one row at a time (the model's code does not vmap)")
     if plane and any(att):
         i = att.index(True)
         say(f"geometry: the plane of directions 1 and 2, {plane} × {plane} cells")
-        full = _draw(base, specs, list(range(min(2, directions))))
-        geo.plane = plane_picture(model, base, full, inp[i:i + 1], xs[i:i + 1], x0s[i:i + 1], geo.radii[i],
-                                  n=plane, tol=tol, max_iter=max_iter, seed=seed, t_max=t_max,
-                                  embed_moves=search.embed_moves, restart=restart)
+        two = list(range(min(2, directions)))
+        geo.plane = plane_picture(model, base, None if in_place else _draw(base, specs, two), inp[i:i + 1],
+                                  xs[i:i + 1], x0s[i:i + 1], geo.radii[i], n=plane, tol=tol, max_iter=max_iter,
+                                  seed=seed, t_max=t_max, embed_moves=search.embed_moves, restart=restart,
+                                  in_place=(theta, [specs[w] for w in two]) if in_place else None)
         geo.plane["sample"] = samples[i]
     return geo
 
 
-def _chunks(D: int, S: int, loop_bytes: int, memory: int) -> list:
-    """(samples, directions) searched together: everything at once when every row's parameters and every direction
-    fit ``memory``; else runs of k directions over every sample (2·S·k + k parameter sets); else one direction over
-    runs of s samples (2·s + 1), s ≥ 1."""
+def _chunks(D: int, S: int, loop_bytes: int, memory: int) -> tuple:
+    """(chunks, in place): the (samples, directions) searched together — everything at once when every row's
+    parameters and every direction fit ``memory``; else runs of k directions over every sample (2·S·k + k parameter
+    sets); else one direction over runs of s samples (2·s + 1), s ≥ 1; else (not even 3 sets fit) every (sample,
+    direction) in place, one row at a time."""
     if (2 * S * D + D) * loop_bytes <= memory:
-        return [(list(range(S)), list(range(D)))]
+        return [(list(range(S)), list(range(D)))], False
     k = memory // max(1, (2 * S + 1) * loop_bytes)
     if k >= 1:
-        return [(list(range(S)), list(range(j, min(D, j + k)))) for j in range(0, D, k)]
-    s = max(1, (memory // max(1, loop_bytes) - 1) // 2)
-    return [(list(range(i, min(S, i + s))), [j]) for j in range(D) for i in range(0, S, s)]
+        return [(list(range(S)), list(range(j, min(D, j + k)))) for j in range(0, D, k)], False
+    s = (memory // max(1, loop_bytes) - 1) // 2
+    if s >= 1:
+        return [(list(range(i, min(S, i + s))), [j]) for j in range(D) for i in range(0, S, s)], False
+    return [([i], [j]) for j in range(D) for i in range(S)], True
 
 
 def _draw(base: dict, specs: list, which: list) -> dict:
@@ -198,14 +214,37 @@ def _draw(base: dict, specs: list, which: list) -> dict:
     return {k: torch.cat([p[k] for p in parts]) for k in base}
 
 
+def _joined(parts: list) -> Radii:
+    """The :class:`Radii` of several searches, their rows one after the other."""
+    if len(parts) == 1:
+        return parts[0]
+    out = Radii(radius=[], lo=[], hi=[], reason=[], rho_lo=[], certified=[], rho_hi=[])
+    for f in parts:
+        for name in ("radius", "lo", "hi", "reason", "rho_lo", "certified", "rho_hi"):
+            getattr(out, name).extend(getattr(f, name))
+        for name in ("evaluations", "rounds", "products", "certified_rho", "reopened"):
+            setattr(out, name, getattr(out, name) + getattr(f, name))
+    gaps = [f.estimate_gap for f in parts if f.estimate_gap is not None]
+    out.estimate_gap = max(gaps) if gaps else None
+    return out
+
+
 class _Search:
     """The radius search of the geometry stage over chunks of directions (:func:`measure`): each chunk one
     :class:`Family` of its rows (sample-major, then direction, then sign (+, −)) and one :func:`search_radii`."""
 
-    def __init__(self, model, base, specs, inp, xs, x0s, att, *, embed_moves, restart, log, **kw):
+    def __init__(self, model, base, specs, inp, xs, x0s, att, *, embed_moves, restart, log, theta=None, **kw):
         self.model, self.base, self.specs, self.inp, self.xs, self.x0s, self.att = model, base, specs, inp, xs, x0s, att
-        self.embed_moves, self.restart, self.log, self.kw = embed_moves, restart, log, kw
+        self.embed_moves, self.restart, self.log, self.kw, self.theta = embed_moves, restart, log, kw, theta
         self.vmap, self.calls, self.chunks = True, 0, 0
+
+    def family(self, row_sample, row_dir, row_sign, which):
+        """The chunk's rows: a :class:`Family` of stacked parameter sets, or (``theta``) the model moved in place."""
+        if self.theta is not None:
+            return InPlace(self.model, self.theta, [self.specs[w] for w in which], self.inp[row_sample],
+                           self.x0s[row_sample], row_dir=row_dir, row_sign=row_sign, embed_moves=self.embed_moves)
+        return Family(self.model, self.base, _draw(self.base, self.specs, which), self.inp[row_sample],
+                      self.x0s[row_sample], row_dir=row_dir, row_sign=row_sign, embed_moves=self.embed_moves)
 
     def chunk(self, samples: list, which: list, certify: int):
         """(the rows' global indices, their :class:`Radii`) of the inputs ``samples`` (indices into the searched
@@ -215,14 +254,23 @@ class _Search:
         row_sample = torch.tensor(samples, device=dev).repeat_interleave(2 * K)
         row_dir = torch.arange(K, device=dev).repeat_interleave(2).repeat(S)
         row_sign = torch.tensor([1.0, -1.0], dtype=torch.float64, device=dev).repeat(S * K)
-        fam = Family(self.model, self.base, _draw(self.base, self.specs, which), self.inp[row_sample],
-                     self.x0s[row_sample], row_dir=row_dir, row_sign=row_sign, embed_moves=self.embed_moves)
-        fam.eig_restart = self.restart
-        skip = torch.tensor([not self.att[int(s)] for s in row_sample.cpu()])
-        found = search_radii(fam, self.xs[row_sample], certify=certify, skip=skip, log=self.log, **self.kw)
-        self.vmap, self.calls = self.vmap and fam.vmap, self.calls + fam.calls
         rows = [i * per + 2 * which[j] + g for i in samples for j in range(K) for g in (0, 1)]
-        return rows, found
+        # in place: each row its own search (one parameter set in the model at a time)
+        parts = [slice(q, q + 1) for q in range(len(rows))] if self.theta is not None else [slice(None)]
+        found = []
+        for part in parts:
+            fam = self.family(row_sample[part], row_dir[part], row_sign[part], which)
+            fam.eig_restart = self.restart
+            skip = torch.tensor([not self.att[int(s)] for s in row_sample[part].cpu()])
+            try:
+                found.append(search_radii(fam, self.xs[row_sample[part]], certify=certify, skip=skip,
+                                          log=self.log, **self.kw))
+            finally:
+                if self.theta is not None:
+                    fam.close()
+            certify = max(0, certify - sum(1 for c in found[-1].certified if c))
+            self.vmap, self.calls = self.vmap and fam.vmap, self.calls + fam.calls
+        return rows, _joined(found)
 
     def all(self, chunks: list, certify: int) -> Radii:
         """Every row's radius, chunk by chunk (the certifications in chunk order, ``certify`` in all)."""
@@ -276,13 +324,15 @@ def _record(found: Radii, specs: list, groups: dict, samples: list, att: list, d
                     certify=certify, estimate_gap=found.estimate_gap, t_range=(T_MIN, t_max))
 
 
-def plane_picture(model, base: dict, full: dict, inputs, x_star, x0, radii, *, n: int = 21, tol: float = 1e-5,
-                  max_iter: int = 500, seed: int = 0, t_max: float = T_MAX, embed_moves: bool = True,
-                  restart: str = "auto") -> dict:
+def plane_picture(model, base: dict, full: Optional[dict], inputs, x_star, x0, radii, *, n: int = 21,
+                  tol: float = 1e-5, max_iter: int = 500, seed: int = 0, t_max: float = T_MAX,
+                  embed_moves: bool = True, restart: str = "auto", in_place: Optional[tuple] = None) -> dict:
     """ρ(J*) (the search's estimate) over θ* + a·D1 + b·D2 on an n × n grid of a, b ∈ [−s, s], s = 1.5 × the
     largest of the four radii along ±D1, ±D2 (at most ``t_max``): the column a = 0 continued outward from θ*,
-    then every row outward from it (each cell warm-started from its neighbour towards θ*). Returns the axes, ρ
-    (None where the solve failed or ρ is not finite) and every cell's solver status."""
+    then every row outward from it (each cell warm-started from its neighbour towards θ*). ``full``: the
+    directions (name → (≥ 2, *shape)); or ``in_place`` = (θ*, the two directions' draws): the cells one at a time
+    in the model's own parameters (:class:`~stability.analysis.perturbation.InPlace`), θ* put back after. Returns
+    the axes, ρ (None where the solve failed or ρ is not finite) and every cell's solver status."""
     n = max(3, int(n) | 1)  # odd: θ* is a grid point
     pos = [r for r in radii[:4] if r is not None and r > 0]
     s = min(t_max, 1.5 * max(pos or [T_START]))
@@ -291,16 +341,23 @@ def plane_picture(model, base: dict, full: dict, inputs, x_star, x0, radii, *, n
     dev = x_star.device
     cells = [(i, j) for i in range(n) for j in range(n)]  # (row i: b = axis[i], column j: a = axis[j])
     coef = torch.tensor([[axis[j], axis[i]] for i, j in cells], dtype=torch.float64, device=dev)
-    two = {k: v[:2] for k, v in full.items()}
     R = len(cells)
-    fam = Family(model, base, two, inputs.expand(R, *inputs.shape[1:]), x0.expand(R, *x0.shape[1:]), coef=coef,
-                 embed_moves=embed_moves)
+    rows_in, rows_x0 = inputs.expand(R, *inputs.shape[1:]), x0.expand(R, *x0.shape[1:])
+    if in_place is None:
+        fam = Family(model, base, {k: v[:2] for k, v in full.items()}, rows_in, rows_x0, coef=coef,
+                     embed_moves=embed_moves)
+    else:
+        fam = InPlace(model, in_place[0], in_place[1], rows_in, rows_x0, coef=coef, embed_moves=embed_moves)
     fam.eig_restart = restart
     X = x_star.expand(R, *x_star.shape[1:]).clone()
     rho = [[None] * n for _ in range(n)]
     status = [[None] * n for _ in range(n)]
 
     def run(batch, starts):
+        if in_place is not None and len(batch) > 1:  # in place: one cell (one parameter set) at a time
+            for cell, start in zip(batch, starts):
+                run([cell], [start])
+            return
         idx = torch.tensor([i * n + j for i, j in batch], device=dev)
         xr, st = solve_rows(fam, X[torch.tensor(starts, device=dev)], idx, tol, max_iter)
         ok = [q for q, v in enumerate(st) if v == "converged"]
@@ -314,97 +371,19 @@ def plane_picture(model, base: dict, full: dict, inputs, x_star, x0, radii, *, n
             v = vals.get(q)
             rho[i][j] = v if v is not None and math.isfinite(v) else None
 
-    run([(c, c)], [c * n + c])
-    for d in range(1, c + 1):  # the column a = 0, outward from θ*
-        run([(c - d, c), (c + d, c)], [(c - d + 1) * n + c, (c + d - 1) * n + c])
-    for d in range(1, c + 1):  # every row, outward from that column
-        run([(i, c - d) for i in range(n)] + [(i, c + d) for i in range(n)],
-            [i * n + c - d + 1 for i in range(n)] + [i * n + c + d - 1 for i in range(n)])
+    try:
+        run([(c, c)], [c * n + c])
+        for d in range(1, c + 1):  # the column a = 0, outward from θ*
+            run([(c - d, c), (c + d, c)], [(c - d + 1) * n + c, (c + d - 1) * n + c])
+        for d in range(1, c + 1):  # every row, outward from that column
+            run([(i, c - d) for i in range(n)] + [(i, c + d) for i in range(n)],
+                [i * n + c - d + 1 for i in range(n)] + [i * n + c + d - 1 for i in range(n)])
+    finally:
+        if in_place is not None:
+            fam.close()
     return {"a": axis.tolist(), "b": axis.tolist(), "rho": rho, "status": status, "extent": float(s),
             "radii_D1": [radii[0], radii[1]], "radii_D2": [radii[2], radii[3]],
             "rho_source": f"the search's estimate (Krylov–Schur, basis {KRYLOV})"}
 
 
-# ---- reference models whose stable region is known in closed form ------------------------------------------------
-
-class DiagonalRecall(torch.nn.Module):
-    """A linear recall map with a diagonal weight, x ↦ a ⊙ x + x0, as a :class:`~stability.protocols.LoopedModel`
-    (embed: the inputs themselves; readout: (x, −x) as two logits per position). J* = diag(a): x* attracts iff
-    every |a_i| < 1, so the radius along D is min_i of the smallest t > 0 with |a_i + t·D_i| = 1
-    (:func:`diagonal_radius`). With inputs 0 the fixed point is x* = 0 for every a (the solve converges at once),
-    so the radius is decided by ρ alone."""
-
-    def __init__(self, a):
-        super().__init__()
-        self.a = torch.nn.Parameter(torch.as_tensor(a, dtype=torch.float64).clone())
-
-    def embed(self, inputs):
-        return inputs
-
-    def initial_state(self, x0, generator=None):
-        return x0
-
-    def step(self, x, x0):
-        return self.a * x + x0
-
-    def readout(self, x):
-        return torch.stack([x, -x], dim=-1)
-
-
-def diagonal_radius(a, d) -> float:
-    """The closed-form radius of :class:`DiagonalRecall` along the parameter direction ``d`` (∞ if none)."""
-    a, d = np.asarray(a, dtype=float), np.asarray(d, dtype=float)
-    best = math.inf
-    for ai, di in zip(a, d):
-        if di != 0:
-            best = min(best, ((1.0 if di > 0 else -1.0) - ai) / di)
-    return best
-
-
-class Figure5Model(torch.nn.Module):
-    """The single-layer model of Figure 5 with one eigen-pair, θ = (λ_g, λ_h) one parameter tensor: external
-    recall x ↦ g(x) + h(g(x)) = (1 + λ_h)(λ_g x + x0), internal x ↦ x + h(g(x)) = x + λ_h(λ_g x + x0); J* is
-    (1 + λ_h)λ_g or 1 + λ_gλ_h (:mod:`stability.theory.regions`), x* = 0 for inputs 0. The radius along a
-    direction has a closed form (:func:`figure5_radius`)."""
-
-    def __init__(self, placement: str, lam_g: float, lam_h: float):
-        super().__init__()
-        if placement not in ("external", "internal"):
-            raise ValueError(f"placement must be external or internal, got {placement!r}")
-        self.placement = placement
-        self.theta = torch.nn.Parameter(torch.tensor([lam_g, lam_h], dtype=torch.float64))
-
-    def embed(self, inputs):
-        return inputs
-
-    def initial_state(self, x0, generator=None):
-        return x0
-
-    def step(self, x, x0):
-        lg, lh = self.theta[0], self.theta[1]
-        u = lg * x + x0
-        return (1 + lh) * u if self.placement == "external" else x + lh * u
-
-    def readout(self, x):
-        return torch.stack([x, -x], dim=-1)
-
-
-def figure5_radius(placement: str, theta, d) -> float:
-    """The smallest t > 0 at which θ + t·d leaves the open region of Figure 5: external |x(1 + y)| < 1, internal
-    −2 < x·y < 0 (the roots of a quadratic in t on each boundary level); ∞ if the ray never leaves it."""
-    (x, y), (u, v) = np.asarray(theta, dtype=float), np.asarray(d, dtype=float)
-    if placement == "external":  # (x + u t)(1 + y + v t) = ±1
-        quad = [(u * v, u * (1 + y) + v * x, x * (1 + y) - c) for c in (1.0, -1.0)]
-    else:  # (x + u t)(y + v t) = 0 or −2
-        quad = [(u * v, u * y + v * x, x * y - c) for c in (0.0, -2.0)]
-    best = math.inf
-    for A, B, C in quad:
-        roots = np.roots([A, B, C]) if abs(A) > 1e-300 else ([-C / B] if B != 0 else [])
-        for t in np.atleast_1d(roots):
-            if abs(complex(t).imag) < 1e-12 and complex(t).real > 1e-12:
-                best = min(best, float(complex(t).real))
-    return best
-
-
-__all__ = ["DiagonalRecall", "Figure5Model", "Geometry", "anisotropy", "diagonal_radius", "figure5_radius", "measure",
-           "plane_picture"]
+__all__ = ["Geometry", "anisotropy", "measure", "plane_picture"]

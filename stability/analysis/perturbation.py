@@ -252,6 +252,19 @@ def _used_part(model, name: str, s: int, params: dict, *args) -> set:
     return {k for k, v in leaves.items() if id(v) in found}
 
 
+def loop_rms(base: dict) -> float:
+    """The RMS per entry of the loop parameters (the scale of a direction on an all-zero tensor)."""
+    total = sum(float(v.double().pow(2).sum()) for v in base.values())
+    return math.sqrt(total / max(1, sum(v.numel() for v in base.values())))
+
+
+def scaled_direction(z: torch.Tensor, v: torch.Tensor, rms: float) -> torch.Tensor:
+    """A direction's part on the tensor W = ``v``: z·‖W‖/‖z‖ (an all-zero W: the RMS per entry for ‖W‖), in v's
+    dtype."""
+    scale = float(v.double().norm()) or rms * math.sqrt(v.numel())
+    return (z * (scale / max(float(z.norm()), 1e-300))).to(v)
+
+
 def random_directions(base: dict, count: int, seed: int, members: Optional[list] = None,
                       keep: Optional[list] = None) -> dict:
     """``count`` Gaussian directions, name → (count, *shape): on each tensor W in ``members`` (default all),
@@ -260,17 +273,14 @@ def random_directions(base: dict, count: int, seed: int, members: Optional[list]
     ``keep``: the indices of the directions to return, (len(keep), *shape): the same draws, the others drawn and
     dropped (a model too large to hold every direction at once: the geometry stage's chunks)."""
     gen = torch.Generator(device="cpu").manual_seed(int(seed))
-    total = sum(float(v.double().pow(2).sum()) for v in base.values())
-    rms = math.sqrt(total / max(1, sum(v.numel() for v in base.values())))
+    rms = loop_rms(base)
     keep = list(range(count)) if keep is None else list(keep)
     out = {k: torch.zeros((len(keep), *v.shape), dtype=v.dtype, device=v.device) for k, v in base.items()}
     for j in range(min(count, max(keep, default=-1) + 1)):
         for k in sorted(base):
             if members is not None and k not in members:
                 continue
-            v = base[k]
-            z = torch.randn(v.shape, generator=gen, dtype=torch.float64)
+            z = torch.randn(base[k].shape, generator=gen, dtype=torch.float64)
             if j in keep:
-                scale = float(v.double().norm()) or rms * math.sqrt(v.numel())
-                out[k][keep.index(j)] = (z * (scale / max(float(z.norm()), 1e-300))).to(v)
+                out[k][keep.index(j)] = scaled_direction(z, base[k], rms)
     return out

@@ -10,7 +10,8 @@ drawn from a seeded generator (a cycle in the search itself).
 
 import torch
 
-from stability.analysis.geometry import DiagonalRecall, measure
+from stability.analysis.closed_form_regions import DiagonalRecall
+from stability.analysis.geometry import measure
 from stability.numerics import Linearisation, spectral_radius
 from stability.solvers import solve
 

@@ -18,11 +18,12 @@ import pytest
 import torch
 
 from tests.conftest import ROOT, run_cli
-from stability.analysis.geometry import DiagonalRecall, Figure5Model, anisotropy, diagonal_radius, figure5_radius
+from stability.analysis.closed_form_regions import DiagonalRecall, Figure5Model, diagonal_radius, figure5_radius
+from stability.analysis.geometry import anisotropy
 from stability.analysis.options import DEFAULT_STAGES, STAGES, AnalysisOptions
 from stability.analysis.perturbation import loop_parameters, random_directions
 from stability.analysis.pipeline import analyze
-from stability.analysis.radii import T_MAX
+from stability.analysis.radii import ESTIMATE_TOL, T_MAX
 from stability.analysis.verdict import verdict
 
 ACC = 0.01  # the bisection accuracy of the closed-form checks: hi/lo ≤ 1.01, the radius √(lo·hi) within 0.5 %
@@ -331,9 +332,109 @@ def test_a_search_too_large_for_its_memory_runs_in_chunks_with_the_closed_form_r
         assert_radii(chunked.radii[i], want)
         assert chunked.radii[i] == pytest.approx(whole.radii[i], rel=ACC)
     assert sum(sum(c) for c in chunked.certified) == sum(sum(c) for c in whole.certified) == 2
-    # below even one direction's rows over both samples (2 · 2 + 1 sets): one direction and one sample a chunk
+    # below one direction's rows over both samples (2 · 2 + 1 sets): one direction and one sample a chunk
     said.clear()
-    single = measure(m, inputs, inputs, inputs, [True, True], [0.8, 0.8], memory=2 * one_row, log=said.append, **kw)
+    single = measure(m, inputs, inputs, inputs, [True, True], [0.8, 0.8], memory=3 * one_row, log=said.append, **kw)
     assert any("3 directions in 6 chunks" in s for s in said)
     for i in range(2):
         assert_radii(single.radii[i], want)
+    # below even that (3 sets): the directions applied in place, each row alone, θ* put back bit for bit
+    said.clear()
+    before = m.a.detach().clone()
+    moved = measure(m, inputs, inputs, inputs, [True, True], [0.8, 0.8], memory=2 * one_row, log=said.append, **kw)
+    assert any("3 directions applied in place, 12 rows one at a time" in s for s in said), said
+    assert moved.evaluation.startswith("in place") and torch.equal(m.a.detach(), before)
+    for i in range(2):
+        assert_radii(moved.radii[i], want)
+    assert sum(sum(c) for c in moved.certified) == 2
+
+
+def _transformer():
+    """A small looped transformer of the bundled trainer's (float64, external recall, post-norm) and its x*."""
+    from stability.analysis.fixed_point import analysis_model
+    from stability.config import ModelConfig
+    from stability.model import build_model
+
+    torch.manual_seed(0)
+    m = analysis_model(build_model(ModelConfig(width=16, heads=2, recall="external", norm="post")))
+    inputs = torch.randint(0, 2, (2, 6, 1)).double()
+    x0 = m.embed(inputs).detach()
+    x = m.initial_state(x0)
+    for _ in range(300):
+        x = m.step(x, x0).detach()
+    return m, inputs, x, x0
+
+
+def test_a_row_applied_in_place_is_the_familys_row_bit_for_bit_and_theta_comes_back():
+    """InPlace writes θ* + t·sign·D (and the plane's θ* + a·D1 + b·D2) into the model's own parameters: its maps
+    equal Family's one-row-at-a-time maps bit for bit (x0 with them: the embedding moves), its kept θ* is float32
+    where the float64 parameter holds float32 values, and close() puts every parameter back bit for bit."""
+    from stability.analysis.in_place import InPlace, Theta, direction_state
+    from stability.analysis.perturbation import Family
+
+    m, inputs, x, x0 = _transformer()
+    with torch.no_grad():  # the float64 copy of a float32 model holds float32 values (kept in float32); one that
+        m.block.mlp.fc.weight.add_(1e-12 * torch.randn_like(m.block.mlp.fc.weight))  # does not: kept in float64
+    names, _, _ = loop_parameters(m, inputs[:1], x[:1], x0[:1])
+    before = {k: v.detach().clone() for k, v in m.named_parameters()}
+    base = {k: v.detach() for k, v in m.named_parameters() if k in names}
+    specs = [("all", 1, 7, None, 3), ("attention", 0, 1007, [k for k in names if "attn" in k], 1)]
+    dirs = {k: torch.cat([random_directions(base, 3, 7, keep=[1])[k],
+                          random_directions(base, 1, 1007, specs[1][3])[k]]) for k in base}
+    theta = Theta(m, names, torch.float64)
+    assert theta.kept["input.weight"].dtype == torch.float32 and theta.kept["block.mlp.fc.weight"].dtype == torch.float64
+    gen = torch.Generator().manual_seed(7)
+    gen.set_state(direction_state(base, 1, 7))
+    assert torch.equal(torch.randn(3, generator=gen, dtype=torch.float64), torch.randn(
+        3, generator=torch.Generator().manual_seed(7).set_state(direction_state(base, 1, 7)), dtype=torch.float64))
+    rows = dict(row_dir=torch.tensor([0, 1, 0]), row_sign=torch.tensor([1.0, -1.0, -1.0], dtype=torch.float64))
+    inp, xs, x0s = inputs[[0, 1, 1]], x[[0, 1, 1]], x0[[0, 1, 1]]
+    fam = Family(m, base, dirs, inp, x0s, **rows)
+    fam.vmap = False
+    here = InPlace(m, theta, specs, inp, x0s, **rows)
+    fam.set_t(torch.arange(3), torch.tensor([0.05, 0.2, 0.1], dtype=torch.float64))
+    for r in (0, 1, 2, 0):
+        idx = torch.tensor([r])
+        here.set_t(idx, fam.t[idx])
+        assert torch.equal(here.x0[r], fam.x0[r])
+        assert torch.equal(here.step(xs[idx], idx), fam.step(xs[idx], idx))
+    with pytest.raises(ValueError, match="one row at a time"):
+        here.step(xs[:2], torch.tensor([0, 1]))
+    here.close()
+    assert all(torch.equal(v, before[k]) for k, v in m.named_parameters())
+    coef = torch.tensor([[0.1, -0.2], [0.0, 0.3]], dtype=torch.float64)
+    plane = InPlace(m, theta, specs, inp[:2], x0s[:2], coef=coef)
+    flat = Family(m, base, dirs, inp[:2], x0s[:2], coef=coef)
+    flat.vmap = False
+    for r in (1, 0):
+        idx = torch.tensor([r])
+        assert torch.allclose(plane.step(xs[idx], idx), flat.step(xs[idx], idx), rtol=0, atol=1e-13)
+        assert torch.allclose(plane.x0[r], flat.x0[r], rtol=0, atol=1e-13)
+    plane.close()
+    assert all(torch.equal(v, before[k]) for k, v in m.named_parameters())
+
+
+def test_a_transformers_radii_and_plane_in_place_equal_the_stacked_searchs():
+    """The geometry stage of a looped transformer with its directions applied in place (memory below three
+    parameter sets) gives the stacked search's radii (each row's search is its own: to the eigensolver's starts),
+    the plane picture's statuses and ρ, and leaves the model's parameters bit for bit as they were."""
+    from stability.analysis.geometry import measure
+
+    m, inputs, x, x0 = _transformer()
+    before = {k: v.detach().clone() for k, v in m.named_parameters()}
+    kw = dict(samples=[0, 1], directions=2, group_directions=1, accuracy=0.2, certify=2, plane=5, tol=1e-9,
+              max_iter=400)
+    said = []
+    here = measure(m, inputs, x, x0, [True, True], [0.5, 0.5], memory=0, log=said.append, **kw)
+    stacked = measure(m, inputs, x, x0, [True, True], [0.5, 0.5], **kw)
+    assert any("applied in place" in s for s in said) and here.evaluation.startswith("in place")
+    assert stacked.evaluation == "vmap over rows"
+    assert all(torch.equal(v, before[k]) for k, v in m.named_parameters())
+    assert [g["name"] for g in here.groups] == [g["name"] for g in stacked.groups]
+    for a, b in zip(here.radii + [g["radii"] for g in here.groups], stacked.radii + [g["radii"] for g in
+                                                                                     stacked.groups]):
+        assert a == pytest.approx(b, rel=0.2), (a, b)
+    assert here.plane["status"] == stacked.plane["status"]
+    flat = lambda p: [v for row in p["rho"] for v in row]  # noqa: E731
+    # ρ: the search's estimate (Ritz residual ESTIMATE_TOL, random starts drawn per batch): to that tolerance
+    assert flat(here.plane) == pytest.approx(flat(stacked.plane), abs=2 * ESTIMATE_TOL)

@@ -128,3 +128,31 @@ def _iterate(m, x0, steps=200):
     for _ in range(steps):
         x = m.step(x, x0)
     return x
+
+
+def test_geometry_in_place_gives_the_stacked_radii_and_leaves_the_model_as_it_was(monkeypatch):
+    """A language model too large for stacked parameter sets (GEOMETRY_BYTES below three loop sets) has its
+    geometry directions applied in place: the radii of the stacked search (to the bracket's accuracy; each row's
+    search is its own), its float32 vocabulary table perturbed in place and put back, every parameter of the
+    analysis copy bit for bit as before."""
+    import stability.analysis.geometry as geometry
+
+    m = analysis_copy(tiny(0, vocab_size=48))
+    opts = AnalysisOptions(samples=2, stages=("reachability", "rho", "geometry"), max_iter=80, eig_tol=1e-8,
+                           geometry_directions=2, geometry_group_directions=1, geometry_plane=0,
+                           geometry_accuracy=0.1)
+    x = ids(2)
+    before = {k: v.detach().clone() for k, v in m.named_parameters()}
+    stacked = analyze_lm(m, x, options=opts, lm_stages=()).to_json()["inputs"]["geometry"]
+    monkeypatch.setattr(geometry, "GEOMETRY_BYTES", 0)
+    said = []
+    here = analyze_lm(m, x, options=opts, lm_stages=(), log=said.append).to_json()["inputs"]["geometry"]
+    assert here["evaluation"].startswith("in place") and not stacked["evaluation"].startswith("in place")
+    assert any("applied in place" in s for s in said)
+    assert m.embedding.weight.dtype == torch.float32 and "embedding.weight" in [
+        p for g in here["groups"] for p in g["parameters"]]
+    assert all(torch.equal(v, before[k]) for k, v in m.named_parameters())
+    assert here["samples"] == stacked["samples"] and here["reasons"] == stacked["reasons"]
+    flat = lambda g: [r for rs in g["radii"] for r in rs] + [r for grp in g["groups"] for r in grp["radii"]]  # noqa
+    assert len(flat(here)) == len(flat(stacked)) > 4
+    assert flat(here) == pytest.approx(flat(stacked), rel=opts.geometry_accuracy)
