@@ -13,7 +13,8 @@ medians (below 1: B is faster).
 costs with what the tests were added. From the JUnit file each run also keeps every test's own seconds (pytest's
 ``time``: setup, call and teardown) by node id; ``shared`` sums, per side, the median seconds of the tests that
 passed in every run of both sides, and its ratio B/A compares the same tests on the two revisions' code (fixtures
-shared by several tests are charged to the first that needs them, on both sides alike).
+shared by several tests are charged to the first that needs them, on both sides alike). Each run also keeps the CPU
+seconds (user + system) of its processes, which a busy machine inflates less than the wall time.
 
     python benchmarks/suite_ab.py A B [--repeats 3] [--out benchmarks/results-suite-ab.json]
                                       [--pytest-args "tests/house -x"] [--threads 2] [--repo .]
@@ -28,6 +29,7 @@ import argparse
 import datetime
 import json
 import os
+import resource
 import shlex
 import statistics
 import subprocess
@@ -150,6 +152,12 @@ def shared(runs: list[dict]) -> dict:
     return out
 
 
+def _children_cpu() -> float:
+    """User + system CPU seconds of this process's waited-for children so far (a run's: the difference)."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
 def run_suite(tree: Path, args, junit: Path) -> dict:
     """One run of the suite in ``tree``: wall seconds, exit status, whether it timed out, the load before it and
     its counts."""
@@ -158,6 +166,7 @@ def run_suite(tree: Path, args, junit: Path) -> dict:
     cmd = [args.python, "-m", "pytest", "-p", "no:cacheprovider", "-q", f"--junitxml={junit}", *args.pytest_args]
     junit.unlink(missing_ok=True)
     load = os.getloadavg()[0]
+    cpu0 = _children_cpu()
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -165,7 +174,8 @@ def run_suite(tree: Path, args, junit: Path) -> dict:
     except subprocess.TimeoutExpired:
         status, timed_out, tail = None, True, ""
     wall = time.perf_counter() - t0
-    return {"wall_s": wall, "exit_status": status, "timed_out": timed_out, "load1_before": load,
+    return {"wall_s": wall, "cpu_s": _children_cpu() - cpu0, "exit_status": status, "timed_out": timed_out,
+            "load1_before": load,
             "counts": junit_counts(junit), "times": junit_times(junit), "output_tail": tail}
 
 
@@ -198,11 +208,15 @@ def summarise(runs: list[dict]) -> dict:
     for side in SIDES:
         mine = [r for r in runs if r["side"] == side]
         secs = [r["wall_s"] for r in mine]
+        cpu = [r["cpu_s"] for r in mine if r.get("cpu_s") is not None]
         out[side] = {"revision": mine[0]["revision"], "commit": mine[0]["commit"], "runs": len(mine),
                      "min_s": min(secs), "median_s": statistics.median(secs), "max_s": max(secs),
+                     "median_cpu_s": statistics.median(cpu) if cpu else None,
                      **{k: _span([(r["counts"] or {}).get(k) for r in mine]) for k in COUNTS},
                      "all_passed": all(r["exit_status"] == 0 for r in mine)}
     out["ratio_b_over_a"] = out["b"]["median_s"] / out["a"]["median_s"]
+    a_cpu, b_cpu = out["a"]["median_cpu_s"], out["b"]["median_cpu_s"]
+    out["cpu_ratio_b_over_a"] = b_cpu / a_cpu if a_cpu and b_cpu is not None else None
     out["shared"] = shared(runs)
     return out
 
@@ -223,6 +237,10 @@ def table(summary: dict) -> str:
                      f"{s['median_s']:.1f} | " + " | ".join(_count(s[k]) for k in COUNTS)
                      + f" | {'yes' if s['all_passed'] else 'no'} |")
     lines.append(f"\nB/A of the medians: {summary['ratio_b_over_a']:.3f} (below 1: B is faster)")
+    if summary.get("cpu_ratio_b_over_a") is not None:
+        lines.append(f"B/A of the median CPU seconds (user + system of the run's processes): "
+                     f"{summary['a']['median_cpu_s']:.1f} → {summary['b']['median_cpu_s']:.1f} s, "
+                     f"{summary['cpu_ratio_b_over_a']:.3f}")
     sh = summary.get("shared")
     if sh and sh["tests"]:
         lines.append(f"shared tests (passed in every run of both): {sh['tests']}, A {sh['a_s']:.1f} s, B "

@@ -23,8 +23,8 @@ cells whose solve failed marked: the stability region of a trained checkpoint be
 **Memory.** A search holds every row's perturbed parameters (rows × the loop parameters) and its directions; when
 that exceeds ``memory`` (:data:`GEOMETRY_BYTES`) the directions are searched a chunk at a time, each chunk holding
 its own rows and directions only (the same draws). When even one direction's three parameter sets (the direction
-and its two signs' rows) exceed it — a language model, whose loop is most of the model — the directions are
-applied in place (:class:`~stability.analysis.perturbation.InPlace`): one row at a time, its parameters written
+and its two signs' rows) exceed it, or one parameter set alone exceeds :data:`IN_PLACE_BYTES` (a language model,
+whose loop is most of the model), the directions are applied in place (:class:`~stability.analysis.perturbation.InPlace`): one row at a time, its parameters written
 into the model's own, θ* kept once in its stored precision and put back bit for bit after, the directions
 regenerated from their draws. Each row's search is its own, so a chunk's radii are those of the whole search up to
 the eigensolver's random starts (the bracket's ``accuracy``); the toy models never chunk.
@@ -128,6 +128,10 @@ class Geometry:
 #: directions are searched a chunk at a time, each chunk's rows only (a language model's loop: one row's parameters
 #: are the whole loop); below it one search holds every row (the toy models: every committed number)
 GEOMETRY_BYTES = 2 * 2 ** 30
+#: the bytes of one loop parameter set above which the directions are applied in place whatever ``memory`` allows:
+#: a map this large keeps the hardware busy one row at a time, so stacking rows buys no speed, only copies of the
+#: model (a language model's loop; the paper's width-256 model's is ≈ 8 MB, the toy models' ≈ 0.1 MB: stacked)
+IN_PLACE_BYTES = 64 * 2 ** 20
 
 
 def measure(model, inputs: torch.Tensor, x_star: torch.Tensor, x0: torch.Tensor, attracting, rho_at_theta, *,
@@ -141,7 +145,8 @@ def measure(model, inputs: torch.Tensor, x_star: torch.Tensor, x0: torch.Tensor,
     whose x* attracts. ``attracting`` (per sample of the batch: x* converged and ρ(J*) < 1 at θ*) and
     ``rho_at_theta`` come from the stages before. ``restart``: the eigensolver's (``AnalysisOptions.eig_restart``).
     ``memory``: the bytes of stacked perturbed parameters one search may hold (default :data:`GEOMETRY_BYTES`;
-    below three loop parameter sets, the directions are applied in place)."""
+    below three loop parameter sets, or with a loop set above :data:`IN_PLACE_BYTES`, the directions are applied in
+    place)."""
     memory = GEOMETRY_BYTES if memory is None else int(memory)
     say = log or (lambda msg: None)
     sel = torch.tensor(samples, dtype=torch.long, device=x_star.device)
@@ -156,7 +161,10 @@ def measure(model, inputs: torch.Tensor, x_star: torch.Tensor, x0: torch.Tensor,
     att = [bool(attracting[b]) for b in samples]
     say(f"geometry: {S} sample(s) × {D} directions × 2 signs = {S * 2 * D} radii ({directions} in all loop "
         f"parameters, {group_directions} in each of {len(groups)} groups)")
-    chunks, in_place = _chunks(D, S, sum(v.numel() * xs.element_size() for v in loop.values()), memory)
+    loop_bytes = sum(v.numel() * xs.element_size() for v in loop.values())
+    chunks, in_place = _chunks(D, S, loop_bytes, memory)
+    if loop_bytes > IN_PLACE_BYTES:
+        chunks, in_place = [([i], [j]) for j in range(D) for i in range(S)], True
     # the analysis precision (x*'s): a language model's float32-stored embedding perturbed in float64 too
     theta = Theta(model, names, xs.dtype) if in_place else None
     base = {} if in_place else {k: v.to(xs.dtype) if v.is_floating_point() else v for k, v in loop.items()}

@@ -58,6 +58,7 @@ def test_a_bad_revision_or_option_is_one_line_and_exit_status_2(tiny_repo, tmp_p
 
 def _run(side, wall, passed=10, failed=0, status=0):
     return {"side": side, "revision": {"a": "main", "b": "topic"}[side], "commit": side * 40, "wall_s": wall,
+            "cpu_s": 2 * wall,
             "exit_status": status, "counts": {"passed": passed, "failed": failed, "errors": 0, "skipped": 1}}
 
 
@@ -76,6 +77,7 @@ def test_the_summary_is_min_and_median_per_side_and_the_ratio_of_the_medians():
     assert "| A | main | aaaaaaaaaa | 3 | 10.0 | 11.0 | 10 | 0 | 0 | 1 | yes |" in text
     assert "| B | topic | bbbbbbbbbb | 3 | 9.0 | 10.0 | 9–10 | 0–1 | 0 | 1 | no |" in text
     assert "B/A of the medians: 0.909" in text  # 10 / 11
+    assert s["cpu_ratio_b_over_a"] == pytest.approx(20.0 / 22.0) and "22.0 → 20.0 s, 0.909" in text
 
 
 def test_shared_tests_are_those_passed_in_every_run_of_both_sides_summed_by_their_medians():
@@ -109,6 +111,7 @@ def test_a_real_run_times_each_revision_in_its_own_worktree_alternately(tiny_rep
         want = {"passed": 1, "failed": 0} if r["side"] == "a" else {"passed": 0, "failed": 1}
         assert r["counts"] == {**want, "errors": 0, "skipped": 1}, r
         assert r["exit_status"] == (0 if r["side"] == "a" else 1) and r["wall_s"] > 0
+        assert 0 < r["cpu_s"] < 10 * r["wall_s"] + 1  # the pytest process's own CPU seconds
         # each passed test's own seconds by node id (B's test failed: none)
         assert list(r["times"]) == (["test_value::test_value"] if r["side"] == "a" else []), r["times"]
     s = result["summary"]

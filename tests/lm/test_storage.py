@@ -131,7 +131,7 @@ def _iterate(m, x0, steps=200):
 
 
 def test_geometry_in_place_gives_the_stacked_radii_and_leaves_the_model_as_it_was(monkeypatch):
-    """A language model too large for stacked parameter sets (GEOMETRY_BYTES below three loop sets) has its
+    """A language model whose loop parameter set is above IN_PLACE_BYTES (here set below this tiny one's) has its
     geometry directions applied in place: the radii of the stacked search (to the bracket's accuracy; each row's
     search is its own), its float32 vocabulary table perturbed in place and put back, every parameter of the
     analysis copy bit for bit as before."""
@@ -144,7 +144,7 @@ def test_geometry_in_place_gives_the_stacked_radii_and_leaves_the_model_as_it_wa
     x = ids(2)
     before = {k: v.detach().clone() for k, v in m.named_parameters()}
     stacked = analyze_lm(m, x, options=opts, lm_stages=()).to_json()["inputs"]["geometry"]
-    monkeypatch.setattr(geometry, "GEOMETRY_BYTES", 0)
+    monkeypatch.setattr(geometry, "IN_PLACE_BYTES", 1024)
     said = []
     here = analyze_lm(m, x, options=opts, lm_stages=(), log=said.append).to_json()["inputs"]["geometry"]
     assert here["evaluation"].startswith("in place") and not stacked["evaluation"].startswith("in place")
