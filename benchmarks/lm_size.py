@@ -25,9 +25,9 @@ each operator, the peak resident set within each phase, and the largest differen
 
 ``--geometry``: the same model on ``--batch`` sequences (1 by default here), stages ``reachability`` and
 ``geometry`` (1 direction in all loop parameters, no group directions, 1 sample, bracket hi/lo ≤ 1.5, no
-certification: the smallest search), its directions applied in place (the model's loop is far above three
-parameter sets of GEOMETRY_BYTES): wall seconds, the radii, and the peak resident set of each phase against the
-model's float32 size.
+certification: the smallest search), its directions applied in place (a loop parameter set above
+``IN_PLACE_BYTES``): wall seconds, the radii, and the peak resident set of each phase against the model's float32
+size.
 """
 
 from __future__ import annotations
