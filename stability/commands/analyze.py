@@ -44,6 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     own.add_argument("--inputs", metavar="FILE.pt", help="a tensor of inputs (B, ...) saved with torch.save; for a "
                      "language model: token ids (B, T), or a dict with input_ids, attention_mask, position_ids, "
                      "token_type_ids, labels")
+    own.add_argument("--text", metavar="FILE", help="for a Hugging Face directory with a tokenizer: one sequence a "
+                     "line, encoded by the directory's own tokenizer (instead of --inputs)")
     own.add_argument("--targets", metavar="FILE.pt",
                      help="class indices (B, *positions) for the accuracy (argmax of readout, per position and "
                           "whole answer)")
@@ -214,9 +216,10 @@ def _pretrained(args) -> bool:
     analysed on the token ids of ``--inputs`` (required), with ``--targets`` or the next tokens."""
     if args.model or not args.checkpoint or not os.path.isfile(os.path.join(args.checkpoint, "config.json")):
         return False
-    if not args.inputs:
+    if not args.inputs and not args.text:
         raise StabilityError(f"{args.checkpoint} is a language model: give its token ids with --inputs FILE.pt (a "
-                             "tensor (B, T), or a dict with input_ids, attention_mask, labels)")
+                             "tensor (B, T), or a dict with input_ids, attention_mask, labels) or its text with "
+                             "--text FILE")
     if args.weights or args.split is not None or args.release_config:
         raise StabilityError("--weights, --split and --release-config do not apply to a Hugging Face model "
                              "directory")
@@ -233,6 +236,10 @@ def run(args: argparse.Namespace) -> int:
     pretrained = _pretrained(args)  # a Hugging Face save_pretrained directory: token ids as --inputs
     if not args.model and not pretrained and (args.inputs or args.targets or args.weights):
         raise StabilityError("--inputs, --targets and --weights go with --model")
+    if args.text and not pretrained:
+        raise StabilityError("--text needs a Hugging Face save_pretrained directory with its tokenizer (CKPT)")
+    if args.text and args.inputs:
+        raise StabilityError("give --inputs FILE.pt or --text FILE, not both")
     check_feasible(args)
     library = {name: getattr(args, name) for name, flag in AnalysisOptions.FLAGS.items() if not flag.command_default}
     options = AnalysisOptions(**library, workers=args.workers,
@@ -253,7 +260,8 @@ def run(args: argparse.Namespace) -> int:
     elif pretrained:
         from stability.lm.analyze import analyze_inputs_file  # lazy: torch, as above
 
-        analysis = analyze_inputs_file(args.checkpoint, args.inputs, args.targets, options, log=log)
+        analysis = analyze_inputs_file(args.checkpoint, args.inputs, args.targets, options, log=log,
+                                       text_path=args.text)
     else:
         splits = ("val", "hard") if args.split in (None, "both") else (args.split,)
         analysis = analyze_checkpoint(Path(args.checkpoint), splits=splits, options=options, log=log,

@@ -39,6 +39,7 @@ from stability.lm.pretrained import PretrainedLoaded, is_pretrained_dir, load_pr
 from stability.lm.report import lm_summary
 from stability.lm.scoring import lm_score, next_token_targets
 from stability.lm.storage import analysis_copy
+from stability.lm.text import text_inputs
 from stability.protocols import check_contract, check_model, differentiable_attention
 from stability.stored import load_plain
 
@@ -79,21 +80,43 @@ def is_lm_source(source) -> bool:
     return isinstance(source, (str, os.PathLike)) and is_pretrained_dir(source)
 
 
-def analyze_inputs_file(source, inputs_path, targets_path=None, options=None, *, log=None) -> LMAnalysis:
+def analyze_inputs_file(source, inputs_path, targets_path=None, options=None, *, log=None,
+                        text_path=None) -> LMAnalysis:
     """``stability analyze HF_DIR --inputs ids.pt [--targets FILE.pt]`` (and ``--model`` of an LM adapter):
     ``source`` (a directory or a model) on the token ids of the file (:func:`~stability.lm.inputs.load_inputs`:
-    ids, or a dict with mask, positions and labels)."""
-    packed, targets = load_inputs(inputs_path)
+    ids, or a dict with mask, positions and labels); or, with ``text_path`` (``--text``), on the lines of a text
+    file encoded by the directory's tokenizer (:func:`~stability.lm.text.text_inputs`)."""
+    packed, targets = read_lm_inputs(source, inputs_path, text_path)
     if targets_path is not None:
-        if not Path(targets_path).is_file():
-            raise StabilityError(f"--targets {targets_path}: no such file")
-        obj = load_plain(Path(targets_path), f"--targets {targets_path}", "tensor file",
-                         "not a tensor file saved with torch.save")
-        obj = obj.get("labels", obj.get("targets")) if isinstance(obj, dict) else obj
-        if not isinstance(obj, torch.Tensor):
-            raise StabilityError(f"--targets {targets_path}: expected a tensor of token ids (B, T)")
-        targets = obj.long()
+        targets = read_targets(targets_path)
     return analyze_lm(source, packed, targets=targets, options=options, log=log)
+
+
+def read_lm_inputs(source, inputs_path=None, text_path=None) -> tuple:
+    """(packed inputs, targets or None) of ``--inputs FILE.pt`` or ``--text FILE`` (one of them), read and checked
+    before any model is loaded."""
+    if inputs_path is not None and text_path is not None:
+        raise StabilityError("give --inputs FILE.pt or --text FILE, not both")
+    if inputs_path is None and text_path is None:
+        raise StabilityError("give the token ids with --inputs FILE.pt or the text with --text FILE")
+    if inputs_path is not None:
+        return load_inputs(inputs_path)
+    if not isinstance(source, (str, os.PathLike)) or not is_pretrained_dir(source):
+        raise StabilityError("--text needs a Hugging Face save_pretrained directory with its tokenizer (CKPT); "
+                             "for a model of one's own give token ids with --inputs FILE.pt")
+    return text_inputs(source, text_path), None
+
+
+def read_targets(targets_path) -> torch.Tensor:
+    """The token ids of ``--targets FILE.pt`` (a tensor, or a dict with labels or targets)."""
+    if not Path(targets_path).is_file():
+        raise StabilityError(f"--targets {targets_path}: no such file")
+    obj = load_plain(Path(targets_path), f"--targets {targets_path}", "tensor file",
+                     "not a tensor file saved with torch.save")
+    obj = obj.get("labels", obj.get("targets")) if isinstance(obj, dict) else obj
+    if not isinstance(obj, torch.Tensor):
+        raise StabilityError(f"--targets {targets_path}: expected a tensor of token ids (B, T)")
+    return obj.long()
 
 
 def as_adapter(source, dtype: torch.dtype = torch.float64):
@@ -228,8 +251,7 @@ def lm_numbers(model, x0: torch.Tensor, x_star: torch.Tensor, targets: torch.Ten
             out["routing"] = None if rc is None else rc.to_dict()
         if "exits" in lm_stages:
             say("lm: exit rules")
-            steps = int(getattr(model, "model_steps", 8))
-            passes = exit_passes or min(options.max_iter, max(4 * steps, 32))
+            passes = exit_passes or exits.default_passes(model, options.max_iter)
             out["exits"] = exits.audit_exits(exits.exit_trace(model, x0, e, passes), targets=targets)
     return out
 

@@ -40,6 +40,12 @@ DEFAULT_RULES = {"kl": (1e-2, 1e-3, 5e-4, 1e-4, 1e-5), "entropy": (1e-2, 1e-3, 1
                  "residual": (1e-2, 1e-3, 1e-5)}
 
 
+def default_passes(model, max_iter: Optional[int] = None) -> int:
+    """The passes an audit runs: 4 × the model's own depth, at least 32 (at most ``max_iter`` where given)."""
+    passes = max(4 * int(getattr(model, "model_steps", 8)), 32)
+    return passes if max_iter is None else min(max_iter, passes)
+
+
 @dataclass
 class ExitTrace:
     """Per pass k = 1..N and token (each (N, B, T)): the criteria's values (``kl``, ``entropy``, ``latent``,
