@@ -73,5 +73,6 @@ class Evidence:
         return cls(median=block.get("frobenius_median"), values=block.get("frobenius") or [])
 
 
-STAGE = Stage(NAME, KEY, per_sample=True, cost=Cost(0.079, 1.32, "sample"), run=run, rows=rows, headline=headline,
+STAGE = Stage(NAME, KEY, per_sample=True, cost=Cost(0.115, 1.02, "sample", "batch"),
+              run=run, rows=rows, headline=headline,
               what="‖dx*/dx0‖_F per converged sample, Hutchinson (Prop. 5)")
