@@ -97,13 +97,14 @@ def count_stages(model, inputs, options) -> dict:
     return counts
 
 
-def measure(samples: int, width: int, factor: int = 8, batch: str | None = None, seed: int = 0) -> dict:
+def measure(samples: int, width: int, factor: int = 8, batch: str | None = None, seed: int = 0,
+            only: tuple | None = None) -> dict:
     from analysis_scaling import build
 
     from stability import AnalysisOptions
     from stability.analysis.options import STAGES
 
-    stages = tuple(s for s in STAGES if s != "accuracy")  # accuracy needs targets; its work rides on the solve
+    stages = tuple(s for s in STAGES if s != "accuracy" and (only is None or s in only))  # accuracy: targets
     out = {"samples": samples, "factor": factor, "width": width, "positions": 81, "batch": batch or "auto",
            "seed": seed, "stages": {}}
     runs = {}
@@ -225,6 +226,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=HERE / "results-launch-bound.json")
     ap.add_argument("--solvers", action="store_true", help="the solvers' syncs per evaluation instead (printed)")
     ap.add_argument("--seed", type=int, default=0, help="the model's and inputs' seed (analysis_scaling.build)")
+    ap.add_argument("--stages", default=None, help="count these stages only (comma-separated; those a stage reads "
+                                                   "of another must be among them: repelling reuses rho's ρ)")
     ap.add_argument("--task", default="sudoku", choices=sorted(TASKS), help="--forecast's shape")
     ap.add_argument("--forecast", action="store_true",
                     help="each stage's forecast against its measured seconds instead (JSON to --out)")
@@ -242,7 +245,8 @@ def main(argv=None) -> int:
                 print(f"{method:9s} {path:8s} evaluations {row['evaluations']:4d}  syncs/eval "
                       f"{row['syncs_per_eval']:.2f}  ops/eval {row['ops_per_eval']:.0f}")
         return 0
-    result = measure(args.samples, args.width, args.factor, args.batch, args.seed)
+    only = tuple(args.stages.split(",")) if args.stages else None
+    result = measure(args.samples, args.width, args.factor, args.batch, args.seed, only)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(table(result))
     worst = max(max(s["ops_ratio"], s["syncs_ratio"]) for s in result["stages"].values())

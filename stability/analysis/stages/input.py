@@ -43,7 +43,8 @@ def run(at: AtFixedPoint) -> InputDependence:
     if idx.numel():
         dev = at.x_star.device
         est = input_dependence_frobenius_batched(at.f, at.x_star[idx.to(dev)], at.x0[idx.to(dev)],
-                                                 probes=o.probes, tol=max(o.gmres_tol, 1e-8), seed=o.seed)
+                                                 probes=o.probes, tol=max(o.gmres_tol, 1e-8), seed=o.seed,
+                                                 check_every=o.live_check_every(dev.type))
         for j, b in enumerate(idx.tolist()):
             frob[b] = float(est.value[j]) if bool(est.converged[j]) else None
     return InputDependence(frobenius=frob, probes=o.probes)
