@@ -19,9 +19,10 @@ scaled by 0.5 so that plain iteration converges (benchmarks/analysis_scaling.py'
 ``--seed`` picks another model and inputs (``analysis_scaling.build``'s seed): the ratios are the slowest
 sample's, so they vary with it. ``--stages`` counts those stages only (a stage's counts are the same as in the
 whole analysis where the stages it reads of are among them). ``--forecast`` (issue 35's forecasts per device):
-one analysis of the same model on ``--samples``, uncounted, each stage's predicted seconds (the split's prediction rescaled to this machine by its
-measured J-products, :func:`stability.analysis.pipeline.predicted`) against its measured seconds, on ``--task``'s
-shape (benchmarks/forecast_fit.py refits the stages' costs from such runs).
+one analysis of the same model on ``--samples``, uncounted, each stage's predicted seconds (the split's
+prediction rescaled to this machine by its measured J-products, :func:`stability.analysis.pipeline.predicted`)
+against its measured seconds, on ``--task``'s shape (benchmarks/forecast_fit.py refits the stages' costs from
+such runs).
 """
 
 from __future__ import annotations
