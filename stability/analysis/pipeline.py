@@ -103,7 +103,7 @@ def predicted(at: AtFixedPoint, options: AnalysisOptions) -> dict:
     whole batch and of one sample. A stage that works a sample at a time is rescaled by one sample's product; one
     that steps the whole batch (the solves) by the batch's product plus one sample's, per sample: a step of the
     batch costs its product and a fixed part that does not shrink with the batch (about one sample's product;
-    benchmarks/RESULTS.md, "Forecast ... after the refit")."""
+    benchmarks/RESULTS.md, "Forecast of each stage after the refit")."""
     n, N = int(at.e[0].numel()), int(at.x0.shape[0])
     K = options.measured(n, N)
     with torch.no_grad():

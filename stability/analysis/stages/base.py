@@ -33,7 +33,7 @@ class StageResult(Protocol):
 class Cost:
     """The stage's predicted seconds on one split, a · units · (n / 1000)^b at state size n on one thread of the
     fit's machine, rescaled to the device by its measured J-product of the kind ``product``
-    (:func:`stability.analysis.cost.predict`; fitted by benchmarks/launch_bound.py ``--fit``). ``unit``:
+    (:func:`stability.analysis.cost.predict`; fitted by benchmarks/forecast_fit.py). ``unit``:
     ``"sample"`` (every analysed sample, or the first few where the stage is per sample), ``"one"`` (once a split)
     or ``"geometry sample"`` (each sample the geometry stage measures, plus one: its search's own cost);
     ``product``: one of :data:`PRODUCTS`."""
