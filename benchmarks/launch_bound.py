@@ -14,17 +14,22 @@ scaled by 0.5 so that plain iteration converges (benchmarks/analysis_scaling.py'
     python benchmarks/launch_bound.py [--samples 8] [--width 16] [--out benchmarks/results-launch-bound.json]
     python benchmarks/launch_bound.py --solvers --samples 64   # the solvers' syncs per evaluation, per row, batched
     python benchmarks/launch_bound.py --forecast --samples 8   # each stage's forecast against its time (no counting)
+    python benchmarks/launch_bound.py --batch all --stages reachability,rho,input,repelling   # some stages only
 
 ``--seed`` picks another model and inputs (``analysis_scaling.build``'s seed): the ratios are the slowest
-sample's, so they vary with it. ``--forecast`` (issue 35's forecasts per device): one analysis of the same model
-on ``--samples``, uncounted, each stage's predicted seconds (the split's prediction rescaled to this machine by its
-measured J-product, :func:`stability.analysis.pipeline.predicted`) against its measured seconds.
+sample's, so they vary with it. ``--stages`` counts those stages only (a stage's counts are the same as in the
+whole analysis where the stages it reads of are among them). ``--forecast`` (issue 35's forecasts per device):
+one analysis of the same model on ``--samples``, uncounted, each stage's predicted seconds (the split's
+prediction rescaled to this machine by its measured J-products, :func:`stability.analysis.pipeline.predicted`)
+against its measured seconds, on ``--task``'s shape (benchmarks/forecast_fit.py refits the stages' costs from
+such runs).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -96,13 +101,14 @@ def count_stages(model, inputs, options) -> dict:
     return counts
 
 
-def measure(samples: int, width: int, factor: int = 8, batch: str | None = None, seed: int = 0) -> dict:
+def measure(samples: int, width: int, factor: int = 8, batch: str | None = None, seed: int = 0,
+            only: tuple | None = None) -> dict:
     from analysis_scaling import build
 
     from stability import AnalysisOptions
     from stability.analysis.options import STAGES
 
-    stages = tuple(s for s in STAGES if s != "accuracy")  # accuracy needs targets; its work rides on the solve
+    stages = tuple(s for s in STAGES if s != "accuracy" and (only is None or s in only))  # accuracy: targets
     out = {"samples": samples, "factor": factor, "width": width, "positions": 81, "batch": batch or "auto",
            "seed": seed, "stages": {}}
     runs = {}
@@ -120,10 +126,17 @@ def measure(samples: int, width: int, factor: int = 8, batch: str | None = None,
     return out
 
 
-def forecast_vs_actual(samples: int, width: int, batch: str | None = None, seed: int = 0) -> dict:
+#: the shapes ``--forecast`` analyses (``--task``): analysis_scaling's task and its positions
+TASKS = {"sudoku": (9, 9), "prefix-sums": (40,), "chess": (8, 8)}
+
+
+def forecast_vs_actual(samples: int, width: int, batch: str | None = None, seed: int = 0,
+                       task: str = "sudoku") -> dict:
     """{"stages": {stage: {"forecast_s", "actual_s", "ratio"}}, ...} of one analysis (``stability.analyze``, every
-    stage but accuracy) of ``samples`` sudoku-shape states: the forecast is the one the analysis itself makes
-    before its first stage (:func:`stability.analysis.pipeline.predicted`, rescaled by this machine's J-product)."""
+    stage but accuracy) of ``samples`` states of ``task``'s shape: the forecast is the one the analysis itself
+    makes before its first stage (:func:`stability.analysis.pipeline.predicted`, rescaled by this machine's
+    J-products, recorded as ``products_s``: one sample's, then the whole batch's), with what a refit needs (the
+    state size n, the geometry stage's samples, the solver's mean evaluations)."""
     import stability
     from analysis_scaling import build
     from stability import AnalysisOptions
@@ -131,27 +144,35 @@ def forecast_vs_actual(samples: int, width: int, batch: str | None = None, seed:
     from stability.analysis.options import STAGES
 
     stages = tuple(s for s in STAGES if s != "accuracy")
-    model, inputs = build("sudoku", width, (9, 9), 0.5, samples, seed=seed)
-    said = {}
-    original = pipeline.predicted  # the split's own forecast, kept as the analysis made it
+    model, inputs = build(task, width, TASKS[task], 0.5, samples, seed=seed)
+    said, products = {}, []
+    original, timed = pipeline.predicted, pipeline.product_seconds  # the split's own forecast, as the analysis made it
 
     def predicted(at, options):
         said.update(original(at, options))
         return said
 
+    def product_seconds(*args, **kwargs):
+        products.append(timed(*args, **kwargs))
+        return products[-1]
+
     kw = {"batch": batch} if batch else {}
     t = time.perf_counter()
     try:
-        pipeline.predicted = predicted
+        pipeline.predicted, pipeline.product_seconds = predicted, product_seconds
         report = stability.analyze(model, inputs, options=AnalysisOptions(samples=samples, stages=stages,
                                                                            **kw)).to_json()["inputs"]
     finally:
-        pipeline.predicted = original
+        pipeline.predicted, pipeline.product_seconds = original, timed
     wall = time.perf_counter() - t
     rows = {name: {"forecast_s": said[name], "actual_s": sec, "ratio": sec / said[name] if said[name] else None}
             for name, sec in report["timings"].items()}
     total_f, total_a = sum(said[n] for n in rows), sum(r["actual_s"] for r in rows.values())
-    return {"samples": samples, "width": width, "positions": 81, "batch": batch or "auto", "seed": seed,
+    nfe = report["fixed_point"]["nfe"]
+    return {"samples": samples, "width": width, "task": task, "positions": list(TASKS[task]),
+            "n": width * math.prod(TASKS[task]), "batch": batch or "auto", "seed": seed, "products_s": products,
+            "geometry_samples": len((report.get("geometry") or {}).get("samples") or []),
+            "converged": report["fixed_point"]["status"].count("converged"), "nfe_mean": sum(nfe) / len(nfe),
             "stages": rows, "total": {"forecast_s": total_f, "actual_s": total_a, "ratio": total_a / total_f},
             "wall_s": wall, "load": list(os.getloadavg())}
 
@@ -209,12 +230,15 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=HERE / "results-launch-bound.json")
     ap.add_argument("--solvers", action="store_true", help="the solvers' syncs per evaluation instead (printed)")
     ap.add_argument("--seed", type=int, default=0, help="the model's and inputs' seed (analysis_scaling.build)")
+    ap.add_argument("--stages", default=None, help="count these stages only (comma-separated; those a stage reads "
+                                                   "of another must be among them: repelling reuses rho's ρ)")
+    ap.add_argument("--task", default="sudoku", choices=sorted(TASKS), help="--forecast's shape")
     ap.add_argument("--forecast", action="store_true",
                     help="each stage's forecast against its measured seconds instead (JSON to --out)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     if args.forecast:
-        result = forecast_vs_actual(args.samples, args.width, args.batch, args.seed)
+        result = forecast_vs_actual(args.samples, args.width, args.batch, args.seed, args.task)
         args.out.write_text(json.dumps(result, indent=1) + "\n")
         print(forecast_table(result))
         print(f"wall {result['wall_s']:.1f} s, load {result['load'][0]:.2f}")
@@ -225,7 +249,8 @@ def main(argv=None) -> int:
                 print(f"{method:9s} {path:8s} evaluations {row['evaluations']:4d}  syncs/eval "
                       f"{row['syncs_per_eval']:.2f}  ops/eval {row['ops_per_eval']:.0f}")
         return 0
-    result = measure(args.samples, args.width, args.factor, args.batch, args.seed)
+    only = tuple(args.stages.split(",")) if args.stages else None
+    result = measure(args.samples, args.width, args.factor, args.batch, args.seed, only)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(table(result))
     worst = max(max(s["ops_ratio"], s["syncs_ratio"]) for s in result["stages"].values())

@@ -127,6 +127,12 @@ SUITE = (
               _script("launch_bound.py", "--forecast", "--samples", "2", "--out", "{out}/forecast.json"),
               "each stage's forecast (the split's prediction rescaled by this machine's J-product) against its "
               "measured seconds, one analysis of 8 sudoku-shape samples"),
+    Benchmark("forecast-fit", "Forecast of each stage after the refit (`benchmarks/forecast_fit.py`, issue 35)",
+              _script("forecast_fit.py", "--out", "{out}/forecast-fit.json"),
+              _script("forecast_fit.py", "--refit", "benchmarks/results-forecast-fit.json", "--out",
+                      "{out}/forecast-fit.json"),
+              "the stages' cost models refitted on seven analyses (sudoku and prefix-sums shapes, widths 16-64, "
+              "2-8 samples, one thread): each stage's seconds in J-products against the state size"),
     Benchmark("ensemble", "Ensembles (`benchmarks/ensemble_benchmark.py`, issue 37)",
               _script("ensemble_benchmark.py", "--out", "{out}"),
               _script("ensemble_benchmark.py", "--seeds", "2", "--epochs", "1", "--out", "{out}"),

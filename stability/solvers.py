@@ -404,19 +404,28 @@ class _Broyden:
             self.B = self.B[:idx]
         self.G, self.K, self.sig, self.gp = self.G[mask], self.K[mask], self.sig[mask], self.gp[mask]
         self.fresh, self.count = self.fresh[mask], self.count[mask]
-        if idx and not self.uniform:
-            self.uniform = bool((self.count == self.count[0]).all())
-            self.kmax = int(self.count.max())
+        if idx and not self.uniform:  # both read in one host sync
+            uniform, self.kmax = torch.stack([(self.count == self.count[0]).all().long(), self.count.max()]).tolist()
+            self.uniform = bool(uniform)
 
-    def forget(self, mask):
+    def forget_reads(self, mask):
+        """What :meth:`forget` of ``mask`` reads on the host, as tensors for the caller's one sync: whether every
+        row is forgotten, and the longest history left."""
+        return [mask.all().long(), torch.where(mask, 0, self.count).max()]
+
+    def forget(self, mask, reads=None):
+        """Clear the histories of the rows ``mask``; ``reads``: :meth:`forget_reads`'s values, read by the caller
+        (None: read here, one host sync)."""
+        if reads is None:
+            reads = torch.stack(self.forget_reads(mask)).tolist()
         self.B[mask, :self.top] = 0
         for t in (self.G, self.K, self.sig, self.gp):
             t[mask] = 0
         self.fresh[mask] = True
         self.any_fresh = True
         self.count[mask] = 0
-        self.uniform = self.all_fresh = bool(mask.all())
-        self.kmax = int(self.count.max())
+        every, self.kmax = reads
+        self.uniform = self.all_fresh = bool(every)
 
     def info(self):
         return {"damping": self.eta, "memory": self.m, "compressions": self.compressions, "rank": self.q,
@@ -728,15 +737,19 @@ class Run:
         self.code[act] = new_code
         run = new_code < 0
         self.ended, self.cur = [act[:0]], _Pass(xa, fa, r)
-        if pending is None:
-            all_run = bool(run.all())
-        else:  # the evaluation's one host sync also says whether the last proposal refused a row
-            all_run, refused = torch.stack([run.all(), pending.any()]).tolist()
-            if refused:
-                self.solver.forget(pending)
+        # the evaluation's one host sync: whether every row runs, whether any does, and (batched) whether the
+        # last proposal refused a row, with what clearing those rows' histories reads (a method's optional
+        # forget_reads)
+        extra = [] if pending is None else getattr(self.solver, "forget_reads", lambda mask: [])(pending)
+        reads = [] if pending is None else [pending.any(), *extra]
+        all_run, any_run, *refused = torch.stack([t.long() for t in (run.all(), run.any(), *reads)]).tolist()
+        if refused and refused[0] and extra:
+            self.solver.forget(pending, refused[1:])
+        elif refused and refused[0]:
+            self.solver.forget(pending)
         if not all_run:
             self.ended[0] = act[~run]
-            if not bool(run.any()):
+            if not any_run:
                 self.act, self.cur = act[:0], None
                 return
             self._drop(run)

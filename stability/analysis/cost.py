@@ -1,31 +1,35 @@
 """What an analysis costs: predicted before it starts, and how much of it is left while it runs (issue 25).
 
 The prediction is a power law per stage, seconds = a · units · (n / 1000)^b, n the state size (positions ×
-width) and units the samples the stage works on (all of them; one for Prop. 5; the geometry stage's radii on its
-``geometry_samples``). ``a`` and ``b`` are fitted by ``python benchmarks/analysis_scaling.py`` (one thread, the
-paper's architecture at widths 32 … 256, every stage; benchmarks/RESULTS.md, "Analysis scaling"): a rough guide —
-a trained model that needs more iterations than the benchmark's costs more — said as "about". While the analysis
-runs, :class:`Progress` rescales the rest of the prediction by how the stages so far compared with theirs, so the
-time left it reports follows the machine it runs on.
+width) and units what the stage's cost is counted in (its samples; one for Prop. 5; the geometry stage's samples
+plus one). Each stage's work is J-products (and steps costing about as much) of one kind
+(:class:`~stability.analysis.stages.base.Cost`'s ``product``): of one sample (the eigensolver's products on the
+CPU's default, Prop. 5's unroll, the geometry search) or of the split's whole batch (the solves). ``a`` and ``b``
+are fitted by ``python benchmarks/forecast_fit.py`` (one thread, the paper's architecture at the sudoku and
+prefix-sums shapes, widths 16 … 64, 2–8 samples, every stage; benchmarks/RESULTS.md, "Forecast of each stage after
+the refit"): a rough guide — a model whose solves need more iterations than the fit's costs more — said as
+"about". While the analysis runs, :class:`Progress` rescales the rest of the prediction by how the stages so far
+compared with theirs, so the time left it reports follows the machine it runs on.
 
 On the device it runs on (issue 35), a split's prediction is rescaled before its first stage by :func:`scale`: the
-measured seconds of a J-product of the split's whole batch over what the fit's machine took for it
-(:data:`PRODUCT`), so a GPU, whose batched product costs a small fraction of the CPU's per sample, is predicted
-from its own speed rather than the CPU's.
+measured seconds of a J-product of one sample, and of the split's whole batch, over what the fit's machine took
+for them (:data:`PRODUCT`), each stage by the product its work is made of; a GPU, whose batched product costs a
+small fraction of the CPU's per sample, is so predicted from its own speed rather than the CPU's.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from collections.abc import Mapping
+from typing import Optional, Union
 
 from stability.analysis.progress import Progress, clock  # noqa: F401 (Progress: the split's time left)
 from stability.analysis.stages.registry import FEW_SAMPLE_STAGES, REGISTRY
 
 #: stage -> (a: seconds per unit at n = 1,000 on one thread, b: exponent in n, unit: "sample" | "one" |
-#: "geometry sample"): each stage's :class:`~stability.analysis.stages.base.Cost` (its module's STAGE), fitted by
-#: benchmarks/analysis_scaling.py on n = 1,280 … 20,736, 2 samples each, one thread of this project's 2-core
-#: machines beside other work (benchmarks/RESULTS.md, "Paper-size analysis")
-COSTS = {s.name: (s.cost.a, s.cost.b, s.cost.unit) for s in REGISTRY}
+#: "geometry sample", product: "batch" | "eig" | "one"): each stage's :class:`~stability.analysis.stages.base.Cost`
+#: (its module's STAGE), fitted by benchmarks/forecast_fit.py on n = 640 … 5,184, one thread of this project's
+#: 2-core machines beside other work (benchmarks/RESULTS.md, "Forecast of each stage after the refit")
+COSTS = {s.name: (s.cost.a, s.cost.b, s.cost.unit, s.cost.product) for s in REGISTRY}
 
 #: one J-product (a JVP of the loop map, float64) of ONE sample at n = 1,000 on one thread of the fit's machine:
 #: seconds ≈ a · (n / 1000)^b. b from products timed at n = 1,280 … 10,368 (sudoku and prefix-sums shapes, 2 and 8
@@ -47,22 +51,33 @@ def scale(n: int, samples: int, product_seconds: float) -> float:
     return product_seconds / (max(samples, 1) * a * (max(n, 1) / 1000.0) ** b)
 
 
+def _units(s: str, unit: str, samples: int, geometry_samples: int, few: Optional[int]) -> int:
+    """What a stage's cost is counted in (:class:`~stability.analysis.stages.base.Cost`'s ``unit``) on a split."""
+    if unit == "sample":
+        return min(samples, few) if few is not None and s in FEW_SAMPLE_STAGES else samples
+    return geometry_samples + 1 if unit == "geometry sample" else 1
+
+
 def predict(n: int, samples: int, stages, *, geometry_samples: int = 1, threads: int = 1,
-            few: Optional[int] = None, factor: Optional[float] = None) -> dict:
+            few: Optional[int] = None, factor: Union[None, float, Mapping[str, float]] = None,
+            eig_batched: bool = False) -> dict:
     """Predicted seconds of each stage of ``stages`` on ``samples`` samples of state size ``n`` (one split).
     ``threads``: torch's threads for this split; the fit is for one, and a second thread is counted as half a
     thread more (measured speed-ups of the products at these sizes are 1.3–1.6×). ``few``: the samples the stages
     of :data:`~stability.analysis.stages.registry.FEW_SAMPLE_STAGES` measure (None: all;
     ``AnalysisOptions.measured``). ``factor``: this device's :func:`scale`, measured (then ``threads`` is not
-    counted: the measurement ran on them)."""
-    speed = 1.0 + 0.5 * max(0, threads - 1) if factor is None else 1.0 / factor
+    counted: the measurement ran on them): one number, or one per J-product kind (``"batch"``: of the split's
+    batch, ``"one"``: of one sample), each stage rescaled by its ``Cost.product``'s (``"eig"``: the batch's where
+    ``eig_batched``, the eigensolver batching the samples, else one sample's)."""
+    if factor is None:
+        factor = 1.0 / (1.0 + 0.5 * max(0, threads - 1))
+    if not isinstance(factor, Mapping):
+        factor = {"batch": factor, "one": factor}
     out = {}
     for s in stages:
-        a, b, unit = COSTS.get(s, (0.0, 0.0, "one"))
-        units = samples if unit == "sample" else (geometry_samples if unit == "geometry sample" else 1)
-        if unit == "sample" and few is not None and s in FEW_SAMPLE_STAGES:
-            units = min(samples, few)
-        out[s] = a * units * (max(n, 1) / 1000.0) ** b / speed
+        a, b, unit, product = COSTS.get(s, (0.0, 0.0, "one", "batch"))
+        kind = ("batch" if eig_batched else "one") if product == "eig" else product
+        out[s] = a * _units(s, unit, samples, geometry_samples, few) * (max(n, 1) / 1000.0) ** b * factor[kind]
     return out
 
 

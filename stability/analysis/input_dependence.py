@@ -57,10 +57,12 @@ class FrobeniusBatched:
 
 def input_dependence_frobenius_batched(f: Callable, x_star: torch.Tensor, x0: torch.Tensor, *, probes: int = 8,
                                        tol: float = 1e-8, seed: int = 0, max_iter: Optional[int] = None,
-                                       restart: int = 60, batch: Optional[int] = None) -> FrobeniusBatched:
+                                       restart: int = 60, batch: Optional[int] = None,
+                                       check_every: int = 1) -> FrobeniusBatched:
     """‖dx*/dx0‖_F (Prop. 5) for every sample of a batch: all B × probes systems (I − J_b) w = K_b u_p in one
     batched GMRES (``batch``: at most that many systems per solve; default: as many as keep the Krylov
-    bases within about 512 MiB, all of them for the demo's states).
+    bases within about 512 MiB, all of them for the demo's states; ``check_every``: GMRES's steps between host
+    checks, :func:`~stability.numerics.gmres.solve_I_minus_J`).
 
     The probes u_1 … u_P are seeded Gaussians of one sample's shape, the same for every sample, so sample b's value
     equals a per-sample estimate with those probes to the GMRES tolerance.
@@ -83,7 +85,8 @@ def input_dependence_frobenius_batched(f: Callable, x_star: torch.Tensor, x0: to
     sq, res, its = [], [], []
     for i in range(0, n_sys, step):
         lin = Linearisation(f, Xs[i:i + step], X0s[i:i + step], inputs=True)
-        sol = solve_I_minus_J(lin.J, lin.K(Us[i:i + step]), tol=tol, max_iter=max_iter, restart=restart)
+        sol = solve_I_minus_J(lin.J, lin.K(Us[i:i + step]), tol=tol, max_iter=max_iter, restart=restart,
+                              check_every=check_every)
         sq.append(sol.x.double().flatten(1).pow(2).sum(1))
         res.append(sol.residual)
         its.append(sol.iterations)

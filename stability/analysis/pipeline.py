@@ -78,15 +78,15 @@ def _run_stages(model, inputs: torch.Tensor, targets: Optional[torch.Tensor], op
     return out
 
 
-def product_seconds(at: AtFixedPoint, reps: int = 5) -> float:
-    """Seconds of one J-product (a JVP of the loop map) of the whole batch at the initial iterate, on its device:
+def product_seconds(f: Callable, e: torch.Tensor, x0: torch.Tensor, reps: int = 5) -> float:
+    """Seconds of one J-product (a JVP of the loop map ``f``) of the batch ``e`` at ``e``, on its device:
     the fastest of ``reps`` after one warm-up (the device synchronised around each; the fastest: a busy machine's
     pauses only lengthen a product; no random numbers drawn). The
     map is called once plainly first: what a model caches on its first call must not be a forward-AD tensor."""
-    at.f(at.e, at.x0)
-    lin = Linearisation(at.f, at.e, at.x0)
-    v = torch.ones_like(at.e)
-    sync = torch.cuda.synchronize if at.e.device.type == "cuda" else (lambda: None)
+    f(e, x0)
+    lin = Linearisation(f, e, x0)
+    v = torch.ones_like(e)
+    sync = torch.cuda.synchronize if e.device.type == "cuda" else (lambda: None)
     times = []
     for _ in range(reps + 1):
         sync()
@@ -99,12 +99,19 @@ def product_seconds(at: AtFixedPoint, reps: int = 5) -> float:
 
 def predicted(at: AtFixedPoint, options: AnalysisOptions) -> dict:
     """The split's predicted seconds per stage (:func:`~stability.analysis.cost.predict`), rescaled to this
-    device by its measured J-product (:func:`~stability.analysis.cost.scale`, :func:`product_seconds`)."""
+    device by its measured J-products (:func:`~stability.analysis.cost.scale`, :func:`product_seconds`): of the
+    whole batch and of one sample. A stage that works a sample at a time is rescaled by one sample's product; one
+    that steps the whole batch (the solves) by the batch's product plus one sample's, per sample: a step of the
+    batch costs its product and a fixed part that does not shrink with the batch (about one sample's product;
+    benchmarks/RESULTS.md, "Forecast of each stage after the refit")."""
     n, N = int(at.e[0].numel()), int(at.x0.shape[0])
+    K = options.measured(n, N)
     with torch.no_grad():
-        factor = scale(n, N, product_seconds(at))
-    return predict(n, N, options.stages, geometry_samples=options.geometry_count(n, N), few=options.measured(n, N),
-                   factor=factor)
+        one = product_seconds(at.f, at.e[:1], at.x0[:1], reps=20)  # ~1 ms each: more of them, less noise
+        batch = one if N == 1 else product_seconds(at.f, at.e, at.x0)
+    return predict(n, N, options.stages, geometry_samples=options.geometry_count(n, N), few=K,
+                   factor={"batch": scale(n, N, batch + one), "one": scale(n, 1, one)},
+                   eig_batched=options.eig_chunk(K, at.e.device.type) > 1)
 
 
 def analyze_split(model, task, split: str, options: AnalysisOptions, *, log=None) -> SplitResult:

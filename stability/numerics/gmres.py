@@ -47,13 +47,16 @@ class IJSolve(NamedTuple):
 
 def solve_I_minus_J(apply_J: Callable[[torch.Tensor], torch.Tensor], b: torch.Tensor, *, method: str = "gmres",
                     tol: float = 1e-10, max_iter: Optional[int] = None, restart: int = 60,
-                    x_init: Optional[torch.Tensor] = None) -> IJSolve:
+                    x_init: Optional[torch.Tensor] = None, check_every: int = 1) -> IJSolve:
     """Solve (I − J_b) x_b = b_b for every sample b of the batch, by GMRES(``restart``) or the Neumann series.
 
     apply_J: (B, *S) → (B, *S), V ↦ (J_b V_b)_b, samples independent (each row of the output depends on the same
     row of the input only). b: (B, *S). tol: relative residual per sample. max_iter: products with J per sample
     (the residual checks included; default 20·n, n = prod(S), for GMRES; 20·n or 10,000, whichever is smaller, for
-    Neumann). x_init: a first guess (default 0). Returns :class:`IJSolve`; residuals above ``tol`` mark samples
+    Neumann). x_init: a first guess (default 0). check_every: GMRES's Krylov steps between the host's checks
+    whether any sample is still stepping (each a sync with the device; a step after every sample stopped is a
+    masked no-op, so the result is the same bits for any value, at up to ``check_every`` − 1 wasted products a
+    cycle). Returns :class:`IJSolve`; residuals above ``tol`` mark samples
     that did not converge. The solve records no autograd graph (products with a model whose parameters require
     grad included): its result is a number, not a function to differentiate.
     """
@@ -74,7 +77,8 @@ def solve_I_minus_J(apply_J: Callable[[torch.Tensor], torch.Tensor], b: torch.Te
         x = torch.zeros_like(bf) if x_init is None else x_init.reshape(B, n).to(bf).clone()
         if method == "gmres":
             budget = max_iter if max_iter is not None else max(restart, 20 * n)
-            x, res, its = _gmres(A, bf, bnorm, x, x_init is not None, tol, budget, max(1, min(restart, n)))
+            x, res, its = _gmres(A, bf, bnorm, x, x_init is not None, tol, budget, max(1, min(restart, n)),
+                                 max(1, int(check_every)))
         else:
             budget = max_iter if max_iter is not None else min(20 * n, 10_000)
             x, res, its = _neumann(A, bf, bnorm, x, x_init is not None, tol, budget)
@@ -94,7 +98,7 @@ def _rel(rn: torch.Tensor, bnorm: torch.Tensor) -> torch.Tensor:
     return torch.where(bnorm > 0, rn.double() / bnorm.clamp_min(torch.finfo(torch.float64).tiny), rn.double())
 
 
-def _gmres(A, b, bnorm, x, have_guess, tol, budget, m):
+def _gmres(A, b, bnorm, x, have_guess, tol, budget, m, check_every=1):
     B, n = b.shape
     dev, dt = b.device, b.dtype
     its = torch.zeros(B, dtype=torch.int64, device=dev)
@@ -120,7 +124,8 @@ def _gmres(A, b, bnorm, x, have_guess, tol, budget, m):
         k_used = torch.zeros(B, dtype=torch.int64, device=dev)
         live = active.clone()
         for j in range(m):
-            if not bool(live.any()):
+            # a step with no live sample changes nothing (every write is masked by live): checked every k steps
+            if j % check_every == 0 and not bool(live.any()):
                 break
             w = A(V[:, j])
             its += live.long()

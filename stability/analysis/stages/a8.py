@@ -216,5 +216,6 @@ class Evidence:
                                                            glo.get("starts", [])))
 
 
-STAGE = Stage(NAME, KEY, per_sample=True, cost=Cost(0.032, 1.30, "sample"), run=run, rows=rows, headline=headline,
+STAGE = Stage(NAME, KEY, per_sample=True, cost=Cost(0.668, 0.33, "sample", "batch"),
+              run=run, rows=rows, headline=headline,
               what="App. A.8's local ‖dx_T/de·u‖ and the basins: x* from e ∈ {e, x0, zeros, noise}")

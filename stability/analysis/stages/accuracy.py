@@ -67,5 +67,6 @@ def headline(block: Optional[dict], split: dict) -> dict:
     return {"accuracy_at_fixed_point": (block or {}).get("at_fixed_point")}
 
 
-STAGE = Stage(NAME, KEY, per_sample=False, cost=Cost(0.001, 1.0, "sample"), run=run, rows=rows, headline=headline,
+STAGE = Stage(NAME, KEY, per_sample=False, cost=Cost(0.001, 1.0, "sample", "batch"), run=run, rows=rows,
+              headline=headline,
               what="accuracy against the iteration count and at x* (Fig. 3)")

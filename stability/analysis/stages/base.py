@@ -17,6 +17,10 @@ if TYPE_CHECKING:
 
 #: the units a stage's cost is counted in (:class:`Cost`)
 UNITS = ("sample", "one", "geometry sample")
+#: the J-product a stage's work is made of (:class:`Cost`): of the split's whole batch (its solves), of the
+#: eigensolver's batch (``AnalysisOptions.eig_chunk``: one sample on the CPU's default, all with ``batch`` all or on
+#: a GPU), or of one sample
+PRODUCTS = ("batch", "eig", "one")
 
 
 class StageResult(Protocol):
@@ -27,18 +31,23 @@ class StageResult(Protocol):
 
 @dataclass(frozen=True)
 class Cost:
-    """The stage's predicted seconds on one split, a · units · (n / 1000)^b at state size n on one thread
-    (:func:`stability.analysis.cost.predict`; fitted by benchmarks/analysis_scaling.py). ``unit``: ``"sample"``
-    (every analysed sample, or the first few where the stage is per sample), ``"one"`` (once a split) or
-    ``"geometry sample"`` (each sample the geometry stage measures)."""
+    """The stage's predicted seconds on one split, a · units · (n / 1000)^b at state size n on one thread of the
+    fit's machine, rescaled to the device by its measured J-product of the kind ``product``
+    (:func:`stability.analysis.cost.predict`; fitted by benchmarks/forecast_fit.py). ``unit``:
+    ``"sample"`` (every analysed sample, or the first few where the stage is per sample), ``"one"`` (once a split)
+    or ``"geometry sample"`` (each sample the geometry stage measures, plus one: its search's own cost);
+    ``product``: one of :data:`PRODUCTS`."""
 
     a: float
     b: float
     unit: str
+    product: str = "batch"
 
     def __post_init__(self):
         if self.unit not in UNITS:
             raise ValueError(f"Cost.unit {self.unit!r}: expected one of {', '.join(UNITS)}")
+        if self.product not in PRODUCTS:
+            raise ValueError(f"Cost.product {self.product!r}: expected one of {', '.join(PRODUCTS)}")
 
 
 #: a stage's rows of a split's table (quantity, value, meaning), from its JSON block (None: the stage did not run)

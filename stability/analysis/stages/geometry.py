@@ -161,6 +161,7 @@ class Evidence:
                    pooled=pooled, narrowest=None if narrow is None else (narrow["name"], narrow["median_radius"]))
 
 
-STAGE = Stage(NAME, KEY, per_sample=False, cost=Cost(7.8, 1.23, "geometry sample"), run=run, rows=rows,
+STAGE = Stage(NAME, KEY, per_sample=False, cost=Cost(5.14, 1.14, "geometry sample", "one"),
+              run=run, rows=rows,
               headline=headline, what="radii of stability in parameter space and their anisotropy (Section 3.2, "
                                       "App. B.2; opt-in)")

@@ -82,8 +82,7 @@ def headline(block: Optional[dict], split: dict) -> dict:
             "path_measured": block.get("samples")}
 
 
-# its cost: twice reachability's (the solve from e, run again from two starts), not yet fitted by
-# benchmarks/analysis_scaling.py
-STAGE = Stage(NAME, KEY, per_sample=False, cost=Cost(0.30, 0.60, "sample"), run=run, rows=rows,
+STAGE = Stage(NAME, KEY, per_sample=False, cost=Cost(0.146, 0.29, "sample", "batch"),
+              run=run, rows=rows,
               headline=headline, what="asymptotic alignment: x* from another input's x* and from noise, cosine "
                                       "to x* from e (Anil et al. 2022)")

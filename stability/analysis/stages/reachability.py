@@ -172,5 +172,6 @@ class Evidence:
         return None if self.share is None else int(round(self.share * self.samples))
 
 
-STAGE = Stage(NAME, KEY, per_sample=False, cost=Cost(0.15, 0.60, "sample"), run=run, rows=rows, headline=headline,
+STAGE = Stage(NAME, KEY, per_sample=False, cost=Cost(0.077, 0.33, "sample", "batch"),
+              run=run, rows=rows, headline=headline,
               what="x* by the solver from e, statuses, cycles, distinct fixed points (Section 3.2)")

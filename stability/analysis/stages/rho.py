@@ -193,5 +193,6 @@ class Evidence:
         return cls(rho_median=block.get("spectral_radius_median"), rho=block.get("spectral_radius") or [])
 
 
-STAGE = Stage(NAME, KEY, per_sample=True, cost=Cost(1.1, 0.60, "sample"), run=run, rows=rows, headline=headline,
+STAGE = Stage(NAME, KEY, per_sample=True, cost=Cost(0.355, 0.72, "sample", "eig"),
+              run=run, rows=rows, headline=headline,
               what="ρ(J*), σ_max and the leading eigenvalues of J at x* (Props. 3–4)")

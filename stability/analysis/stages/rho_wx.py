@@ -55,5 +55,6 @@ def headline(block: Optional[dict], split: dict) -> dict:
     return {"rho_Wx": (block or {}).get("rho_Wx")}
 
 
-STAGE = Stage(NAME, KEY, per_sample=False, cost=Cost(0.001, 0.0, "one"), run=run, rows=rows, headline=headline,
+STAGE = Stage(NAME, KEY, per_sample=False, cost=Cost(0.0004, 0.55, "one", "one"),
+              run=run, rows=rows, headline=headline,
               what="ρ(W_x) of the recall weight, bias ignored (Figs. 6–7)")
