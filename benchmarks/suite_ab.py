@@ -158,6 +158,20 @@ def _children_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+def compact(runs: list[dict]) -> dict:
+    """The runs as the JSON keeps them: each without its per-test seconds, and ``test_seconds``: per side, each
+    test's median seconds over the runs it passed in (what :func:`shared` sums)."""
+    out: dict = {"runs": [{k: v for k, v in r.items() if k != "times"} for r in runs], "test_seconds": {}}
+    for side in SIDES:
+        seen: dict = {}
+        for r in runs:
+            if r["side"] == side:
+                for i, t in (r.get("times") or {}).items():
+                    seen.setdefault(i, []).append(t)
+        out["test_seconds"][side] = {i: statistics.median(ts) for i, ts in sorted(seen.items())}
+    return out
+
+
 def run_suite(tree: Path, args, junit: Path) -> dict:
     """One run of the suite in ``tree``: wall seconds, exit status, whether it timed out, the load before it and
     its counts."""
@@ -264,7 +278,7 @@ def main(argv=None) -> int:
               "command_line": "python benchmarks/suite_ab.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "machine": {"cpus": os.cpu_count(), "load1_after": os.getloadavg()[0]},
               "threads": args.threads, "pytest_args": args.pytest_args, "repeats": args.repeats,
-              "summary": summary, "runs": runs}
+              "summary": summary, **compact(runs)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print()
