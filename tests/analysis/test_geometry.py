@@ -422,7 +422,7 @@ def test_a_transformers_radii_and_plane_in_place_equal_the_stacked_searchs():
 
     m, inputs, x, x0 = _transformer()
     before = {k: v.detach().clone() for k, v in m.named_parameters()}
-    kw = dict(samples=[0, 1], directions=2, group_directions=1, accuracy=0.2, certify=2, plane=5, tol=1e-9,
+    kw = dict(samples=[0], directions=2, group_directions=0, accuracy=0.2, certify=2, plane=3, tol=1e-9,
               max_iter=400)
     said = []
     here = measure(m, inputs, x, x0, [True, True], [0.5, 0.5], memory=0, log=said.append, **kw)
@@ -430,10 +430,8 @@ def test_a_transformers_radii_and_plane_in_place_equal_the_stacked_searchs():
     assert any("applied in place" in s for s in said) and here.evaluation.startswith("in place")
     assert stacked.evaluation == "vmap over rows"
     assert all(torch.equal(v, before[k]) for k, v in m.named_parameters())
-    assert [g["name"] for g in here.groups] == [g["name"] for g in stacked.groups]
-    for a, b in zip(here.radii + [g["radii"] for g in here.groups], stacked.radii + [g["radii"] for g in
-                                                                                     stacked.groups]):
-        assert a == pytest.approx(b, rel=0.2), (a, b)
+    assert len(here.radii[0]) == 4 and here.radii[0] == pytest.approx(stacked.radii[0], rel=0.2)
+    assert here.reasons[0] == stacked.reasons[0] and sum(here.certified[0]) == sum(stacked.certified[0])
     assert here.plane["status"] == stacked.plane["status"]
     flat = lambda p: [v for row in p["rho"] for v in row]  # noqa: E731
     # ρ: the search's estimate (Ritz residual ESTIMATE_TOL, random starts drawn per batch): to that tolerance

@@ -139,14 +139,16 @@ def test_geometry_in_place_gives_the_stacked_radii_and_leaves_the_model_as_it_wa
 
     m = analysis_copy(tiny(0, vocab_size=48))
     opts = AnalysisOptions(samples=2, stages=("reachability", "rho", "geometry"), max_iter=80, eig_tol=1e-8,
-                           geometry_directions=2, geometry_group_directions=1, geometry_plane=0,
-                           geometry_accuracy=0.1)
+                           geometry_samples=1, geometry_directions=1, geometry_group_directions=1,
+                           geometry_plane=0, geometry_accuracy=0.3, geometry_certify=1)
     x = ids(2)
     before = {k: v.detach().clone() for k, v in m.named_parameters()}
-    stacked = analyze_lm(m, x, options=opts, lm_stages=()).to_json()["inputs"]["geometry"]
+    groups = {"embeddings": ["embedding"]}  # the float32 table: perturbed in place and put back
+    stacked = analyze_lm(m, x, options=opts, lm_stages=(), parameter_groups=groups).to_json()["inputs"]["geometry"]
     monkeypatch.setattr(geometry, "IN_PLACE_BYTES", 1024)
     said = []
-    here = analyze_lm(m, x, options=opts, lm_stages=(), log=said.append).to_json()["inputs"]["geometry"]
+    here = analyze_lm(m, x, options=opts, lm_stages=(), log=said.append,
+                      parameter_groups=groups).to_json()["inputs"]["geometry"]
     assert here["evaluation"].startswith("in place") and not stacked["evaluation"].startswith("in place")
     assert any("applied in place" in s for s in said)
     assert m.embedding.weight.dtype == torch.float32 and "embedding.weight" in [
@@ -154,5 +156,5 @@ def test_geometry_in_place_gives_the_stacked_radii_and_leaves_the_model_as_it_wa
     assert all(torch.equal(v, before[k]) for k, v in m.named_parameters())
     assert here["samples"] == stacked["samples"] and here["reasons"] == stacked["reasons"]
     flat = lambda g: [r for rs in g["radii"] for r in rs] + [r for grp in g["groups"] for r in grp["radii"]]  # noqa
-    assert len(flat(here)) == len(flat(stacked)) > 4
+    assert len(flat(here)) == len(flat(stacked)) == 6 and min(flat(here)) > 0  # all, embeddings, the rest
     assert flat(here) == pytest.approx(flat(stacked), rel=opts.geometry_accuracy)
