@@ -112,8 +112,10 @@ def test_a_killed_ensemble_resumes_to_the_uninterrupted_result(tmp_path, cli, pr
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     metrics = metrics_path(killed / "s1.pt")
-    while time.time() < deadline:  # during epoch 2 or soon after
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 1:
+    while time.time() < deadline:  # during epoch 2 or soon after, once both members have saved (with
+        # --processes 2 they save in two processes, and under load one can lag the other by an epoch)
+        saved = all((killed / n).exists() for n in ("s0.pt", "s1.pt"))
+        if saved and metrics.exists() and len(metrics.read_text().splitlines()) >= 1:
             break
         time.sleep(0.02)
     time.sleep(0.05)
