@@ -163,8 +163,6 @@ def measure(model, inputs: torch.Tensor, x_star: torch.Tensor, x0: torch.Tensor,
         f"parameters, {group_directions} in each of {len(groups)} groups)")
     loop_bytes = sum(v.numel() * xs.element_size() for v in loop.values())
     chunks, in_place = _chunks(D, S, loop_bytes, memory)
-    if loop_bytes > IN_PLACE_BYTES:
-        chunks, in_place = [([i], [j]) for j in range(D) for i in range(S)], True
     # the analysis precision (x*'s): a language model's float32-stored embedding perturbed in float64 too
     theta = Theta(model, names, xs.dtype) if in_place else None
     base = {} if in_place else {k: v.to(xs.dtype) if v.is_floating_point() else v for k, v in loop.items()}
@@ -197,8 +195,11 @@ def measure(model, inputs: torch.Tensor, x_star: torch.Tensor, x0: torch.Tensor,
 def _chunks(D: int, S: int, loop_bytes: int, memory: int) -> tuple:
     """(chunks, in place): the (samples, directions) searched together — everything at once when every row's
     parameters and every direction fit ``memory``; else runs of k directions over every sample (2·S·k + k parameter
-    sets); else one direction over runs of s samples (2·s + 1), s ≥ 1; else (not even 3 sets fit) every (sample,
-    direction) in place, one row at a time."""
+    sets); else one direction over runs of s samples (2·s + 1), s ≥ 1; else (not even 3 sets fit, or one set is
+    above :data:`IN_PLACE_BYTES`) every (sample, direction) in place, one row at a time."""
+    one_at_a_time = [([i], [j]) for j in range(D) for i in range(S)], True
+    if loop_bytes > IN_PLACE_BYTES:
+        return one_at_a_time
     if (2 * S * D + D) * loop_bytes <= memory:
         return [(list(range(S)), list(range(D)))], False
     k = memory // max(1, (2 * S + 1) * loop_bytes)
@@ -207,7 +208,7 @@ def _chunks(D: int, S: int, loop_bytes: int, memory: int) -> tuple:
     s = (memory // max(1, loop_bytes) - 1) // 2
     if s >= 1:
         return [(list(range(i, min(S, i + s))), [j]) for j in range(D) for i in range(0, S, s)], False
-    return [([i], [j]) for j in range(D) for i in range(S)], True
+    return one_at_a_time
 
 
 def _draw(base: dict, specs: list, which: list) -> dict:
