@@ -404,7 +404,9 @@ class _Broyden:
             self.B = self.B[:idx]
         self.G, self.K, self.sig, self.gp = self.G[mask], self.K[mask], self.sig[mask], self.gp[mask]
         self.fresh, self.count = self.fresh[mask], self.count[mask]
-        if idx and not self.uniform:  # both read in one host sync
+        # batched: kmax stays an upper bound (the slots past a row's count are zeros) and uniform stays False, so
+        # that rows leaving cost no host sync (issue 35); per row: both read in one host sync
+        if idx and not self.uniform and not self.batched:
             uniform, self.kmax = torch.stack([(self.count == self.count[0]).all().long(), self.count.max()]).tolist()
             self.uniform = bool(uniform)
 

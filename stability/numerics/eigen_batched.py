@@ -1,6 +1,7 @@
 """The Krylov–Schur iteration of :func:`stability.numerics.eigen.krylov_schur` with its restarts batched
 (``restart="batched"``, the default on a GPU): every sample restarts at once, its bookkeeping stays on the device,
-and the host sees the device once per restart, never per product.
+and the host sees the device once per restart and once per check between restarts (every :data:`CHECK_EVERY`
+products), never per product.
 
 Restart: a thick restart (Morgan 1996; Wu & Simon 2000) on an invariant subspace of G = H[:s, :s], the
 Krylov–Schur restart of Stewart (2002, SIAM J. Matrix Anal. Appl. 23:601) with an orthonormal basis of the
@@ -21,7 +22,9 @@ host sync of a restart) and returns Y, Yᵀ G Y and bᵀ Y; the products with V 
 Lockstep: every sample restarts when its basis holds m vectors, as it would alone, and the next restart waits for
 all of them: a sample whose kept block is a vector larger (a conjugate pair) reaches m a step early and idles that
 step (its product is not counted and writes only to scratch rows), so a sample's iteration does not depend on its
-batch mates. A sample whose basis breaks down (an invariant subspace, v = 0) idles on zero vectors until the
+batch mates. The checks between restarts fall on every sample at the same count of products since its own
+restart (each cycle's steps start together), so where a sample stops does not depend on them either. A sample
+whose basis breaks down (an invariant subspace, v = 0) idles on zero vectors until the
 restart, which finishes it.
 """
 
@@ -47,6 +50,13 @@ WEAK_COLUMN = 1e-8
 #: sets its steps (issue 35)
 NEAR = 0.05
 FAR_SLACK = 1e4
+#: the Krylov steps between two checks inside a cycle: every sample's Ritz pairs are looked at 10, 20, … products
+#: after its restart as well as at the restart, and a converged sample leaves there. A cycle is m − keep = 30
+#: products, so without the checks a sample ran up to 29 products past its convergence, and the slowest sample of a
+#: batch sets its launches (issue 35; measured in benchmarks/RESULTS.md: products −8 to −24 %, the stage's 8 → 64
+#: ops ratio 1.33 → 1.12 on the launch-boundness benchmark). Each check is one host sync and a host eigensolve of
+#: the live samples' H.
+CHECK_EVERY = 10
 
 
 def restart_mode(restart: str, device) -> str:
@@ -77,20 +87,37 @@ class Plan(NamedTuple):
     b: torch.Tensor
 
 
+def eig_threads(G: torch.Tensor):
+    """``torch.linalg.eig`` of a batch of small matrices on the host, in chunks over threads: LAPACK releases the
+    GIL and torch runs a batch's problems one after another on one core, so a GPU's batch of hundreds of samples
+    would otherwise wait on one core of its host at every restart (500 matrices 60 × 60: 0.53 s on one core, 0.31 s
+    in two chunks on two)."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    workers = min(os.cpu_count() or 1, 16, G.shape[0] // 8)
+    if workers < 2:
+        return torch.linalg.eig(G)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        parts = list(pool.map(torch.linalg.eig, G.chunk(workers)))
+    return torch.cat([t for t, _ in parts]), torch.cat([y for _, y in parts])
+
+
 def ritz_plan(Hh: torch.Tensor, s: torch.Tensor, dead: torch.Tensor, *, want: int, nev: int, tol: float,
-              last: bool, slack: float) -> Plan:
+              last: bool, slack: float, restart: bool = True) -> Plan:
     """Ritz values, convergence and the thick restart of every sample at once (host, float64). ``Hh`` (a, m+1, m):
     the samples' H; ``s`` (a,): their basis sizes; ``dead``: bases that broke down; ``want``: Ritz values to keep
     (more by one to keep a conjugate pair whole); ``last``: the restart budget is spent. The measure ``res`` is
     :func:`~stability.numerics.eigen._rayleigh_ritz`'s, max(|bᵀy₁|/|θ₁|, max_{i≤nev} |bᵀyᵢ|/|θᵢ| / ``slack``), but for
-    the pairs with |θᵢ| < (1 − :data:`NEAR`) |θ₁|, divided by :data:`FAR_SLACK` instead."""
+    the pairs with |θᵢ| < (1 − :data:`NEAR`) |θ₁|, divided by :data:`FAR_SLACK` instead. ``restart=False`` (a check
+    between restarts): no restart basis (``p``, ``Q``, ``M``, ``bQ``, ``bad`` are None)."""
     a, m = Hh.shape[0], Hh.shape[2]
     inside = torch.arange(m)[None, :] < s[:, None]  # (a, m): the coordinates of each sample's basis
     G = torch.where(inside[:, :, None] & inside[:, None, :], Hh[:, :m, :m], 0.0)
     b = torch.where(inside, Hh[torch.arange(a), s, :m], 0.0)
     finite = torch.isfinite(G).flatten(1).all(1) & torch.isfinite(b).all(1)
     G, b = torch.where(finite[:, None, None], G, 0.0), torch.where(finite[:, None], b, 0.0)
-    theta, Y = torch.linalg.eig(G)
+    theta, Y = eig_threads(G)
     # the padding's eigenvectors (0 on e_j, j ≥ s) sort last
     outside = (Y.abs() ** 2 * (~inside)[:, :, None]).sum(1)
     order = torch.argsort(-torch.where(outside < 0.5, theta.abs(), -1.0), dim=1, stable=True)
@@ -104,6 +131,8 @@ def ritz_plan(Hh: torch.Tensor, s: torch.Tensor, dead: torch.Tensor, *, want: in
     res = torch.where(finite, res, float("nan"))
     theta = torch.where(finite[:, None] & inside, theta, complex("nan"))
     done = (res < tol) | dead | ~finite | last
+    if not restart:
+        return Plan(done, theta, res, Y[:, :, 0], None, None, None, None, None, G, b)
     p, Q, M, bQ, bad = invariant_basis(G, b, theta, Y, s, want)
     return Plan(done, theta, res, Y[:, :, 0], p, Q, M, bQ, bad & ~done, G, b)
 
@@ -189,50 +218,85 @@ def restart_device(V: torch.Tensor, H: torch.Tensor, pos: torch.Tensor, Q, M, bQ
 
 def batched_krylov_schur(apply: Callable, shape: tuple, v0: torch.Tensor, *, m: int, keep: int, nev: int, kk: int,
                          tol: float, restarts: int, dtype, device, restrict: Optional[Callable],
-                         return_vectors: bool, padded: Callable, schur: Callable, slack: float):
+                         return_vectors: bool, padded: Callable, schur: Callable, slack: float,
+                         check_every: Optional[int] = None):
     """The iteration of :func:`~stability.numerics.eigen.krylov_schur` with batched restarts (module
     docstring), from the unit start vectors ``v0`` (B, n); ``padded``, ``schur`` and ``slack``: krylov_schur's
-    product for some samples, per-sample ordered Schur form and NEV_SLACK. Returns (rho, eigenvalues, ritz_residual, products,
-    vectors) as krylov_schur reports them."""
+    product for some samples, per-sample ordered Schur form and NEV_SLACK; ``check_every``: the Krylov steps
+    between two checks of a cycle (default :data:`CHECK_EVERY`; 0: at restarts only). Returns (rho, eigenvalues,
+    ritz_residual, products, vectors) as krylov_schur reports them."""
     B, S = shape[0], tuple(shape[1:])
     n = v0.shape[1]
     want = max(keep, nev + 1)
+    check_every = CHECK_EVERY if check_every is None else check_every
     V = torch.zeros(B, m + 2, n, dtype=dtype, device=device)  # row m + 1 and H's column m: scratch of idle steps
     H = torch.zeros(B, m + 2, m + 1, dtype=dtype, device=device)
     V[:, 0] = v0
-    pos = torch.zeros(B, dtype=torch.long, device=device)
-    dead = torch.zeros(B, dtype=torch.bool, device=device)
+    live = _Live(V, H, torch.zeros(B, dtype=torch.long, device=device), torch.zeros(B, dtype=torch.bool, device=device),
+                 torch.arange(B, device=device), apply)
     products = torch.zeros(B, dtype=torch.long, device=device)
-    ids = torch.arange(B, device=device)
     out = _Out(B, kk, n, device, return_vectors)
-    op, lo, top, cycle = apply, 0, 0, 0  # lo, top: the least and largest position (host, exact for live samples)
+    plan_kw = dict(want=want, nev=nev, tol=tol, slack=slack)
+    product = restrict if restrict is not None else (lambda ids: padded(apply, shape, ids))
+    lo, top, cycle = 0, 0, 0  # lo, top: the least and largest position (host, exact for live samples)
     while True:
-        for _ in range(m - lo):
-            active = arnoldi_step(op, V, H, pos, dead, top, m, S, dtype)
-            products.index_add_(0, ids, active.long())
+        for step in range(1, m - lo + 1):
+            active = arnoldi_step(live.op, live.V, live.H, live.pos, live.dead, top, m, S, dtype)
+            products.index_add_(0, live.ids, active.long())
             top = min(top + 1, m)
-        a = ids.numel()
-        packed = torch.cat([H[:, :m + 1, :m].reshape(a, -1).double(), pos[:, None].double(),
-                            dead[:, None].double()], 1).cpu()  # the restart's one host sync
-        s = packed[:, -2].long()
-        plan = ritz_plan(packed[:, :-2].reshape(a, m + 1, m), s, packed[:, -1].bool(), want=want, nev=nev,
-                         tol=tol, last=cycle + 1 >= restarts, slack=slack)
-        done, bad, p, s = torch.stack([plan.done.long(), plan.bad.long(), plan.p, s]).tolist()  # host to Python
+            if check_every and step % check_every == 0 and step < m - lo:
+                plan = ritz_plan(*_host(live, m), last=False, restart=False, **plan_kw)  # one host sync
+                fin = torch.nonzero(plan.done).flatten().tolist()
+                if fin:
+                    out.write(plan, fin, live.ids, live.V, m)
+                    if len(fin) == len(live.ids):
+                        return out.rho, out.eigs, out.resid, products.cpu(), out.vecs
+                    live = live.without(fin, product)
+        Hh, s, dead = _host(live, m)  # the restart's one host sync
+        plan = ritz_plan(Hh, s, dead, last=cycle + 1 >= restarts, **plan_kw)
+        done, bad, p, s = torch.stack([plan.done.long(), plan.bad.long(), plan.p, s]).tolist()
+        a = len(done)
         schur_fallback(plan, [r for r in range(a) if bad[r]], s, p, want, schur)
         fin, stay = [r for r in range(a) if done[r]], [r for r in range(a) if not done[r]]
         if fin:
-            out.write(plan, fin, ids, V, m)
+            out.write(plan, fin, live.ids, live.V, m)
         if not stay:
             break
         if fin:
-            keep_d = torch.tensor(stay, device=device)
-            V, H, pos, dead, ids = V[keep_d], H[keep_d], pos[keep_d], dead[keep_d], ids[keep_d]
-            op = restrict(ids) if restrict is not None else padded(apply, shape, ids)
+            live = live.without(fin, product)
         sel = torch.tensor(stay)
-        restart_device(V, H, pos, *(t[sel].to(device=device, dtype=dtype) for t in (plan.Q, plan.M, plan.bQ)),
+        restart_device(live.V, live.H, live.pos,
+                       *(t[sel].to(device=device, dtype=dtype) for t in (plan.Q, plan.M, plan.bQ)),
                        plan.p[sel].to(device))
         lo, top, cycle = min(p[r] for r in stay), max(p[r] for r in stay), cycle + 1
     return out.rho, out.eigs, out.resid, products.cpu(), out.vecs
+
+
+class _Live(NamedTuple):
+    """The samples still iterating: their bases V, H, positions, breakdowns, indices in the batch, and product."""
+
+    V: torch.Tensor
+    H: torch.Tensor
+    pos: torch.Tensor
+    dead: torch.Tensor
+    ids: torch.Tensor
+    op: Callable
+
+    def without(self, rows: list, product: Callable) -> "_Live":
+        """These samples less ``rows`` (finished), multiplied by ``product(ids)`` (ids: their batch indices)."""
+        stay = torch.ones(len(self.ids), dtype=torch.bool)
+        stay[rows] = False
+        keep = torch.nonzero(stay).flatten().to(self.ids.device)
+        ids = self.ids[keep]
+        return _Live(self.V[keep], self.H[keep], self.pos[keep], self.dead[keep], ids, product(ids))
+
+
+def _host(live: _Live, m: int):
+    """Every live sample's H (a, m + 1, m), basis size and breakdown flag, on the host in float64: one transfer."""
+    a = len(live.ids)
+    packed = torch.cat([live.H[:, :m + 1, :m].reshape(a, -1).double(), live.pos[:, None].double(),
+                        live.dead[:, None].double()], 1).cpu()
+    return packed[:, :-2].reshape(a, m + 1, m), packed[:, -2].long(), packed[:, -1].bool()
 
 
 class _Out:

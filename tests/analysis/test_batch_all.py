@@ -218,3 +218,30 @@ def test_a_batched_solve_syncs_with_the_host_once_per_evaluation(method):
     assert once.status == ["converged"] * B
     evaluations = int(once.nfe.max())
     assert counter.count <= evaluations + 4 * B + 8, (counter.count, evaluations)
+
+
+def test_rows_leaving_a_batched_broyden_solve_wait_for_no_host_sync(monkeypatch):
+    """Solve.batched, Broyden with refused proposals (the rows' histories of unequal length): a row that ends
+    leaves the batch without the host reading anything (issue 35: the histories' longest length stays an upper
+    bound), and the solve keeps the per-row path's statuses, evaluations and x* to rounding."""
+    from stability import solvers
+    from stability.solvers import solve
+
+    B = 6
+    f, x0 = _rows_map(B)
+    kw = dict(method="broyden", tol=1e-9, max_iter=400, memory=4, max_period=0, certify_rho=False,
+              restart_factor=1.1)
+    keep, leaving = solvers._Broyden.keep, []
+
+    def counted(self, mask):
+        counter = _HostSyncs()
+        with counter:
+            keep(self, mask)
+        leaving.append((counter.count, self.uniform))
+    rows = solve(f, torch.zeros(B, 24, dtype=torch.float64), x0, **kw, batched=False)
+    monkeypatch.setattr(solvers._Broyden, "keep", counted)
+    once = solve(f, torch.zeros(B, 24, dtype=torch.float64), x0, **kw, batched=True)
+    assert len(leaving) >= 3 and not all(u for _, u in leaving)  # rows left with histories of unequal length
+    assert [c for c, _ in leaving] == [0] * len(leaving)
+    assert once.status == rows.status and once.nfe.tolist() == rows.nfe.tolist()
+    assert torch.allclose(once.x_best, rows.x_best, rtol=0, atol=1e-12)
