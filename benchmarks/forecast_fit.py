@@ -33,14 +33,14 @@ CONFIGS = (("sudoku", 16, 8, 0), ("sudoku", 16, 8, 1), ("sudoku", 16, 2, 0), ("s
            ("sudoku", 64, 4, 0), ("prefix-sums", 32, 8, 0), ("prefix-sums", 16, 8, 0))
 
 
-def run(task: str, width: int, samples: int, seed: int) -> dict:
-    """One ``launch_bound.py --forecast`` in a child process (one thread)."""
+def run(task: str, width: int, samples: int, seed: int, batch: str = "auto") -> dict:
+    """One ``launch_bound.py --forecast`` in a child process (one thread); ``batch``: ``AnalysisOptions.batch``."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "forecast.json"
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
         subprocess.run([sys.executable, str(HERE / "launch_bound.py"), "--forecast", "--task", task, "--width",
-                        str(width), "--samples", str(samples), "--seed", str(seed), "--out", str(out)],
-                       check=True, env=env, stdout=subprocess.DEVNULL)
+                        str(width), "--samples", str(samples), "--seed", str(seed), "--out", str(out),
+                        "--batch", batch], check=True, env=env, stdout=subprocess.DEVNULL)
         return json.loads(out.read_text())
 
 
@@ -55,7 +55,8 @@ def costs(r: dict) -> dict:
     for s, row in r["stages"].items():
         _, _, unit, product = COSTS[s]
         units = {"sample": N, "one": 1, "geometry sample": r["geometry_samples"] + 1}[unit]
-        per = batch if product == "batch" else one  # the CPU's default: the eigensolver one sample at a time
+        eig = "batch" if r.get("batch") == "all" else "one"  # the CPU's default: the eigensolver a sample at a time
+        per = batch if (eig if product == "eig" else product) == "batch" else one
         out[s] = row["actual_s"] / (units * per)
     return out
 
@@ -84,13 +85,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=HERE / "results-forecast-fit.json")
     ap.add_argument("--refit", type=Path, help="fit the runs of an earlier --out instead of running them")
+    ap.add_argument("--batch", default="auto", help="AnalysisOptions.batch of every run (all: the GPU's path)")
     args = ap.parse_args(argv)
     if args.refit:
         runs = json.loads(args.refit.read_text())["runs"]
     else:
         runs = []
         for cfg in CONFIGS:
-            runs.append(run(*cfg))
+            runs.append(run(*cfg, batch=args.batch))
             print(f"{cfg}: {runs[-1]['wall_s']:.0f} s, load {runs[-1]['load'][0]:.2f}", flush=True)
     fitted = fit(runs)
     args.out.write_text(json.dumps({"configs": CONFIGS, "runs": runs, "fit": fitted}, indent=1) + "\n")

@@ -30,6 +30,7 @@ from stability.checkpoint import load
 from stability.config import resolve_device
 from stability.errors import StabilityError
 from stability.numerics import Linearisation
+from stability.numerics.eigen_batched import restart_mode
 from stability.protocols import check_contract, check_model, differentiable_attention, is_looped
 from stability.stored import Loaded
 
@@ -111,7 +112,8 @@ def predicted(at: AtFixedPoint, options: AnalysisOptions) -> dict:
         batch = one if N == 1 else product_seconds(at.f, at.e, at.x0)
     return predict(n, N, options.stages, geometry_samples=options.geometry_count(n, N), few=K,
                    factor={"batch": scale(n, N, batch + one), "one": scale(n, 1, one)},
-                   eig_batched=options.eig_chunk(K, at.e.device.type) > 1)
+                   eig_batched=options.eig_chunk(K, at.e.device.type) > 1,
+                   restarts_batched=restart_mode(options.eig_restart, at.e.device.type) == "batched")
 
 
 def analyze_split(model, task, split: str, options: AnalysisOptions, *, log=None) -> SplitResult:
