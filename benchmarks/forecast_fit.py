@@ -10,6 +10,8 @@ the fit's machine costs ``cost.PRODUCT``). Configurations where no sample conver
 after the solve do next to nothing).
 
     python benchmarks/forecast_fit.py                       # run the configurations, fit, print (JSON to --out)
+    python benchmarks/forecast_fit.py --batch all --out benchmarks/results-forecast-fit-batched.json
+                                                            # the batched path's costs (Cost.batched; a GPU's path)
     python benchmarks/forecast_fit.py --refit results.json  # fit the runs of an earlier --out again
 """
 

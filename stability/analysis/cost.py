@@ -30,8 +30,8 @@ from stability.analysis.stages.registry import FEW_SAMPLE_STAGES, REGISTRY
 #: (its module's STAGE), fitted by benchmarks/forecast_fit.py on n = 640 … 5,184, one thread of this project's
 #: 2-core machines beside other work (benchmarks/RESULTS.md, "Forecast of each stage after the refit")
 COSTS = {s.name: (s.cost.a, s.cost.b, s.cost.unit, s.cost.product) for s in REGISTRY}
-#: stage -> (a, b) with the eigensolver's restarts batched, where it differs (``Cost.batched``; fitted by
-#: ``benchmarks/forecast_fit.py --batch all``, benchmarks/RESULTS.md)
+#: stage -> (a, b) on the batched path (``--batch all``, a GPU), where it differs (``Cost.batched``; fitted by
+#: ``benchmarks/forecast_fit.py --batch all`` on the same seven analyses, benchmarks/RESULTS.md)
 BATCHED = {s.name: s.cost.batched for s in REGISTRY if s.cost.batched is not None}
 
 #: one J-product (a JVP of the loop map, float64) of ONE sample at n = 1,000 on one thread of the fit's machine:
@@ -63,7 +63,7 @@ def _units(s: str, unit: str, samples: int, geometry_samples: int, few: Optional
 
 def predict(n: int, samples: int, stages, *, geometry_samples: int = 1, threads: int = 1,
             few: Optional[int] = None, factor: Union[None, float, Mapping[str, float]] = None,
-            eig_batched: bool = False, restarts_batched: bool = False) -> dict:
+            eig_batched: bool = False, batched_path: bool = False) -> dict:
     """Predicted seconds of each stage of ``stages`` on ``samples`` samples of state size ``n`` (one split).
     ``threads``: torch's threads for this split; the fit is for one, and a second thread is counted as half a
     thread more (measured speed-ups of the products at these sizes are 1.3–1.6×). ``few``: the samples the stages
@@ -71,9 +71,9 @@ def predict(n: int, samples: int, stages, *, geometry_samples: int = 1, threads:
     ``AnalysisOptions.measured``). ``factor``: this device's :func:`scale`, measured (then ``threads`` is not
     counted: the measurement ran on them): one number, or one per J-product kind (``"batch"``: of the split's
     batch, ``"one"``: of one sample), each stage rescaled by its ``Cost.product``'s (``"eig"``: the batch's where
-    ``eig_batched``, the eigensolver batching the samples, else one sample's). ``restarts_batched``: the
-    eigensolver's restarts batched (``AnalysisOptions.eig_restart`` on this device): an ``"eig"`` stage takes its
-    :data:`BATCHED` (a, b)."""
+    ``eig_batched``, the eigensolver batching the samples, else one sample's). ``batched_path``: the analysis
+    runs the batched path (the eigensolver's restarts batched on this device: ``--batch all`` or a GPU): every
+    stage takes its :data:`BATCHED` (a, b)."""
     if factor is None:
         factor = 1.0 / (1.0 + 0.5 * max(0, threads - 1))
     if not isinstance(factor, Mapping):
@@ -81,7 +81,7 @@ def predict(n: int, samples: int, stages, *, geometry_samples: int = 1, threads:
     out = {}
     for s in stages:
         a, b, unit, product = COSTS.get(s, (0.0, 0.0, "one", "batch"))
-        if product == "eig" and restarts_batched and s in BATCHED:
+        if batched_path and s in BATCHED:
             a, b = BATCHED[s]
         kind = ("batch" if eig_batched else "one") if product == "eig" else product
         out[s] = a * _units(s, unit, samples, geometry_samples, few) * (max(n, 1) / 1000.0) ** b * factor[kind]

@@ -113,7 +113,7 @@ def predicted(at: AtFixedPoint, options: AnalysisOptions) -> dict:
     return predict(n, N, options.stages, geometry_samples=options.geometry_count(n, N), few=K,
                    factor={"batch": scale(n, N, batch + one), "one": scale(n, 1, one)},
                    eig_batched=options.eig_chunk(K, at.e.device.type) > 1,
-                   restarts_batched=restart_mode(options.eig_restart, at.e.device.type) == "batched")
+                   batched_path=restart_mode(options.eig_restart, at.e.device.type) == "batched")
 
 
 def analyze_split(model, task, split: str, options: AnalysisOptions, *, log=None) -> SplitResult:

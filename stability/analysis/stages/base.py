@@ -36,9 +36,9 @@ class Cost:
     (:func:`stability.analysis.cost.predict`; fitted by benchmarks/forecast_fit.py). ``unit``:
     ``"sample"`` (every analysed sample, or the first few where the stage is per sample), ``"one"`` (once a split)
     or ``"geometry sample"`` (each sample the geometry stage measures, plus one: its search's own cost);
-    ``product``: one of :data:`PRODUCTS`; ``batched``: for an ``"eig"`` stage, its (a, b) when the eigensolver's
-    restarts are batched (``--batch all``, a GPU: fewer products and no per-sample host Schur form; fitted by
-    ``forecast_fit.py --batch all``), None: the same (a, b)."""
+    ``product``: one of :data:`PRODUCTS`; ``batched``: its (a, b) on the batched path (``--batch all``, a GPU: the
+    eigensolver's restarts and the solvers' rows batched; fitted by ``forecast_fit.py --batch all``), None: the
+    same (a, b)."""
 
     a: float
     b: float

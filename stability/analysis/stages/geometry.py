@@ -161,7 +161,8 @@ class Evidence:
                    pooled=pooled, narrowest=None if narrow is None else (narrow["name"], narrow["median_radius"]))
 
 
-STAGE = Stage(NAME, KEY, per_sample=False, cost=Cost(5.14, 1.14, "geometry sample", "one"),
+STAGE = Stage(NAME, KEY, per_sample=False,
+              cost=Cost(5.14, 1.14, "geometry sample", "one", batched=(3.98, 1.55)),
               run=run, rows=rows,
               headline=headline, what="radii of stability in parameter space and their anisotropy (Section 3.2, "
                                       "App. B.2; opt-in)")

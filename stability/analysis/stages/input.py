@@ -74,6 +74,7 @@ class Evidence:
         return cls(median=block.get("frobenius_median"), values=block.get("frobenius") or [])
 
 
-STAGE = Stage(NAME, KEY, per_sample=True, cost=Cost(0.115, 1.02, "sample", "batch"),
+STAGE = Stage(NAME, KEY, per_sample=True,
+              cost=Cost(0.115, 1.02, "sample", "batch", batched=(0.0878, 1.39)),
               run=run, rows=rows, headline=headline,
               what="‖dx*/dx0‖_F per converged sample, Hutchinson (Prop. 5)")

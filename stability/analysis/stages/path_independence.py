@@ -82,7 +82,8 @@ def headline(block: Optional[dict], split: dict) -> dict:
             "path_measured": block.get("samples")}
 
 
-STAGE = Stage(NAME, KEY, per_sample=False, cost=Cost(0.146, 0.29, "sample", "batch"),
+STAGE = Stage(NAME, KEY, per_sample=False,
+              cost=Cost(0.146, 0.29, "sample", "batch", batched=(0.0977, 0.85)),
               run=run, rows=rows,
               headline=headline, what="asymptotic alignment: x* from another input's x* and from noise, cosine "
                                       "to x* from e (Anil et al. 2022)")

@@ -76,6 +76,7 @@ def headline(block: Optional[dict], split: dict) -> dict:
             "prop4_max_abs_diff": b.get("max_abs_diff_vs_autograd")}
 
 
-STAGE = Stage(NAME, KEY, per_sample=True, cost=Cost(0.0297, 0.15, "sample", "batch"),
+STAGE = Stage(NAME, KEY, per_sample=True,
+              cost=Cost(0.0297, 0.15, "sample", "batch", batched=(0.0238, 0.33)),
               run=run, rows=rows, headline=headline,
               what="ρ(M) from the named recall parts, against autograd (Prop. 4, App. A.7)")

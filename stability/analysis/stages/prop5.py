@@ -97,6 +97,7 @@ class Evidence:
         return cls(rel_error_last=err[-1] if err else None)
 
 
-STAGE = Stage(NAME, KEY, per_sample=False, cost=Cost(1.15, 0.80, "one", "one"),
+STAGE = Stage(NAME, KEY, per_sample=False,
+              cost=Cost(1.15, 0.80, "one", "one", batched=(1.11, 1.06)),
               run=run, rows=rows, headline=headline,
               what="the unrolled input-gradient against the implicit one (Prop. 5)")

@@ -172,6 +172,7 @@ class Evidence:
         return None if self.share is None else int(round(self.share * self.samples))
 
 
-STAGE = Stage(NAME, KEY, per_sample=False, cost=Cost(0.077, 0.33, "sample", "batch"),
+STAGE = Stage(NAME, KEY, per_sample=False,
+              cost=Cost(0.077, 0.33, "sample", "batch", batched=(0.0661, 0.57)),
               run=run, rows=rows, headline=headline,
               what="x* by the solver from e, statuses, cycles, distinct fixed points (Section 3.2)")

@@ -193,6 +193,7 @@ class Evidence:
         return cls(rho_median=block.get("spectral_radius_median"), rho=block.get("spectral_radius") or [])
 
 
-STAGE = Stage(NAME, KEY, per_sample=True, cost=Cost(0.355, 0.72, "sample", "eig", batched=(0.155, 1.02)),
+STAGE = Stage(NAME, KEY, per_sample=True,
+              cost=Cost(0.355, 0.72, "sample", "eig", batched=(0.155, 1.02)),
               run=run, rows=rows, headline=headline,
               what="ρ(J*), σ_max and the leading eigenvalues of J at x* (Props. 3–4)")
