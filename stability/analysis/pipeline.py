@@ -30,7 +30,6 @@ from stability.checkpoint import load
 from stability.config import resolve_device
 from stability.errors import StabilityError
 from stability.numerics import Linearisation
-from stability.numerics.eigen_batched import restart_mode
 from stability.protocols import check_contract, check_model, differentiable_attention, is_looped
 from stability.stored import Loaded
 
@@ -113,7 +112,7 @@ def predicted(at: AtFixedPoint, options: AnalysisOptions) -> dict:
     return predict(n, N, options.stages, geometry_samples=options.geometry_count(n, N), few=K,
                    factor={"batch": scale(n, N, batch + one), "one": scale(n, 1, one)},
                    eig_batched=options.eig_chunk(K, at.e.device.type) > 1,
-                   batched_path=restart_mode(options.eig_restart, at.e.device.type) == "batched")
+                   batched_path=options.batched_path(at.e.device.type))
 
 
 def analyze_split(model, task, split: str, options: AnalysisOptions, *, log=None) -> SplitResult:

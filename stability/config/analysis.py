@@ -219,6 +219,12 @@ class AnalysisOptions(_Config):
             return self.eig_batch
         return samples if self.batch == "all" or device_type == "cuda" else 1
 
+    def batched_path(self, device_type: str) -> bool:
+        """The analysis runs the batched path here (the eigensolver's restarts batched: ``batch`` all, or any
+        device but the CPU; :func:`stability.numerics.eigen_batched.restart_mode`): what the forecast's costs
+        follow (``Cost.batched``)."""
+        return self.batch == "all" or device_type != "cpu"
+
     @property
     def eig_restart(self) -> str:
         """The Krylov–Schur restart (:func:`stability.numerics.eigen.krylov_schur`): ``batched`` with ``batch`` all,

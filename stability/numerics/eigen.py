@@ -201,7 +201,7 @@ def krylov_schur(apply: Callable[[torch.Tensor], torch.Tensor], shape: tuple, *,
     The second Gram–Schmidt pass runs on every vector (CGS2; ARPACK's DGKS test, which skips it when the first
     pass kept most of the norm, would move ρ in its last digits, benchmarks/RESULTS.md).
     ``restart``: ``per-sample`` (each due sample's ordered Schur form by scipy, in turn; the CPU's default),
-    ``batched`` (every sample's restart at once, the host seen once per restart:
+    ``batched`` (every sample's restart at once, the host seen once per restart and per check between restarts:
     :mod:`stability.numerics.eigen_batched`) or ``auto`` (per-sample on the CPU, batched elsewhere).
     """
     B = shape[0]
