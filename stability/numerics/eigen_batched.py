@@ -57,6 +57,10 @@ FAR_SLACK = 1e4
 #: ops ratio 1.33 → 1.12 on the launch-boundness benchmark). Each check is one host sync and a host eigensolve of
 #: the live samples' H.
 CHECK_EVERY = 10
+#: a sample is looked at between restarts only once its measure at its last restart is within this factor of the
+#: tolerance: one farther off will not converge in the next 20 products (measured: the measure falls ~10× a
+#: cycle), and the host's eigensolve at a check is then of the few samples near convergence, not the whole batch
+CHECK_NEAR = 1e3
 
 
 def restart_mode(restart: str, device) -> str:
@@ -239,22 +243,27 @@ def batched_krylov_schur(apply: Callable, shape: tuple, v0: torch.Tensor, *, m: 
     plan_kw = dict(want=want, nev=nev, tol=tol, slack=slack)
     product = restrict if restrict is not None else (lambda ids: padded(apply, shape, ids))
     lo, top, cycle = 0, 0, 0  # lo, top: the least and largest position (host, exact for live samples)
+    near = [False] * B  # per live sample: its last restart's measure within CHECK_NEAR · tol (checked between)
     while True:
         for step in range(1, m - lo + 1):
             active = arnoldi_step(live.op, live.V, live.H, live.pos, live.dead, top, m, S, dtype)
             products.index_add_(0, live.ids, active.long())
             top = min(top + 1, m)
-            if check_every and step % check_every == 0 and step < m - lo:
-                plan = ritz_plan(*_host(live, m), last=False, restart=False, **plan_kw)  # one host sync
-                fin = torch.nonzero(plan.done).flatten().tolist()
-                if fin:
-                    out.write(plan, fin, live.ids, live.V, m)
+            rows = [r for r in range(len(near)) if near[r]]
+            if check_every and step % check_every == 0 and step < m - lo and rows:
+                plan = ritz_plan(*_host(live, m, rows), last=False, restart=False, **plan_kw)  # one host sync
+                got = torch.nonzero(plan.done).flatten().tolist()
+                if got:
+                    fin = [rows[i] for i in got]
+                    out.write(plan, got, live.ids, live.V, m, live_rows=fin)
                     if len(fin) == len(live.ids):
                         return out.rho, out.eigs, out.resid, products.cpu(), out.vecs
                     live = live.without(fin, product)
+                    near = [near[r] for r in range(len(near)) if r not in set(fin)]
         Hh, s, dead = _host(live, m)  # the restart's one host sync
         plan = ritz_plan(Hh, s, dead, last=cycle + 1 >= restarts, **plan_kw)
-        done, bad, p, s = torch.stack([plan.done.long(), plan.bad.long(), plan.p, s]).tolist()
+        done, bad, p, s, close = torch.stack([plan.done.long(), plan.bad.long(), plan.p, s,
+                                              (plan.res < CHECK_NEAR * tol).long()]).tolist()
         a = len(done)
         schur_fallback(plan, [r for r in range(a) if bad[r]], s, p, want, schur)
         fin, stay = [r for r in range(a) if done[r]], [r for r in range(a) if not done[r]]
@@ -265,6 +274,7 @@ def batched_krylov_schur(apply: Callable, shape: tuple, v0: torch.Tensor, *, m: 
         if fin:
             live = live.without(fin, product)
         sel = torch.tensor(stay)
+        near = [bool(close[r]) for r in stay]
         restart_device(live.V, live.H, live.pos,
                        *(t[sel].to(device=device, dtype=dtype) for t in (plan.Q, plan.M, plan.bQ)),
                        plan.p[sel].to(device))
@@ -291,11 +301,16 @@ class _Live(NamedTuple):
         return _Live(self.V[keep], self.H[keep], self.pos[keep], self.dead[keep], ids, product(ids))
 
 
-def _host(live: _Live, m: int):
-    """Every live sample's H (a, m + 1, m), basis size and breakdown flag, on the host in float64: one transfer."""
-    a = len(live.ids)
-    packed = torch.cat([live.H[:, :m + 1, :m].reshape(a, -1).double(), live.pos[:, None].double(),
-                        live.dead[:, None].double()], 1).cpu()
+def _host(live: _Live, m: int, rows: Optional[list] = None):
+    """The live samples' (``rows`` of them, default all) H (a, m + 1, m), basis size and breakdown flag, on the
+    host in float64: one transfer."""
+    H, pos, dead = live.H, live.pos, live.dead
+    if rows is not None:
+        at = torch.tensor(rows, device=H.device)
+        H, pos, dead = H[at], pos[at], dead[at]
+    a = H.shape[0]
+    packed = torch.cat([H[:, :m + 1, :m].reshape(a, -1).double(), pos[:, None].double(),
+                        dead[:, None].double()], 1).cpu()
     return packed[:, :-2].reshape(a, m + 1, m), packed[:, -2].long(), packed[:, -1].bool()
 
 
@@ -309,9 +324,11 @@ class _Out:
         self.resid = torch.full((B,), float("inf"), dtype=torch.float64, device=device)
         self.vecs = torch.zeros(B, n, dtype=torch.complex128, device=device) if vectors else None
 
-    def write(self, plan: Plan, rows: list, ids: torch.Tensor, V: torch.Tensor, m: int) -> None:
+    def write(self, plan: Plan, rows: list, ids: torch.Tensor, V: torch.Tensor, m: int,
+              live_rows: Optional[list] = None) -> None:
+        """The plan's rows ``rows``, which are the live samples ``live_rows`` (default the same) of ``ids``, V."""
         host = torch.tensor(rows)
-        dev = host.to(ids.device)
+        dev = torch.tensor(rows if live_rows is None else live_rows).to(ids.device)
         at = ids[dev]
         theta = plan.theta[host, :self.kk].to(ids.device)
         self.rho[at] = theta[:, 0].abs()

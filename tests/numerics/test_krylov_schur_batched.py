@@ -224,7 +224,7 @@ def _counted(B, monkeypatch):
     monkeypatch.setattr(eb, "ritz_plan", lambda *a, **k: (looks.append(k.get("restart", True)), plan(*a, **k))[1])
     syncs, ops = _Count(), _Ops()
     with syncs, ops:
-        spectral_radius(as_map(A), route="krylov", product="forward", krylov=20, tol=TOL, restart="batched",
+        spectral_radius(as_map(A), route="krylov", product="forward", krylov=40, tol=TOL, restart="batched",
                         start=start)
     assert not all(looks)  # a check between restarts was among them
     return syncs.syncs, ops.ops, len(looks)
