@@ -282,7 +282,8 @@ def test_batched_rho_equals_each_samples_dense_eigenvalues_on_random_contractive
 def test_a_check_between_restarts_stops_a_sample_within_check_every_products_of_where_it_converged(monkeypatch):
     A, _ = clustered_pairs(batch=3)
     opts = dict(route="krylov", product="forward", krylov=30, tol=1e-9, restart="batched", restarts=200)
-    monkeypatch.setattr(eb, "CHECK_EVERY", 1)  # looks after every product: the first basis that meets the rule
+    monkeypatch.setattr(eb, "CHECK_EVERY", 1)  # looks after every product (after the first restart, at every sample
+    monkeypatch.setattr(eb, "CHECK_NEAR", float("inf"))  # its restart left): the first basis that meets the rule
     exact = spectral_radius(as_map(A), **opts)
     monkeypatch.setattr(eb, "CHECK_EVERY", 10)
     checked = spectral_radius(as_map(A), **opts)
@@ -301,3 +302,28 @@ def test_the_threaded_host_eigensolve_gives_lapacks_bits_of_the_whole_batch(monk
     theta, Y = eb.eig_threads(G)
     whole = torch.linalg.eig(G)
     assert torch.equal(theta, whole[0]) and torch.equal(Y, whole[1])
+
+
+def test_a_check_looks_only_at_the_samples_near_convergence_at_their_last_restart(monkeypatch):
+    """Between restarts the host's eigensolve covers the samples whose measure at their last restart was within
+    CHECK_NEAR · tol, none in the first cycle: its cost follows the samples near the end, not the batch."""
+    A = random_batch(B=6)
+    seen = []  # per look: (restart or check, the samples looked at, and at a restart the near ones it leaves)
+    plan = eb.ritz_plan
+
+    def counted(Hh, s, dead, **k):
+        out = plan(Hh, s, dead, **k)
+        near = (out.res < eb.CHECK_NEAR * k["tol"]) & ~out.done
+        seen.append((k.get("restart", True), Hh.shape[0], int(near.sum())))
+        return out
+    monkeypatch.setattr(eb, "ritz_plan", counted)
+    spec = spectral_radius(as_map(A), route="krylov", product="forward", krylov=40, tol=1e-9, restart="batched")
+    assert seen[0][0] is True  # the first look is the first restart: no check in the first cycle
+    near_left = None
+    for restart, rows, near in seen:
+        if not restart:
+            assert 0 < rows <= near_left  # those near at the last restart (fewer once some have left)
+        else:
+            near_left = near
+    assert any(not r for r, _, _ in seen) and (spec.ritz_residual < 1e-9).all()
+    assert ((spec.rho - torch.from_numpy(numpy_rho(A))).abs() < 1e-7).all()
