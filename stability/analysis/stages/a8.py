@@ -217,6 +217,6 @@ class Evidence:
 
 
 STAGE = Stage(NAME, KEY, per_sample=True,
-              cost=Cost(0.668, 0.33, "sample", "batch", batched=(0.496, 0.82)),
+              cost=Cost(0.668, 0.33, "sample", "batch", batched=(0.604, 0.48)),
               run=run, rows=rows, headline=headline,
               what="App. A.8's local ‖dx_T/de·u‖ and the basins: x* from e ∈ {e, x0, zeros, noise}")

@@ -162,7 +162,7 @@ class Evidence:
 
 
 STAGE = Stage(NAME, KEY, per_sample=False,
-              cost=Cost(5.14, 1.14, "geometry sample", "one", batched=(3.98, 1.55)),
+              cost=Cost(5.14, 1.14, "geometry sample", "one", batched=(5.1, 1.31)),
               run=run, rows=rows,
               headline=headline, what="radii of stability in parameter space and their anisotropy (Section 3.2, "
                                       "App. B.2; opt-in)")

@@ -75,6 +75,6 @@ class Evidence:
 
 
 STAGE = Stage(NAME, KEY, per_sample=True,
-              cost=Cost(0.115, 1.02, "sample", "batch", batched=(0.0878, 1.39)),
+              cost=Cost(0.115, 1.02, "sample", "batch", batched=(0.109, 0.92)),
               run=run, rows=rows, headline=headline,
               what="‖dx*/dx0‖_F per converged sample, Hutchinson (Prop. 5)")

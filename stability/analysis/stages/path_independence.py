@@ -83,7 +83,7 @@ def headline(block: Optional[dict], split: dict) -> dict:
 
 
 STAGE = Stage(NAME, KEY, per_sample=False,
-              cost=Cost(0.146, 0.29, "sample", "batch", batched=(0.0977, 0.85)),
+              cost=Cost(0.146, 0.29, "sample", "batch", batched=(0.136, 0.46)),
               run=run, rows=rows,
               headline=headline, what="asymptotic alignment: x* from another input's x* and from noise, cosine "
                                       "to x* from e (Anil et al. 2022)")

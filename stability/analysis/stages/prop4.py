@@ -77,6 +77,6 @@ def headline(block: Optional[dict], split: dict) -> dict:
 
 
 STAGE = Stage(NAME, KEY, per_sample=True,
-              cost=Cost(0.0297, 0.15, "sample", "batch", batched=(0.0238, 0.33)),
+              cost=Cost(0.0297, 0.15, "sample", "batch", batched=(0.0276, 0.36)),
               run=run, rows=rows, headline=headline,
               what="ρ(M) from the named recall parts, against autograd (Prop. 4, App. A.7)")

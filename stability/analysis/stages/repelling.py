@@ -263,6 +263,6 @@ class Evidence:
 #: its cost fitted on untrained models (benchmarks/forecast_fit.py); the ρ(J) at every distinct root found dominates
 #: where there are many (measured before on two width-32 prefix-sums checkpoints: 0.13–1.1 s a split)
 STAGE = Stage(NAME, KEY, per_sample=True,
-              cost=Cost(0.0307, 0.90, "sample", "batch", batched=(0.0238, 1.32)),
+              cost=Cost(0.0307, 0.90, "sample", "batch", batched=(0.0342, 0.89)),
               run=run, rows=rows, headline=headline,
               what="repelling fixed points: roots of f(x) − x by Broyden, classified by ρ(J) (App. A.1)")

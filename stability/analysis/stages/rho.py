@@ -194,6 +194,6 @@ class Evidence:
 
 
 STAGE = Stage(NAME, KEY, per_sample=True,
-              cost=Cost(0.355, 0.72, "sample", "eig", batched=(0.155, 1.02)),
+              cost=Cost(0.355, 0.72, "sample", "eig", batched=(0.202, 0.72)),
               run=run, rows=rows, headline=headline,
               what="ρ(J*), σ_max and the leading eigenvalues of J at x* (Props. 3–4)")
