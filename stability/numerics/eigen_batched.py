@@ -50,12 +50,12 @@ WEAK_COLUMN = 1e-8
 #: sets its steps (issue 35)
 NEAR = 0.05
 FAR_SLACK = 1e4
-#: the Krylov steps between two checks inside a cycle: every sample's Ritz pairs are looked at 10, 20, … products
-#: after its restart as well as at the restart, and a converged sample leaves there. A cycle is m − keep = 30
-#: products, so without the checks a sample ran up to 29 products past its convergence, and the slowest sample of a
-#: batch sets its launches (issue 35; measured in benchmarks/RESULTS.md: products −8 to −24 %, the stage's 8 → 64
-#: ops ratio 1.33 → 1.12 on the launch-boundness benchmark). Each check is one host sync and a host eigensolve of
-#: the live samples' H.
+#: the Krylov steps between two checks inside a cycle: a sample near convergence (:data:`CHECK_NEAR`) has its
+#: Ritz pairs looked at 10, 20, … products after its restart as well as at the restart, and leaves there once
+#: converged. A cycle is m − keep = 30 products, so without the checks a sample ran up to 29 products past its
+#: convergence, and the slowest sample of a batch sets its launches (issue 35; measured in benchmarks/RESULTS.md:
+#: stage rho's products −5 to −9 %, its 8 → 64 ops ratio 1.33 → 1.12 on the launch-boundness benchmark). Each
+#: check is one host sync and a host eigensolve of the samples near convergence.
 CHECK_EVERY = 10
 #: a sample is looked at between restarts only once its measure at its last restart is within this factor of the
 #: tolerance: one farther off will not converge in the next 20 products (measured: the measure falls ~10× a
@@ -259,7 +259,8 @@ def batched_krylov_schur(apply: Callable, shape: tuple, v0: torch.Tensor, *, m: 
                     if len(fin) == len(live.ids):
                         return out.rho, out.eigs, out.resid, products.cpu(), out.vecs
                     live = live.without(fin, product)
-                    near = [near[r] for r in range(len(near)) if r not in set(fin)]
+                    gone = set(fin)
+                    near = [near[r] for r in range(len(near)) if r not in gone]
         Hh, s, dead = _host(live, m)  # the restart's one host sync
         plan = ritz_plan(Hh, s, dead, last=cycle + 1 >= restarts, **plan_kw)
         done, bad, p, s, close = torch.stack([plan.done.long(), plan.bad.long(), plan.p, s,
